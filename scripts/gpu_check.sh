@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
+#   bash scripts/gpu_check.sh [tests] [sanitize] [sweep] [bench] [bench-bf16] [bench-long]
+# Prints a short summary last.
+set -u
+OUT=${OUT:-/tmp/tileattn-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
+steps=${*:-tests bench}
+summary=()
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
+for s in $steps; do
+  t0=$(date +%s)
+  case $s in
+    tests)
+      python3 -m pytest -q -x -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?
+      summary+=("tests rc=$rc: $(tail -n 1 "$OUT/tests.log")") ;;
+    sanitize)
+      compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
+        tests/dense/test_attention.py -k "gpu_matrix and B2-Sq127 or gpu_varlen" > "$OUT/sanitize.log" 2>&1; rc=$?
+      summary+=("sanitize rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize.log" | tail -n 2 | tr '\n' ' ')") ;;
+    sweep)
+      python3 scripts/sweep_dense.py --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330} > "$OUT/sweep.log" 2>&1; rc=$?
+      summary+=("sweep rc=$rc"); grep -E "^BEST|^  D=" "$OUT/sweep.log" ;;
+    bench)
+      python3 -m tileattn bench dense --out "$OUT/dense.json" --plot "$OUT/dense.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; rc=$?
+      summary+=("bench rc=$rc: $(grep '^summary' "$OUT/bench.log")") ;;
+    bench-bf16)
+      python3 -m tileattn bench dense --dtype bf16 --out "$OUT/dense_bf16.json" --plot "$OUT/dense_bf16.png" > "$OUT/bench_bf16.log" 2>&1; rc=$?
+      summary+=("bench-bf16 rc=$rc: $(grep '^summary' "$OUT/bench_bf16.log")") ;;
+    *) echo "unknown step $s"; continue ;;
+  esac
+  summary+=("  ($s took $(( $(date +%s) - t0 )) s)")
+done
+[ -f "$OUT/bench.log" ] && sed -n '/^D=/,$p' "$OUT/bench.log" | head -60
+echo "=== summary"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,23 @@
+"""tileattn: fast, correct attention kernels for PyTorch on NVIDIA GPUs, written in Triton.
+
+Public API:
+    attention(q, k, v, *, causal, scale, window, softcap, return_lse)        [B, S, H, D] layout
+    varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)  packed layout
+    scaled_dot_product_attention(query, key, value, ...)                      drop-in for torch's SDPA
+
+The kernels load on first use, so a tool (the `tileattn` command) can choose Triton's interpreter for a
+CPU-only machine before any kernel is defined.
+"""
+__version__ = "0.1.0"
+__all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "__version__"]
+
+
+def __getattr__(name):
+    if name in ("attention", "varlen_attention", "scaled_dot_product_attention"):
+        from .ops.dense import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'tileattn' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

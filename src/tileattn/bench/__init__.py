@@ -1,0 +1,1 @@
+"""Benchmark suites behind `tileattn bench SUITE` (one module per suite)."""

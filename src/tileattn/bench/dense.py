@@ -1,0 +1,226 @@
+"""`tileattn bench dense`: the dense forward grid against torch's SDPA backends and flex_attention.
+
+Grid (targets.md): B=4, H=32, D in {64, 128}, causal F/T, N in 1K..16K (32K, 64K with --long), fp16 by
+default. Every provider gets the same values in its own native layout: tileattn [B, S, H, D], the torch
+peers [B, H, S, D]. Before timing, tileattn's output is checked against cuDNN's output of the same inputs and
+against a float32 reference on a slice (batch 0, two heads) under the tolerance rule; a case that fails is
+reported and gets no throughput.
+"""
+import torch
+
+from ..ops.dense.reference import attention_ref
+from .common import attn_tflops, do_bench, fmt, geomean, max_abs, results_header, write_json
+
+PROVIDERS = ("tileattn", "cudnn", "fa2", "flex")
+DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def _sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}[backend]
+
+    def fn(q, k, v, causal):
+        with sdpa_kernel(be):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return fn
+
+
+_flex_compiled = None
+
+
+def _flex(q, k, v, causal, N):
+    global _flex_compiled
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if _flex_compiled is None:
+        import torch._dynamo
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    mask = None
+    if causal:
+        mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, N, N, device=q.device)
+    return lambda: _flex_compiled(q, k, v, block_mask=mask)
+
+
+def check_case(out_bshd, cudnn_bhsd, q, k, v, causal):
+    """Tolerance rule on a slice (batch 0, heads 0-1) against float32, plus agreement with cuDNN."""
+    sl = slice(0, 2)
+    qs, ks, vs = (t[:1, sl].transpose(1, 2) for t in (q, k, v))  # [1, N, 2, D]
+    ref, _ = attention_ref(qs, ks, vs, causal=causal)
+    ours = out_bshd[:1, :, sl]
+    theirs = cudnn_bhsd[:1, sl].transpose(1, 2)
+    err = max_abs(ours, ref)
+    err_cudnn = max_abs(theirs, ref)
+    r = ref.to(q.dtype)
+    atol = 2 * (r + 0.3 - 0.3 - r).abs().max().item()
+    finite = bool(torch.isfinite(out_bshd).all())
+    diff_full = max_abs(out_bshd.transpose(1, 2), cudnn_bhsd)
+    ok = finite and err <= 2 * err_cudnn + atol and diff_full <= 4 * (err_cudnn + atol) + 1e-3
+    return ok, {"err_vs_fp32": err, "cudnn_err_vs_fp32": err_cudnn, "max_diff_vs_cudnn": diff_full,
+                "finite": finite}
+
+
+def run(dtype="fp16", long=False, providers=PROVIDERS, head_dims=(64, 128), seqlens=None, batch=4, heads=32,
+        out_json=None, plot=None, log=print):
+    import tileattn
+    dt = DTYPES[dtype]
+    Ns = seqlens or ([1024, 2048, 4096, 8192, 16384] + ([32768, 65536] if long else []))
+    doc = results_header("dense")
+    rows, failures = [], []
+    for D in head_dims:
+        for causal in (False, True):
+            for N in Ns:
+                B, H = batch, heads
+                # long contexts: keep memory bounded, same work per token (B*N constant past 16K)
+                if N > 16384:
+                    B = max(1, batch * 16384 // N)
+                case = {"B": B, "H": H, "N": N, "D": D, "causal": causal, "dtype": str(dt).split(".")[-1]}
+                q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(3))
+                qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # tileattn's layout
+                cudnn_out = _sdpa("cudnn")(q, k, v, causal)
+                ours = tileattn.attention(qt, kt, vt, causal=causal)
+                ok, info = check_case(ours, cudnn_out, q, k, v, causal)
+                del ours, cudnn_out
+                if not ok:
+                    failures.append((case, info))
+                    log(f"CHECK FAILED {case}: {info}")
+                fns = {
+                    "tileattn": lambda: tileattn.attention(qt, kt, vt, causal=causal),
+                    "cudnn": lambda: _sdpa("cudnn")(q, k, v, causal),
+                    "fa2": lambda: _sdpa("fa2")(q, k, v, causal),
+                }
+                for p in providers:
+                    ms, err = None, None
+                    try:
+                        if p == "tileattn" and not ok:
+                            raise RuntimeError("output check failed: not timed")
+                        fn = _flex(q, k, v, causal, N) if p == "flex" else fns[p]
+                        ms = do_bench(fn)
+                    except Exception as e:  # a peer that refuses a shape is reported, not fatal
+                        err = f"{type(e).__name__}: {str(e)[:200]}"
+                    row = {"case": case, "provider": p, "ms": ms,
+                           "tflops": attn_tflops(B, H, N, N, D, D, causal, ms) if ms else None, "gbps": None}
+                    if p == "tileattn":
+                        row["check"] = info
+                    if err:
+                        row["error"] = err
+                    rows.append(row)
+                del q, k, v, qt, kt, vt
+                torch.cuda.empty_cache()
+                _print_row(rows, case, log)
+    doc["rows"] = rows
+    doc["summary"] = summarize(rows)
+    doc["summary"]["check_failures"] = len(failures)
+    print_tables(rows, log)
+    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
+                                for k, v in doc["summary"].items()))
+    if out_json:
+        write_json(out_json, doc)
+    if plot:
+        plot_rows(rows, plot)
+    return doc
+
+
+def _tf(rows, case, p):
+    for r in rows:
+        if r["case"] == case and r["provider"] == p:
+            return r["tflops"]
+    return None
+
+
+def _print_row(rows, case, log):
+    got = {p: _tf(rows, case, p) for p in PROVIDERS}
+    log(f"  D={case['D']:<4} causal={int(case['causal'])} N={case['N']:<6} " +
+        " ".join(f"{p}={fmt(t)}" for p, t in got.items()))
+
+
+def summarize(rows):
+    """geomean of tileattn/cuDNN and min of tileattn/FA2 over the fp16/bf16 grid N 1K-16K."""
+    cases = [r["case"] for r in rows if r["provider"] == "tileattn" and r["case"]["N"] <= 16384]
+    vs_cudnn, vs_fa2, vs_flex = [], [], []
+    for c in cases:
+        t, cd, fa, fx = (_tf(rows, c, p) for p in PROVIDERS)
+        if t is None:
+            vs_cudnn.append(0.0)  # an unchecked or failed row counts as a miss
+            vs_fa2.append(0.0)
+            continue
+        if cd:
+            vs_cudnn.append(t / cd)
+        if fa:
+            vs_fa2.append(t / fa)
+        if fx:
+            vs_flex.append(t / fx)
+    return {"geomean_vs_cudnn": None if 0.0 in vs_cudnn else geomean(vs_cudnn),
+            "min_vs_fa2": min(vs_fa2) if vs_fa2 else None,
+            "geomean_vs_fa2": geomean(vs_fa2), "geomean_vs_flex": geomean(vs_flex),
+            "min_vs_cudnn": min(vs_cudnn) if vs_cudnn else None}
+
+
+def print_tables(rows, log=print):
+    keys = sorted({(r["case"]["D"], r["case"]["causal"]) for r in rows})
+    for D, causal in keys:
+        log(f"\nD={D} causal={causal}  TFLOPS (ratio = tileattn / cudnn)")
+        log(f"{'N':>7} {'tileattn':>9} {'cudnn':>7} {'fa2':>7} {'flex':>7} {'ratio':>7} {'vs fa2':>7}")
+        ratios = []
+        for c in [r["case"] for r in rows if r["provider"] == "tileattn" and r["case"]["D"] == D
+                  and r["case"]["causal"] == causal]:
+            t, cd, fa, fx = (_tf(rows, c, p) for p in PROVIDERS)
+            ratio = t / cd if t and cd else None
+            if ratio:
+                ratios.append(ratio)
+            log(f"{c['N']:>7} {fmt(t):>9} {fmt(cd):>7} {fmt(fa):>7} {fmt(fx):>7} {fmt(ratio, '{:.2f}'):>7} "
+                f"{fmt(t / fa if t and fa else None, '{:.2f}'):>7}")
+        log(f"{'geomean':>7} {'':>9} {'':>7} {'':>7} {'':>7} {fmt(geomean(ratios), '{:.3f}'):>7}")
+
+
+def plot_rows(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    keys = sorted({(r["case"]["D"], r["case"]["causal"]) for r in rows})
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.8), squeeze=False)
+    for ax, (D, causal) in zip(axes[0], keys):
+        for p in PROVIDERS:
+            pts = [(r["case"]["N"], r["tflops"]) for r in rows if r["provider"] == p and r["tflops"]
+                   and r["case"]["D"] == D and r["case"]["causal"] == causal]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=p)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"D={D} {'causal' if causal else 'full'}")
+        ax.set_xlabel("N")
+        ax.set_ylabel("TFLOPS")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def cpu_demo(log=print):
+    """No GPU: run the kernel through the Triton interpreter on small shapes and print its errors."""
+    import os
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import tileattn
+    log("No CUDA GPU found: running a small correctness demo of tileattn's kernels through the Triton "
+        "interpreter (float16, CPU) against the float32 reference.\n")
+    log(f"{'case':<42} {'max|out-ref|':>13} {'torch fp16 err':>15} {'ok':>4}")
+    cases = [(2, 64, 64, 4, 4, 64, False, (-1, -1), 0.0), (1, 100, 100, 4, 1, 64, True, (-1, -1), 0.0),
+             (1, 37, 90, 8, 2, 128, True, (-1, -1), 0.0), (1, 80, 80, 2, 2, 96, False, (16, 16), 0.0),
+             (1, 50, 50, 2, 2, 64, True, (-1, -1), 30.0)]
+    all_ok = True
+    for B, Sq, Sk, Hq, Hkv, D, causal, window, softcap in cases:
+        q, k, v = (torch.randn(B, s, h, D).half() for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
+        kw = dict(causal=causal, window=window, softcap=softcap)
+        out = tileattn.attention(q, k, v, **kw)
+        ref, _ = attention_ref(q, k, v, **kw)
+        ref_lp, _ = attention_ref(q, k, v, dtype=torch.float16, **kw)
+        err, err_lp = max_abs(out, ref), max_abs(ref_lp, ref)
+        r = ref.half()
+        ok = err <= 2 * err_lp + 2 * (r + 0.3 - 0.3 - r).abs().max().item()
+        all_ok &= ok
+        name = f"B{B} Sq{Sq} Sk{Sk} H{Hq}/{Hkv} D{D}" + (" causal" if causal else "") + \
+               (f" win{window}" if window != (-1, -1) else "") + (f" cap{softcap:g}" if softcap else "")
+        log(f"{name:<42} {err:>13.2e} {err_lp:>15.2e} {'yes' if ok else 'NO':>4}")
+    log("\nall within the tolerance rule" if all_ok else "\nSOME CASES FAILED")
+    return all_ok

@@ -1,0 +1,58 @@
+"""The `tileattn` command (also `python -m tileattn`).
+
+    tileattn bench [dense] [--dtype fp16|bf16] [--long] [--providers ...] [--out FILE] [--plot FILE]
+    tileattn info
+
+With no CUDA GPU, `bench` says so and runs a small correctness demo through the Triton interpreter.
+"""
+import argparse
+import os
+import sys
+
+SUITES = ("dense",)
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="tileattn", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd")
+    b = sub.add_parser("bench", help="run a benchmark suite against the peers on this GPU")
+    b.add_argument("suite", nargs="?", default="dense", choices=SUITES)
+    b.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    b.add_argument("--long", action="store_true", help="add N = 32K and 64K")
+    b.add_argument("--providers", default="tileattn,cudnn,fa2,flex",
+                   help="comma-separated subset of tileattn,cudnn,fa2,flex")
+    b.add_argument("--head-dims", default="64,128")
+    b.add_argument("--seqlens", default=None, help="comma-separated N values (default: the suite's grid)")
+    b.add_argument("--out", default=None, help="results JSON (default: bench/results/<suite>.json)")
+    b.add_argument("--plot", default=None, help="PNG plot (default: next to the JSON)")
+    sub.add_parser("info", help="print what tileattn sees of this machine")
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    import torch
+    if args.cmd in (None, "info"):
+        print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
+        if torch.cuda.is_available():
+            from . import hw
+            print(hw.device_info(torch.device("cuda")))
+        return 0
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from .bench.dense import cpu_demo
+        return 0 if cpu_demo() else 1
+    from .bench import dense
+    out = args.out or os.path.join("bench", "results", f"{args.suite}.json")
+    plot = args.plot or os.path.splitext(out)[0] + ".png"
+    providers = tuple(p for p in args.providers.split(",") if p)
+    unknown = set(providers) - set(dense.PROVIDERS)
+    if unknown:
+        print(f"unknown providers: {sorted(unknown)}", file=sys.stderr)
+        return 2
+    seqlens = [int(x) for x in args.seqlens.split(",")] if args.seqlens else None
+    doc = dense.run(dtype=args.dtype, long=args.long, providers=providers,
+                    head_dims=tuple(int(x) for x in args.head_dims.split(",")), seqlens=seqlens,
+                    out_json=out, plot=plot)
+    print(f"\nwrote {out} and {plot}")
+    return 1 if doc["summary"]["check_failures"] else 0

@@ -1,0 +1,68 @@
+"""What the GPU offers: architecture, SM count, shared memory per block.
+
+The shared-memory budget can be overridden to emulate smaller GPUs on a big one, so the configuration
+paths for those budgets are exercised (and tested) on the H100:
+
+    TILEATTN_SMEM_BUDGET=sm89   # 99 KB   (Ada)
+    TILEATTN_SMEM_BUDGET=sm80   # 163 KB  (A100)
+    TILEATTN_SMEM_BUDGET=101376 # any byte count
+
+The override only ever lowers the budget; it never claims more than the device has.
+"""
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+SMEM_PRESETS = {"sm89": 99 * 1024, "sm86": 99 * 1024, "sm80": 163 * 1024, "sm90": 227 * 1024}
+# what the interpreter pretends to be: a Hopper-sized budget so CPU runs pick the same configs
+INTERPRETER_SMEM = 227 * 1024
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton kernels run through the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    arch: int  # compute capability as major * 10 + minor (0 for the interpreter)
+    num_sms: int
+    smem_per_block: int  # bytes, after any override
+
+
+def _smem_override():
+    raw = os.environ.get("TILEATTN_SMEM_BUDGET", "").strip().lower()
+    if not raw:
+        return None
+    if raw in SMEM_PRESETS:
+        return SMEM_PRESETS[raw]
+    try:
+        return int(raw[:-1]) * 1024 if raw.endswith("k") else int(raw)
+    except ValueError:
+        raise ValueError(
+            f"TILEATTN_SMEM_BUDGET={raw!r}: expected one of {sorted(SMEM_PRESETS)}, a byte count or 'NNNk'"
+        ) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_info(device_index, override):
+    if device_index is None:
+        smem = INTERPRETER_SMEM
+        info = DeviceInfo(arch=0, num_sms=4, smem_per_block=smem)
+    else:
+        props = torch.cuda.get_device_properties(device_index)
+        smem = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
+        info = DeviceInfo(arch=props.major * 10 + props.minor, num_sms=props.multi_processor_count,
+                          smem_per_block=smem)
+    if override is not None:
+        info = DeviceInfo(info.arch, info.num_sms, min(info.smem_per_block, override))
+    return info
+
+
+def device_info(device: torch.device) -> DeviceInfo:
+    """Facts about `device` (a CUDA device, or a CPU device under the interpreter)."""
+    index = None if device.type == "cpu" else (device.index if device.index is not None
+                                               else torch.cuda.current_device())
+    return _device_info(index, _smem_override())

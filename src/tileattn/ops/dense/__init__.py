@@ -1,0 +1,1 @@
+"""Dense attention forward (padded batches and packed variable-length sequences)."""

@@ -1,0 +1,111 @@
+"""Public entry points of dense attention: attention, varlen_attention, scaled_dot_product_attention."""
+import warnings
+
+import torch
+
+from ... import custom_ops
+from . import launch
+
+
+def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False):
+    """Attention forward over padded batches.
+
+    Args:
+        q: [B, Sq, Hq, D]; k: [B, Sk, Hkv, D]; v: [B, Sk, Hkv, Dv]. float16 or bfloat16, one dtype, one
+            device. Any strides with a contiguous last dim (no copies are made). D and Dv: multiples of 8 in
+            [32, 256], Dv may differ from D.
+        causal: query i sees key j iff j <= i + Sk - Sq (aligned bottom-right, as FlashAttention >= 2.1;
+            with Sq > Sk the first Sq - Sk query rows see nothing).
+        scale: multiplier of q.k; default D ** -0.5.
+        window: (left, right) local attention, i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 leaves
+            that side unbounded. With causal=True the right bound is clipped to 0.
+        softcap: if > 0, scores s become softcap * tanh(s / softcap) (s already scaled).
+        return_lse: also return the log-sum-exp of the (scaled, capped) scores.
+
+    GQA/MQA: Hq must be a multiple of Hkv; query head h uses key/value head h // (Hq // Hkv).
+
+    Returns:
+        out [B, Sq, Hq, Dv] in q's dtype; with return_lse, (out, lse) with lse [B, Hq, Sq] float32
+        (natural log). A row that sees no key gets out = 0 and lse = -inf.
+    """
+    launch.check_inputs(q, k, v, varlen=False)
+    launch.check_options(causal, scale, window, softcap)
+    launch.check_device(q, k, v)
+    return _run(q, k, v, None, None, 0, 0, causal, scale, window, softcap, True, return_lse)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                     scale=None, window=(-1, -1), softcap=0.0, return_lse=False):
+    """Attention forward over packed variable-length sequences.
+
+    Args:
+        q: [total_q, Hq, D]; k: [total_k, Hkv, D]; v: [total_k, Hkv, Dv] (same dtypes, strides and head-dim
+            rules as `attention`).
+        cu_seqlens_q, cu_seqlens_k: int32 [B + 1] cumulative lengths starting at 0; sequence b is rows
+            cu[b]:cu[b + 1]. Empty sequences are allowed. The values are checked on the host (one small
+            device-to-host copy per call).
+        max_seqlen_q, max_seqlen_k: ints >= the longest sequence (they size the launch grid).
+        causal, scale, window, softcap, return_lse: as in `attention`, per sequence (causal aligned
+            bottom-right within each sequence).
+
+    Returns:
+        out [total_q, Hq, Dv] in q's dtype; with return_lse, (out, lse) with lse [Hq, total_q] float32.
+    """
+    launch.check_inputs(q, k, v, varlen=True)
+    launch.check_options(causal, scale, window, softcap)
+    launch.check_cu_seqlens_meta(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    launch.check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
+                softcap, True, return_lse)
+
+
+def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bottom_right, return_lse):
+    left, right = launch.effective_window(causal, window)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    out, lse = custom_ops.attn_fwd(q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale, left, right,
+                                   float(softcap), bottom_right, bool(return_lse))
+    return (out, lse) if return_lse else out
+
+
+_warned = set()
+
+
+def _warn_once(key, msg):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, stacklevel=3)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """Drop-in for torch.nn.functional.scaled_dot_product_attention.
+
+    Layout [B, H, S, D] as torch's (any strides with a contiguous last dim); causal is aligned top-left as
+    torch does (query i sees key j iff j <= i). GQA needs enable_gqa=True, as in torch. dtypes and head dims
+    as in `attention`.
+
+    Fallbacks: a call with attn_mask (boolean or additive) or dropout_p > 0 is handed to torch's own
+    scaled_dot_product_attention, with one warning per kind of fallback.
+
+    Returns the output [B, Hq, Sq, Dv] in the input dtype, contiguous in that layout.
+    """
+    if attn_mask is not None or dropout_p > 0.0:
+        what = "attn_mask" if attn_mask is not None else "dropout_p > 0"
+        _warn_once(what, f"tileattn.scaled_dot_product_attention: {what} is not supported by tileattn's "
+                         f"kernels; falling back to torch.nn.functional.scaled_dot_product_attention")
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-dim tensor [B, H, S, D], got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass enable_gqa=True for "
+                         f"grouped-query attention")
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    launch.check_inputs(q, k, v, varlen=False)
+    launch.check_options(bool(is_causal), scale, (-1, -1), 0.0)
+    launch.check_device(q, k, v)
+    out = _run(q, k, v, None, None, 0, 0, bool(is_causal), scale, (-1, -1), 0.0, False, False)
+    return out.transpose(1, 2)

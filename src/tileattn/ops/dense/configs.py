@@ -1,0 +1,77 @@
+"""Launch configurations for the dense forward kernel.
+
+A config table is a list of candidates per key, best first; the first candidate that fits the device's
+shared-memory budget is used (hw.py; TILEATTN_SMEM_BUDGET emulates smaller GPUs). Autotuning (opt-in, see
+launch.py) times every candidate that fits instead of taking the first.
+
+Keys: (arch family, padded head dim of Q/K, causal). Table entries say which measurement chose them.
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    use_tma: bool = False  # K/V through tensor descriptors (sm90+)
+    warp_specialize: bool = False  # compiler warp specialization of the unmasked loop (sm90+, with TMA)
+
+    def smem_bytes(self, block_d: int, block_dv: int, elem_bytes: int) -> int:
+        """Shared memory the software pipeline needs: K and V tiles for each stage, plus the Q tile."""
+        kv = self.num_stages * self.block_n * (block_d + block_dv)
+        q = self.block_m * block_d
+        return (kv + q) * elem_bytes
+
+
+C = AttnConfig
+
+# Safe fallbacks for any budget, small to large; always appended after the table's own candidates.
+_FALLBACK = [
+    C(64, 64, 4, 2),
+    C(64, 32, 4, 2),
+    C(32, 32, 4, 1),
+    C(16, 16, 4, 1),
+]
+
+# sm90 (H100). Chosen by scripts/sweep_dense.py on the H100 (see bench/NOTES.md); placeholders until then.
+_SM90 = {
+    (64, False): [C(128, 128, 8, 3, True, False), C(128, 64, 4, 3)],
+    (64, True): [C(128, 128, 8, 3, True, False), C(128, 64, 4, 3)],
+    (128, False): [C(128, 128, 8, 3, True, False), C(128, 64, 8, 3)],
+    (128, True): [C(128, 128, 8, 3, True, False), C(128, 64, 8, 3)],
+    (256, False): [C(128, 64, 8, 2), C(64, 64, 4, 2)],
+    (256, True): [C(128, 64, 8, 2), C(64, 64, 4, 2)],
+}
+
+# Anything else (sm80/sm89, and the CPU interpreter): pointer loads, cp.async pipelining.
+_GENERIC = {
+    (64, False): [C(128, 64, 4, 3), C(64, 64, 4, 3)],
+    (64, True): [C(128, 64, 4, 3), C(64, 64, 4, 3)],
+    (128, False): [C(128, 64, 8, 3), C(64, 64, 4, 3)],
+    (128, True): [C(128, 64, 8, 3), C(64, 64, 4, 3)],
+    (256, False): [C(64, 64, 4, 2), C(64, 32, 4, 2)],
+    (256, True): [C(64, 64, 4, 2), C(64, 32, 4, 2)],
+}
+
+
+def _bucket(block_d: int) -> int:
+    return 64 if block_d <= 64 else 128 if block_d <= 128 else 256
+
+
+def candidates(arch: int, block_d: int, block_dv: int, causal: bool, elem_bytes: int, smem_budget: int):
+    """Configs for this problem, best first, that fit `smem_budget` bytes. Never empty."""
+    table = _SM90 if arch >= 90 else _GENERIC
+    key = (_bucket(max(block_d, block_dv)), causal)
+    seen, out = set(), []
+    for cfg in table[key] + _FALLBACK:
+        if cfg in seen or (cfg.use_tma and arch < 90):
+            continue
+        seen.add(cfg)
+        # keep a margin for the compiler's own scratch (barriers, layout conversions)
+        if cfg.smem_bytes(block_d, block_dv, elem_bytes) + 8 * 1024 <= smem_budget:
+            out.append(cfg)
+    if not out:
+        out.append(_FALLBACK[-1])
+    return out

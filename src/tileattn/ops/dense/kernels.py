@@ -1,0 +1,227 @@
+"""Triton kernels for dense attention forward.
+
+One kernel serves the batched layout ([B, S, H, D], any strides with a contiguous last dim) and the packed
+variable-length layout ([total, H, D] with cumulative sequence lengths).
+
+Masking model. Key j is visible to query i iff
+    i + OFF - LEFT <= j <= i + OFF + RIGHT   and   j < Sk
+where OFF = Sk - Sq (bottom-right alignment, FlashAttention >= 2.1) or 0 (top-left, torch SDPA), and a bound
+is only applied when HAS_LEFT / HAS_RIGHT is set. Causal attention is RIGHT = 0.
+
+The key loop of a query block is split in three ranges of key blocks:
+    [lo, full_lo)       masked (left window edge)
+    [full_lo, full_hi)  every (i, j) visible: no mask arithmetic, no bounds checks on K/V
+    [full_hi, hi)       masked (diagonal / right window edge / ragged end of the keys)
+Softmax runs in base 2 with the scale (times log2 e) folded into one multiply; the running max of a row that
+has seen no key yet is kept at -inf and neutralised, so a row with nothing visible ends with out = 0 and
+lse = -inf, never NaN.
+
+Constexpr options:
+    BLOCK_M, BLOCK_N      query / key tile sizes
+    BLOCK_D, BLOCK_DV     head dims of Q/K and V rounded up to a power of two (EVEN_D / EVEN_DV: no padding)
+    HAS_LEFT, HAS_RIGHT   window bounds present (causal is HAS_RIGHT with RIGHT = 0)
+    ALIGN_BOTTOM_RIGHT    OFF = Sk - Sq (else 0)
+    HAS_SOFTCAP           scores s -> softcap * tanh(s / softcap)
+    IS_VARLEN             sequence bounds come from cu_seqlens_q / cu_seqlens_k
+    RETURN_LSE            write the log-sum-exp (natural log)
+    USE_TMA               K/V tiles through tensor descriptors (Hopper bulk copies) instead of pointers
+    WARP_SPECIALIZE       ask the compiler to warp-specialize the unmasked loop (Hopper/Blackwell only)
+    REVERSE_M             schedule the heaviest query blocks first (causal)
+"""
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _tanh(x):
+    # tanh through exp2 (no tanh in core triton.language): 1 - 2 / (exp(2x) + 1); saturates cleanly at +-1.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def _load_kv_tile(src, stride_s, i_b, i_h, row0, n0, o_n, o_d, seqlen_k,
+                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  EVEN_D: tl.constexpr, CHECK_N: tl.constexpr, USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """One [BLOCK_N, BLOCK_D] tile of K or V starting at key n0 of this sequence.
+
+    src is a tensor descriptor (USE_TMA) or the pointer to row 0 of this sequence and head.
+    """
+    if USE_TMA:
+        # out-of-range rows/cols are zero-filled by the copy engine (batched: per sequence, 4D descriptor;
+        # varlen: rows of the next sequence may come in, they are masked out of the scores)
+        if IS_VARLEN:
+            b_x = src.load([row0 + n0, i_h, 0]).reshape(BLOCK_N, BLOCK_D)
+        else:
+            b_x = src.load([i_b, n0, i_h, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        p_x = src + (n0 + o_n).to(tl.int64)[:, None] * stride_s + o_d[None, :]  # [BLOCK_N, BLOCK_D]
+        if CHECK_N:
+            b_x = tl.load(p_x, mask=((n0 + o_n) < seqlen_k)[:, None] & (o_d < D)[None, :], other=0.0)
+        elif EVEN_D:
+            b_x = tl.load(p_x)
+        else:
+            b_x = tl.load(p_x, mask=(o_d < D)[None, :], other=0.0)
+    return b_x
+
+
+@triton.jit
+def _attn_key_range(b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs,
+                    i_b, i_hk, k_row0, start_n, end_n, o_m, o_n, o_d, o_dv, seqlen_k, off_diag, left, right,
+                    qk_scale, softcap_scale, softcap_out,
+                    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+                    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                    HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr,
+                    WARP_SPECIALIZE: tl.constexpr):
+    """Online softmax over key blocks [start_n, end_n). MASKED applies the visibility rule per element."""
+    for n0 in tl.range(start_n, end_n, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        b_k = _load_kv_tile(k_src, stride_ks, i_b, i_hk, k_row0, n0, o_n, o_d, seqlen_k,
+                            D, BLOCK_N, BLOCK_D, EVEN_D, MASKED, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_D]
+        b_s = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_M, BLOCK_N] raw scores q.k
+        if HAS_SOFTCAP:
+            # scores in log2 units: softcap * log2e * tanh(q.k * scale / softcap)
+            b_s = _tanh(b_s * softcap_scale) * softcap_out
+        else:
+            b_s = b_s * qk_scale
+        if MASKED:
+            o_j = n0 + o_n
+            b_vis = (o_j < seqlen_k)[None, :]
+            if HAS_RIGHT:
+                b_vis = b_vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
+            if HAS_LEFT:
+                b_vis = b_vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
+            b_s = tl.where(b_vis, b_s, float("-inf"))
+            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))  # [BLOCK_M]
+            # a row that has seen nothing yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+            b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        else:
+            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+            b_shift = b_m_new
+        b_p = tl.exp2(b_s - b_shift[:, None])  # [BLOCK_M, BLOCK_N]
+        b_alpha = tl.exp2(b_m - b_shift)  # [BLOCK_M]
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_acc = b_acc * b_alpha[:, None]
+        b_v = _load_kv_tile(v_src, stride_vs, i_b, i_hk, k_row0, n0, o_n, o_dv, seqlen_k,
+                            DV, BLOCK_N, BLOCK_DV, EVEN_DV, MASKED, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_DV]
+        b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc)  # [BLOCK_M, BLOCK_DV]
+        b_m = b_m_new
+    return b_acc, b_l, b_m
+
+
+@triton.jit
+def attn_fwd_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    cu_seqlens_q, cu_seqlens_k,
+    seqlen_q, seqlen_k, num_heads, group_size,
+    qk_scale, softcap_scale, softcap_out, left, right,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr,
+    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, REVERSE_M: tl.constexpr,
+):
+    """Grid: (cdiv(max Sq, BLOCK_M), B * Hq). One program computes one [BLOCK_M, DV] tile of the output."""
+    EVEN_D: tl.constexpr = BLOCK_D == D
+    EVEN_DV: tl.constexpr = BLOCK_DV == DV
+    i_m = tl.program_id(0)
+    if REVERSE_M:
+        i_m = tl.num_programs(0) - 1 - i_m
+    i_bh = tl.program_id(1)
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    i_hk = i_h // group_size
+
+    if IS_VARLEN:
+        q_row0 = tl.load(cu_seqlens_q + i_b)
+        seqlen_q = tl.load(cu_seqlens_q + i_b + 1) - q_row0
+        k_row0 = tl.load(cu_seqlens_k + i_b)
+        seqlen_k = tl.load(cu_seqlens_k + i_b + 1) - k_row0
+        q_base = q_row0.to(tl.int64) * stride_qs
+        k_base = k_row0.to(tl.int64) * stride_ks
+        v_base = k_row0.to(tl.int64) * stride_vs
+        o_base = q_row0.to(tl.int64) * stride_os
+        l_base = q_row0.to(tl.int64)  # varlen lse is [Hq, total_q]
+    else:
+        k_row0 = 0
+        q_base = i_b.to(tl.int64) * stride_qb
+        k_base = i_b.to(tl.int64) * stride_kb
+        v_base = i_b.to(tl.int64) * stride_vb
+        o_base = i_b.to(tl.int64) * stride_ob
+        l_base = i_b.to(tl.int64) * stride_lb
+    m0 = i_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+
+    o_m = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query positions
+    o_n = tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_m = o_m < seqlen_q
+
+    p_q = Q + q_base + i_h.to(tl.int64) * stride_qh + o_m.to(tl.int64)[:, None] * stride_qs + o_d[None, :]
+    b_q = tl.load(p_q, mask=m_m[:, None] & (o_d < D)[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+
+    # key-block ranges (see module docstring); all bounds clamped to [0, seqlen_k]
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    else:
+        off_diag = 0
+    m_last = m0 + BLOCK_M - 1
+    lo = 0
+    full_lo = 0
+    hi = seqlen_k
+    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
+    if HAS_LEFT:
+        lo = tl.maximum(m0 + off_diag - left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        full_lo = tl.maximum(m_last + off_diag - left, 0)
+        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(tl.maximum(m_last + off_diag + right + 1, 0), seqlen_k)
+        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + off_diag + right + 1, 0) // BLOCK_N) * BLOCK_N)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+
+    if USE_TMA:
+        k_src = K
+        v_src = V
+    else:
+        k_src = K + k_base + i_hk.to(tl.int64) * stride_kh
+        v_src = V + v_base + i_hk.to(tl.int64) * stride_vh
+
+    b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    b_acc, b_l, b_m = _attn_key_range(
+        b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs, i_b, i_hk, k_row0, lo, full_lo,
+        o_m, o_n, o_d, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+        D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, EVEN_D, EVEN_DV, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        USE_TMA, IS_VARLEN, False)
+    b_acc, b_l, b_m = _attn_key_range(
+        b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs, i_b, i_hk, k_row0, full_lo,
+        full_hi, o_m, o_n, o_d, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+        D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, EVEN_D, EVEN_DV, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        USE_TMA, IS_VARLEN, WARP_SPECIALIZE)
+    b_acc, b_l, b_m = _attn_key_range(
+        b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs, i_b, i_hk, k_row0, full_hi, hi,
+        o_m, o_n, o_d, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+        D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, EVEN_D, EVEN_DV, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        USE_TMA, IS_VARLEN, False)
+
+    # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
+    b_seen = b_l > 0.0
+    b_out = b_acc / tl.where(b_seen, b_l, 1.0)[:, None]  # [BLOCK_M, BLOCK_DV]
+    p_o = O + o_base + i_h.to(tl.int64) * stride_oh + o_m.to(tl.int64)[:, None] * stride_os + o_dv[None, :]
+    tl.store(p_o, b_out.to(O.dtype.element_ty), mask=m_m[:, None] & (o_dv < DV)[None, :])
+    if RETURN_LSE:
+        b_lse = tl.where(b_seen, (b_m + tl.log2(tl.where(b_seen, b_l, 1.0))) * 0.6931471805599453,
+                         float("-inf"))  # [BLOCK_M]
+        tl.store(LSE + l_base + i_h.to(tl.int64) * stride_lh + o_m, b_lse, mask=m_m)

@@ -1,0 +1,134 @@
+"""Input validation, torch.compile support, config tables and the budget emulation."""
+import pytest
+import torch
+
+import tileattn
+from tileattn import hw
+from tileattn.ops.dense.configs import candidates
+from tests.helpers import randn
+
+
+def _qkv(device, B=1, S=16, H=2, D=64, dtype=torch.float16):
+    return tuple(randn(B, S, H, D, dtype=dtype, device=device) for _ in range(3))
+
+
+BAD = [
+    ("rank", lambda q, k, v: (q[0], k, v), ValueError, "q must have 4 dims"),
+    ("dtype", lambda q, k, v: (q.float(), k.float(), v.float()), TypeError, "float16 or bfloat16"),
+    ("mixed", lambda q, k, v: (q, k.to(torch.bfloat16), v), TypeError, "share one dtype"),
+    ("heads", lambda q, k, v: (torch.cat([q, q[:, :, :1]], 2), k, v), ValueError, "multiple of the number"),
+    ("headdim", lambda q, k, v: (q[..., :36], k[..., :36], v), ValueError, "multiple of 8"),
+    ("headdim-large", lambda q, k, v: (q.repeat(1, 1, 1, 5), k.repeat(1, 1, 1, 5), v), ValueError, "256"),
+    ("qk-dim", lambda q, k, v: (q, k[..., :32], v), ValueError, "head dims differ"),
+    ("batch", lambda q, k, v: (q, k[:0], v[:0]), ValueError, "batch sizes differ"),
+    ("kv-len", lambda q, k, v: (q, k, v[:, :3]), ValueError, "must agree"),
+    ("stride", lambda q, k, v: (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v), ValueError,
+     "contiguous last"),
+    ("type", lambda q, k, v: (q.tolist(), k, v), TypeError, "torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,exc,msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs_raise(name, mutate, exc, msg, device):
+    q, k, v = mutate(*_qkv(device))
+    with pytest.raises(exc, match=msg):
+        tileattn.attention(q, k, v)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(window=(-2, 0)), "window bounds"), (dict(window=(1,)), "pair of ints"), (dict(softcap=-1.0), "softcap"),
+    (dict(scale=float("nan")), "scale"), (dict(causal=1), "causal must be a bool"),
+])
+def test_bad_options_raise(kw, msg, device):
+    with pytest.raises((ValueError, TypeError), match=msg):
+        tileattn.attention(*_qkv(device), **kw)
+
+
+def test_cpu_without_interpreter_raises(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        tileattn.attention(*_qkv("cpu"))
+
+
+@pytest.mark.parametrize("cu_q,cu_k,maxq,msg", [
+    ([0, 5, 3], [0, 5, 10], 5, "non-decreasing"),
+    ([1, 5, 10], [0, 5, 10], 5, "start at 0"),
+    ([0, 5, 99], [0, 5, 10], 94, "exceeds the packed length"),
+    ([0, 2, 10], [0, 5, 10], 4, "smaller than the longest"),
+])
+def test_bad_cu_seqlens_raise(cu_q, cu_k, maxq, msg, device):
+    q = randn(10, 2, 64, dtype=torch.float16, device=device)
+    cq = torch.tensor(cu_q, dtype=torch.int32, device=device)
+    ck = torch.tensor(cu_k, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=msg):
+        tileattn.varlen_attention(q, q, q, cq, ck, maxq, 5)
+
+
+def test_cu_seqlens_dtype_raises(device):
+    q = randn(10, 2, 64, dtype=torch.float16, device=device)
+    cq = torch.tensor([0, 10], dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="int32"):
+        tileattn.varlen_attention(q, q, q, cq, cq, 10, 10)
+
+
+def test_sdpa_gqa_needs_enable_gqa(device):
+    q = randn(1, 4, 8, 32, dtype=torch.float16, device=device)
+    k = randn(1, 2, 8, 32, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        tileattn.scaled_dot_product_attention(q, k, k)
+
+
+def test_backward_raises_clearly(device):
+    q, k, v = (t.requires_grad_() for t in _qkv(device))
+    out = tileattn.attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="backward"):
+        out.float().sum().backward()
+
+
+def test_torch_compile_fullgraph(device):
+    """The custom op and its fake implementation trace without graph breaks (fullgraph=True)."""
+    q, k, v = _qkv(device, S=24)
+
+    def f(q, k, v):
+        o, lse = tileattn.attention(q, k, v, causal=True, return_lse=True)
+        return o * 2, lse
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    o, lse = compiled(q, k, v)
+    o_ref, lse_ref = f(q, k, v)
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+    s = tileattn.scaled_dot_product_attention
+    q4 = q.transpose(1, 2)
+    out = torch.compile(lambda a: s(a, a, a, is_causal=True), backend="aot_eager", fullgraph=True)(q4)
+    assert out.shape == q4.shape and torch.equal(out, s(q4, q4, q4, is_causal=True))
+
+
+def test_opcheck(device):
+    """torch.library's own consistency checks of the registration (schema, fake vs real)."""
+    q, k, v = _qkv(device, S=20)
+    torch.library.opcheck(torch.ops.tileattn.attn_fwd.default,
+                          (q, k, v, None, None, 0, 0, 0.125, -1, 0, 0.0, True, True),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("budget,expect", [("sm89", 99 * 1024), ("sm80", 163 * 1024), ("64k", 64 * 1024)])
+def test_budget_override(budget, expect, monkeypatch):
+    monkeypatch.setenv("TILEATTN_SMEM_BUDGET", budget)
+    assert hw.device_info(torch.device("cpu")).smem_per_block == min(expect, hw.INTERPRETER_SMEM)
+
+
+def test_budget_override_rejects_garbage(monkeypatch):
+    monkeypatch.setenv("TILEATTN_SMEM_BUDGET", "lots")
+    with pytest.raises(ValueError, match="TILEATTN_SMEM_BUDGET"):
+        hw.device_info(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("arch", [80, 89, 90])
+@pytest.mark.parametrize("budget", [99 * 1024, 163 * 1024, 227 * 1024])
+@pytest.mark.parametrize("bd", [32, 64, 128, 256])
+def test_candidates_fit_budget(arch, budget, bd):
+    for causal in (False, True):
+        cands = candidates(arch, bd, bd, causal, 2, budget)
+        assert cands
+        assert all(c.smem_bytes(bd, bd, 2) + 8 * 1024 <= budget for c in cands)
+        assert all(not c.use_tma for c in cands) or arch >= 90

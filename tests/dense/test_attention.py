@@ -1,0 +1,193 @@
+"""Dense attention forward against the float32 reference, under the tolerance rule.
+
+CPU runs (Triton interpreter) take the small `CPU_CASES` in float16 (the interpreter's bf16 dots are
+wrong); the `gpu`-marked matrix covers bf16, long sequences and every head dim on the GPU.
+"""
+import itertools
+
+import pytest
+import torch
+
+import tileattn
+from tileattn.ops.dense.configs import AttnConfig
+from tileattn.ops.dense.launch import force_config
+from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
+from tests.helpers import assert_close, randn
+
+
+def _check(q, k, v, **kw):
+    out, lse = tileattn.attention(q, k, v, return_lse=True, **kw)
+    ref, lse_ref = attention_ref(q, k, v, **kw)
+    ref_lp, lse_lp = attention_ref(q, k, v, dtype=q.dtype, **kw)
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    assert lse.shape == lse_ref.shape and lse.dtype == torch.float32
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, lse_ref, lse_lp)
+
+
+def _case_id(c):
+    B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap = c
+    s = f"B{B}-Sq{Sq}-Sk{Sk}-H{Hq}-Hkv{Hkv}-D{D}" + (f"-Dv{Dv}" if Dv != D else "")
+    s += "-causal" if causal else ""
+    s += f"-win{window[0]}_{window[1]}" if window != (-1, -1) else ""
+    s += f"-cap{softcap:g}" if softcap else ""
+    return s
+
+
+# (B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap)
+CPU_CASES = [
+    (1, 1, 1, 1, 1, 32, 32, False, (-1, -1), 0.0),
+    (2, 17, 17, 4, 4, 64, 64, True, (-1, -1), 0.0),
+    (1, 127, 127, 2, 1, 64, 64, False, (-1, -1), 0.0),
+    (1, 40, 127, 8, 2, 64, 64, True, (-1, -1), 0.0),   # Sq < Sk, GQA 4
+    (1, 127, 40, 8, 1, 64, 64, True, (-1, -1), 0.0),   # Sq > Sk: first rows see nothing, MQA
+    (1, 1, 100, 8, 1, 32, 32, True, (-1, -1), 0.0),    # decode-like
+    (1, 70, 70, 2, 2, 96, 96, False, (-1, -1), 0.0),
+    (1, 33, 65, 2, 2, 192, 128, True, (-1, -1), 0.0),  # Dv != D
+    (1, 33, 33, 1, 1, 256, 256, False, (-1, -1), 0.0),
+    (1, 65, 65, 2, 2, 32, 64, False, (-1, -1), 0.0),
+    (1, 90, 90, 2, 2, 64, 64, False, (16, 8), 0.0),
+    (1, 90, 120, 2, 1, 64, 64, True, (24, -1), 0.0),
+    (1, 90, 90, 2, 2, 64, 64, False, (-1, 0), 0.0),
+    (1, 60, 60, 2, 2, 64, 64, False, (0, 0), 0.0),
+    (2, 50, 50, 4, 2, 64, 64, True, (-1, -1), 30.0),
+    (1, 50, 70, 2, 2, 64, 64, False, (-1, -1), 5.0),
+    (1, 100, 30, 2, 2, 64, 64, False, (5, 0), 0.0),  # window rows past the keys see nothing
+]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=_case_id)
+def test_attention(case, device):
+    B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap = case
+    dt = torch.float16
+    q, k, v = randn(B, Sq, Hq, D, dtype=dt, device=device), randn(B, Sk, Hkv, D, dtype=dt, device=device), \
+        randn(B, Sk, Hkv, Dv, dtype=dt, device=device)
+    _check(q, k, v, causal=causal, window=window, softcap=softcap)
+
+
+# the tensor-descriptor (TMA) path and small tiles, forced, so the interpreter covers them as well
+FORCED = [AttnConfig(32, 32, 4, 2, True, False), AttnConfig(16, 32, 4, 2), AttnConfig(64, 16, 4, 1)]
+
+
+@pytest.mark.parametrize("cfg", FORCED, ids=lambda c: f"M{c.block_m}-N{c.block_n}-tma{int(c.use_tma)}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forced_configs(cfg, causal, device):
+    q = randn(2, 45, 4, 64, dtype=torch.float16, device=device)
+    k = randn(2, 77, 2, 64, dtype=torch.float16, device=device)
+    v = randn(2, 77, 2, 96, dtype=torch.float16, device=device)
+    with force_config(cfg):
+        _check(q, k, v, causal=causal, window=(30, -1))
+
+
+def test_strided_inputs(device):
+    """Head-major storage seen through a transpose and a sliced head dim: no copies, right answer."""
+    q = randn(2, 4, 50, 64, dtype=torch.float16, device=device).transpose(1, 2)
+    kv = randn(2, 60, 2, 2, 64, dtype=torch.float16, device=device)
+    k, v = kv[:, :, 0], kv[:, :, 1]
+    assert not q.is_contiguous() and not k.is_contiguous()
+    _check(q, k, v, causal=True)
+
+
+def _cu(lens, device):
+    return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lens", [([5, 0, 40, 17], [9, 3, 40, 0]), ([1, 33], [1, 70])], ids=["empty", "short"])
+def test_varlen(lens, causal, device):
+    lq, lk = lens
+    cq, ck = _cu(lq, device), _cu(lk, device)
+    q = randn(sum(lq), 4, 64, dtype=torch.float16, device=device)
+    k = randn(sum(lk), 2, 64, dtype=torch.float16, device=device)
+    v = randn(sum(lk), 2, 32, dtype=torch.float16, device=device)
+    out, lse = tileattn.varlen_attention(q, k, v, cq, ck, max(lq), max(lk), causal=causal, return_lse=True)
+    ref, lse_ref = varlen_attention_ref(q, k, v, cq, ck, causal=causal)
+    ref_lp, lse_lp = varlen_attention_ref(q, k, v, cq, ck, dtype=q.dtype, causal=causal)
+    assert out.shape == (sum(lq), 4, 32) and lse.shape == (4, sum(lq))
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, lse_ref, lse_lp)
+
+
+def test_rows_with_nothing_visible(device):
+    q = randn(1, 20, 2, 64, dtype=torch.float16, device=device)
+    k = randn(1, 5, 2, 64, dtype=torch.float16, device=device)
+    v = randn(1, 5, 2, 64, dtype=torch.float16, device=device)
+    out, lse = tileattn.attention(q, k, v, causal=True, return_lse=True)
+    assert torch.all(out[:, :15] == 0) and torch.all(lse[:, :, :15] == float("-inf"))
+    assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, 15:]).all()
+
+
+def test_sdpa_matches_torch(device):
+    q = randn(2, 4, 33, 64, dtype=torch.float16, device=device)
+    k = randn(2, 2, 50, 64, dtype=torch.float16, device=device)
+    v = randn(2, 2, 50, 64, dtype=torch.float16, device=device)
+    for causal in (False, True):
+        out = tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        kw = dict(causal=causal, align_bottom_right=False)
+        t = lambda x: x.transpose(1, 2)  # noqa: E731
+        ref, _ = attention_ref(t(q), t(k), t(v), **kw)
+        ref_lp, _ = attention_ref(t(q), t(k), t(v), dtype=q.dtype, **kw)
+        assert out.shape == (2, 4, 33, 64) and out.is_contiguous()
+        assert_close("sdpa", out, t(ref), t(ref_lp))
+
+
+def test_sdpa_attn_mask_falls_back_with_warning(device):
+    q = randn(1, 2, 8, 32, dtype=torch.float16, device=device)
+    mask = torch.rand(8, 8, device=device) > 0.3
+    mask[:, 0] = True
+    with pytest.warns(UserWarning, match="falling back"):
+        out = tileattn.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float(), attn_mask=mask)
+    assert (out.float() - ref).abs().max() < 1e-2
+
+
+# --------------------------------------------------------------------------------------------------------
+# the GPU matrix
+# --------------------------------------------------------------------------------------------------------
+GPU_SHAPES = [
+    (2, 1000, 1000, 8, 8, 128, 128), (1, 1, 1000, 8, 1, 128, 128), (2, 127, 1000, 16, 4, 64, 64),
+    (2, 1000, 127, 16, 2, 64, 64), (1, 513, 777, 8, 8, 96, 96), (1, 300, 300, 4, 4, 192, 128),
+    (1, 300, 300, 4, 4, 256, 256), (1, 257, 257, 4, 4, 32, 64), (1, 1024, 1024, 8, 8, 160, 160),
+    (1, 2048, 2048, 4, 4, 64, 64), (1, 2048, 2048, 4, 4, 128, 128),
+]
+GPU_OPTS = [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (False, (100, 50), 0.0), (True, (-1, -1), 30.0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("opts", GPU_OPTS, ids=lambda o: f"c{int(o[0])}-w{o[1][0]}_{o[1][1]}-cap{o[2]:g}")
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "B{}-Sq{}-Sk{}-H{}-Hkv{}-D{}-Dv{}".format(*s))
+def test_gpu_matrix(shape, opts, dtype, device):
+    B, Sq, Sk, Hq, Hkv, D, Dv = shape
+    causal, window, softcap = opts
+    q, k, v = randn(B, Sq, Hq, D, dtype=dtype, device=device), randn(B, Sk, Hkv, D, dtype=dtype, device=device), \
+        randn(B, Sk, Hkv, Dv, dtype=dtype, device=device)
+    _check(q, k, v, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", ["sm89", "sm80"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_gpu_smem_budget_emulation(budget, D, device, monkeypatch):
+    monkeypatch.setenv("TILEATTN_SMEM_BUDGET", budget)
+    q = randn(2, 700, 8, D, dtype=torch.float16, device=device)
+    k = randn(2, 900, 2, D, dtype=torch.float16, device=device)
+    v = randn(2, 900, 2, D, dtype=torch.float16, device=device)
+    _check(q, k, v, causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_varlen(dtype, device):
+    lq = [0, 1, 513, 1000, 77, 0, 300]
+    lk = [10, 1, 513, 1200, 0, 0, 900]
+    cq, ck = _cu(lq, device), _cu(lk, device)
+    q = randn(sum(lq), 8, 128, dtype=dtype, device=device)
+    k = randn(sum(lk), 2, 128, dtype=dtype, device=device)
+    v = randn(sum(lk), 2, 128, dtype=dtype, device=device)
+    for causal in (False, True):
+        out, lse = tileattn.varlen_attention(q, k, v, cq, ck, max(lq), max(lk), causal=causal, return_lse=True)
+        ref, lse_ref = varlen_attention_ref(q, k, v, cq, ck, causal=causal)
+        ref_lp, lse_lp = varlen_attention_ref(q, k, v, cq, ck, dtype=dtype, causal=causal)
+        assert_close("out", out, ref, ref_lp)
+        assert_close("lse", lse, lse_ref, lse_lp)

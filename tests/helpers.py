@@ -1,0 +1,34 @@
+"""The tolerance rule (engineering.md) and input makers shared by the tests."""
+import torch
+
+
+def rounding_floor(ref, dtype):
+    r = ref.to(dtype)
+    return 2 * (r + 0.3 - 0.3 - r).abs().max().item()
+
+
+def assert_close(name, out, ref, ref_lp, extra_atol=0.0):
+    """max|out - ref| <= 2 * max|ref_lp - ref| + atol, atol the rounding floor of out's dtype.
+
+    Infinite entries of ref (lse of rows that see nothing) must match exactly; no NaN anywhere.
+    """
+    out_dtype = out.dtype
+    out = out.float()
+    ref = ref.float()
+    ref_lp = ref_lp.float()
+    assert not torch.isnan(out).any(), f"{name}: NaN in output"
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(out), inf), f"{name}: infinities differ from the reference"
+    assert torch.equal(out[inf], ref[inf]), f"{name}: infinities differ from the reference"
+    fin = ~inf
+    if not fin.any():
+        return
+    err = (out[fin] - ref[fin]).abs().max().item()
+    err_lp = (ref_lp[fin] - ref[fin]).abs().max().item()
+    atol = rounding_floor(ref[fin], out_dtype) + extra_atol
+    assert err <= 2 * err_lp + atol, (f"{name}: max error {err:.3e} > 2 * {err_lp:.3e} (input-precision "
+                                      f"error) + {atol:.3e}")
+
+
+def randn(*shape, dtype, device):
+    return torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)
