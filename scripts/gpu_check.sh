@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
-#   bash scripts/gpu_check.sh [tests] [sanitize] [sweep] [bench] [bench-bf16] [bench-long]
+#   bash scripts/gpu_check.sh [diag] [tests] [sanitize] [sweep] [bench] [bench-bf16]
 # Prints a short summary last.
 set -u
 OUT=${OUT:-/tmp/tileattn-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
-steps=${*:-tests bench}
+steps=${*:-diag tests bench}
 summary=()
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 for s in $steps; do
   t0=$(date +%s)
   case $s in
+    diag)
+      python3 scripts/gpu_diag.py > "$OUT/diag.log" 2>&1; rc=$?
+      summary+=("diag rc=$rc: $(grep -E 'matmul|reduction' "$OUT/diag.log" | tr '\n' ';')")
+      summary+=("  clocks/throttle: $(grep -A1 nvidia-smi "$OUT/diag.log" | grep MHz | tail -n 1)") ;;
     tests)
-      python3 -m pytest -q -x -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?
+      python3 -m pytest -q -x -n ${TEST_WORKERS:-4} -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?
       summary+=("tests rc=$rc: $(tail -n 1 "$OUT/tests.log")") ;;
     sanitize)
       compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
