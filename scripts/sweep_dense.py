@@ -19,10 +19,13 @@ from tileattn.ops.dense.launch import force_config
 # (128,128,8,2,TMA) crashed ptxas and warp specialization with 4 warps failed to compile (triton 3.6, H100,
 # 2026-11-20): left out.
 CANDIDATES = [
-    C(128, 64, 4, 3), C(128, 64, 8, 3), C(128, 128, 8, 3), C(64, 64, 4, 3), C(64, 128, 4, 3),
-    C(128, 64, 4, 3, True), C(128, 64, 8, 3, True), C(128, 128, 8, 3, True), C(128, 128, 4, 3, True),
-    C(64, 64, 4, 3, True),
-    C(128, 128, 8, 3, True, True), C(128, 64, 8, 3, True, True), C(128, 128, 8, 2, True, True),
+    C(128, 64, 4, 3), C(128, 64, 8, 3), C(128, 128, 8, 3), C(64, 64, 4, 3),
+    C(128, 128, 8, 3, True), C(128, 128, 4, 3, True), C(64, 64, 4, 3, True), C(128, 64, 8, 3, True),
+    C(128, 128, 8, 3, True, True), C(128, 64, 8, 3, True, True),
+    # q.k of the next block issued before this block's softmax
+    C(128, 64, 4, 3, pipeline_qk=True), C(128, 64, 8, 3, pipeline_qk=True), C(128, 128, 8, 3, pipeline_qk=True),
+    C(128, 128, 8, 3, True, pipeline_qk=True), C(128, 128, 4, 3, True, pipeline_qk=True),
+    C(64, 64, 4, 3, True, pipeline_qk=True), C(128, 64, 8, 3, True, pipeline_qk=True),
 ]
 
 

@@ -127,8 +127,8 @@ def test_budget_override_rejects_garbage(monkeypatch):
 @pytest.mark.parametrize("budget", [99 * 1024, 163 * 1024, 227 * 1024])
 @pytest.mark.parametrize("bd", [32, 64, 128, 256])
 def test_candidates_fit_budget(arch, budget, bd):
-    for causal in (False, True):
-        cands = candidates(arch, bd, bd, causal, 2, budget)
+    for causal, seqlen in ((False, 1), (True, 1000), (False, 4096), (True, 100000)):
+        cands = candidates(arch, bd, bd, causal, 2, budget, seqlen)
         assert cands
         assert all(c.smem_bytes(bd, bd, 2) + 8 * 1024 <= budget for c in cands)
         assert all(not c.use_tma for c in cands) or arch >= 90

@@ -66,10 +66,12 @@ def test_attention(case, device):
 
 
 # the tensor-descriptor (TMA) path and small tiles, forced, so the interpreter covers them as well
-FORCED = [AttnConfig(32, 32, 4, 2, True, False), AttnConfig(16, 32, 4, 2), AttnConfig(64, 16, 4, 1)]
+FORCED = [AttnConfig(32, 32, 4, 2, True, False), AttnConfig(16, 32, 4, 2), AttnConfig(64, 16, 4, 1),
+          AttnConfig(16, 16, 4, 2, pipeline_qk=True), AttnConfig(32, 16, 4, 2, True, pipeline_qk=True)]
 
 
-@pytest.mark.parametrize("cfg", FORCED, ids=lambda c: f"M{c.block_m}-N{c.block_n}-tma{int(c.use_tma)}")
+@pytest.mark.parametrize("cfg", FORCED, ids=lambda c: f"M{c.block_m}-N{c.block_n}-tma{int(c.use_tma)}"
+                         f"-pq{int(c.pipeline_qk)}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forced_configs(cfg, causal, device):
     q = randn(2, 45, 4, 64, dtype=torch.float16, device=device)

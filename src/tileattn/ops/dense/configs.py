@@ -4,7 +4,7 @@ A config table is a list of candidates per key, best first; the first candidate 
 shared-memory budget is used (hw.py; TILEATTN_SMEM_BUDGET emulates smaller GPUs). Autotuning (opt-in, see
 launch.py) times every candidate that fits instead of taking the first.
 
-Keys: (arch family, padded head dim of Q/K, causal). Table entries say which measurement chose them.
+Keys: (arch family, padded head dim of Q/K/V, causal (any right bound), sequence-length bucket). Table entries say which measurement chose them.
 """
 from dataclasses import dataclass
 
@@ -17,6 +17,7 @@ class AttnConfig:
     num_stages: int
     use_tma: bool = False  # K/V through tensor descriptors (sm90+)
     warp_specialize: bool = False  # compiler warp specialization of the unmasked loop (sm90+, with TMA)
+    pipeline_qk: bool = False  # q.k of block n + 1 issued before the softmax of block n (unmasked loop)
 
     def smem_bytes(self, block_d: int, block_dv: int, elem_bytes: int) -> int:
         """Shared memory the software pipeline needs: K and V tiles for each stage, plus the Q tile."""
@@ -35,37 +36,56 @@ _FALLBACK = [
     C(16, 16, 4, 1),
 ]
 
-# sm90 (H100). Chosen by scripts/sweep_dense.py on the H100 (see bench/NOTES.md); placeholders until then.
+# sm90 (H100), per (padded head dim, causal, sequence bucket). Chosen by scripts/sweep_dense.py on a healthy
+# H100 (B=4, H=32, fp16, N = 1K / 4K / 16K for short / mid / long; 2026-11-20, bench/NOTES.md); the first
+# entry won its bucket, the others are the runners-up.
 _SM90 = {
-    (64, False): [C(128, 128, 8, 3, True, False), C(128, 64, 4, 3)],
-    (64, True): [C(128, 128, 8, 3, True, False), C(128, 64, 4, 3)],
-    (128, False): [C(128, 128, 8, 3, True, False), C(128, 64, 8, 3)],
-    (128, True): [C(128, 128, 8, 3, True, False), C(128, 64, 8, 3)],
-    (256, False): [C(128, 64, 8, 2), C(64, 64, 4, 2)],
-    (256, True): [C(128, 64, 8, 2), C(64, 64, 4, 2)],
+    (64, False, "short"): [C(128, 64, 4, 3), C(128, 64, 8, 3, True, True)],
+    (64, False, "mid"): [C(128, 128, 4, 3, True), C(128, 64, 8, 3)],
+    (64, False, "long"): [C(128, 64, 8, 3), C(128, 128, 4, 3, True)],
+    (64, True, "short"): [C(128, 64, 4, 3), C(128, 64, 4, 3, True)],
+    (64, True, "mid"): [C(128, 128, 4, 3, True), C(64, 64, 4, 3, True)],
+    (64, True, "long"): [C(128, 64, 8, 3), C(128, 64, 8, 3, True)],
+    (128, False, "short"): [C(64, 64, 4, 3, True), C(128, 128, 8, 3, True)],
+    (128, False, "mid"): [C(128, 128, 8, 3, True, True), C(128, 128, 8, 3)],
+    (128, False, "long"): [C(128, 128, 8, 3), C(128, 128, 8, 3, True)],
+    (128, True, "short"): [C(64, 64, 4, 3), C(128, 128, 8, 3, True, True)],
+    (128, True, "mid"): [C(128, 128, 8, 3, True, True), C(128, 64, 8, 3, True)],
+    (128, True, "long"): [C(128, 128, 8, 3, True), C(128, 128, 8, 3, True, True)],
+    # D > 128: not swept yet; 128 x 64 tiles keep K/V stages within the budget
+    (256, False, "any"): [C(128, 64, 8, 2), C(64, 64, 4, 2)],
+    (256, True, "any"): [C(128, 64, 8, 2), C(64, 64, 4, 2)],
 }
 
-# Anything else (sm80/sm89, and the CPU interpreter): pointer loads, cp.async pipelining.
+# Anything else (sm80/sm89, and the CPU interpreter): pointer loads, cp.async pipelining. Not measured here
+# (no such GPU); sized to their budgets.
 _GENERIC = {
-    (64, False): [C(128, 64, 4, 3), C(64, 64, 4, 3)],
-    (64, True): [C(128, 64, 4, 3), C(64, 64, 4, 3)],
-    (128, False): [C(128, 64, 8, 3), C(64, 64, 4, 3)],
-    (128, True): [C(128, 64, 8, 3), C(64, 64, 4, 3)],
-    (256, False): [C(64, 64, 4, 2), C(64, 32, 4, 2)],
-    (256, True): [C(64, 64, 4, 2), C(64, 32, 4, 2)],
+    (64, False, "any"): [C(128, 64, 4, 3), C(64, 64, 4, 3)],
+    (64, True, "any"): [C(128, 64, 4, 3), C(64, 64, 4, 3)],
+    (128, False, "any"): [C(128, 64, 8, 3), C(64, 64, 4, 3)],
+    (128, True, "any"): [C(128, 64, 8, 3), C(64, 64, 4, 3)],
+    (256, False, "any"): [C(64, 64, 4, 2), C(64, 32, 4, 2)],
+    (256, True, "any"): [C(64, 64, 4, 2), C(64, 32, 4, 2)],
 }
+
+
+def seq_bucket(seqlen_q: int) -> str:
+    """short: up to 1.5K query rows, mid: up to 6K, long: beyond."""
+    return "short" if seqlen_q <= 1536 else "mid" if seqlen_q <= 6144 else "long"
 
 
 def _bucket(block_d: int) -> int:
     return 64 if block_d <= 64 else 128 if block_d <= 128 else 256
 
 
-def candidates(arch: int, block_d: int, block_dv: int, causal: bool, elem_bytes: int, smem_budget: int):
+def candidates(arch: int, block_d: int, block_dv: int, causal: bool, elem_bytes: int, smem_budget: int,
+               seqlen_q: int = 4096):
     """Configs for this problem, best first, that fit `smem_budget` bytes. Never empty."""
     table = _SM90 if arch >= 90 else _GENERIC
-    key = (_bucket(max(block_d, block_dv)), causal)
+    bd = _bucket(max(block_d, block_dv))
+    entries = table.get((bd, causal, seq_bucket(seqlen_q))) or table[(bd, causal, "any")]
     seen, out = set(), []
-    for cfg in table[key] + _FALLBACK:
+    for cfg in entries + _FALLBACK:
         if cfg in seen or (cfg.use_tma and arch < 90):
             continue
         seen.add(cfg)

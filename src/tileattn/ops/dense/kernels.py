@@ -27,6 +27,7 @@ Constexpr options:
     USE_TMA               K/V tiles through tensor descriptors (Hopper bulk copies) instead of pointers
     WARP_SPECIALIZE       ask the compiler to warp-specialize the unmasked loop (Hopper/Blackwell only)
     REVERSE_M             schedule the heaviest query blocks first (causal)
+    PIPELINE_QK           issue q.k of the next key block before the softmax of this one (unmasked range)
 """
 import triton
 import triton.language as tl
@@ -68,6 +69,36 @@ def _load_kv_tile(src, stride_s, i_b, i_h, row0, n0, o_n, o_d, seqlen_k,
 
 
 @triton.jit
+def _scores(b_q, b_k, qk_scale, softcap_scale, softcap_out, HAS_SOFTCAP: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] scores in log2 units: q.k * scale * log2e, or the capped form."""
+    b_s = tl.dot(b_q, tl.trans(b_k))
+    if HAS_SOFTCAP:
+        b_s = _tanh(b_s * softcap_scale) * softcap_out
+    else:
+        b_s = b_s * qk_scale
+    return b_s
+
+
+@triton.jit
+def _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, SAFE: tl.constexpr):
+    """Fold one block of log2-scores b_s [BLOCK_M, BLOCK_N] and its values b_v into (acc, l, m).
+
+    SAFE: rows may have seen nothing yet (m = -inf after masking); shift them by 0 so exp2 gives 0, not NaN.
+    """
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))  # [BLOCK_M]
+    if SAFE:
+        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    else:
+        b_shift = b_m_new
+    b_p = tl.exp2(b_s - b_shift[:, None])  # [BLOCK_M, BLOCK_N]
+    b_alpha = tl.exp2(b_m - b_shift)  # [BLOCK_M]
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None]
+    b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc)  # [BLOCK_M, BLOCK_DV]
+    return b_acc, b_l, b_m_new
+
+
+@triton.jit
 def _attn_key_range(b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs,
                     i_b, i_hk, k_row0, start_n, end_n, o_m, o_n, o_d, o_dv, seqlen_k, off_diag, left, right,
                     qk_scale, softcap_scale, softcap_out,
@@ -75,39 +106,44 @@ def _attn_key_range(b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs,
                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
                     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr,
-                    WARP_SPECIALIZE: tl.constexpr):
-    """Online softmax over key blocks [start_n, end_n). MASKED applies the visibility rule per element."""
-    for n0 in tl.range(start_n, end_n, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        b_k = _load_kv_tile(k_src, stride_ks, i_b, i_hk, k_row0, n0, o_n, o_d, seqlen_k,
-                            D, BLOCK_N, BLOCK_D, EVEN_D, MASKED, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_D]
-        b_s = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_M, BLOCK_N] raw scores q.k
-        if HAS_SOFTCAP:
-            # scores in log2 units: softcap * log2e * tanh(q.k * scale / softcap)
-            b_s = _tanh(b_s * softcap_scale) * softcap_out
-        else:
-            b_s = b_s * qk_scale
-        if MASKED:
-            o_j = n0 + o_n
-            b_vis = (o_j < seqlen_k)[None, :]
-            if HAS_RIGHT:
-                b_vis = b_vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
-            if HAS_LEFT:
-                b_vis = b_vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
-            b_s = tl.where(b_vis, b_s, float("-inf"))
-            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))  # [BLOCK_M]
-            # a row that has seen nothing yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
-            b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-        else:
-            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-            b_shift = b_m_new
-        b_p = tl.exp2(b_s - b_shift[:, None])  # [BLOCK_M, BLOCK_N]
-        b_alpha = tl.exp2(b_m - b_shift)  # [BLOCK_M]
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * b_alpha[:, None]
-        b_v = _load_kv_tile(v_src, stride_vs, i_b, i_hk, k_row0, n0, o_n, o_dv, seqlen_k,
-                            DV, BLOCK_N, BLOCK_DV, EVEN_DV, MASKED, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_DV]
-        b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc)  # [BLOCK_M, BLOCK_DV]
-        b_m = b_m_new
+                    WARP_SPECIALIZE: tl.constexpr, PIPELINE_QK: tl.constexpr):
+    """Online softmax over key blocks [start_n, end_n). MASKED applies the visibility rule per element.
+
+    PIPELINE_QK (unmasked range only): the scores of block n + 1 are issued before the softmax of block n,
+    so the tensor cores work on q.k while the exp2 of the previous block runs.
+    """
+    if PIPELINE_QK and not MASKED:
+        if start_n < end_n:
+            b_k = _load_kv_tile(k_src, stride_ks, i_b, i_hk, k_row0, start_n, o_n, o_d, seqlen_k,
+                                D, BLOCK_N, BLOCK_D, EVEN_D, False, USE_TMA, IS_VARLEN)
+            b_s = _scores(b_q, b_k, qk_scale, softcap_scale, softcap_out, HAS_SOFTCAP)
+            for n0 in tl.range(start_n, end_n - BLOCK_N, BLOCK_N):
+                b_k = _load_kv_tile(k_src, stride_ks, i_b, i_hk, k_row0, n0 + BLOCK_N, o_n, o_d, seqlen_k,
+                                    D, BLOCK_N, BLOCK_D, EVEN_D, False, USE_TMA, IS_VARLEN)
+                b_s_next = _scores(b_q, b_k, qk_scale, softcap_scale, softcap_out, HAS_SOFTCAP)
+                b_v = _load_kv_tile(v_src, stride_vs, i_b, i_hk, k_row0, n0, o_n, o_dv, seqlen_k,
+                                    DV, BLOCK_N, BLOCK_DV, EVEN_DV, False, USE_TMA, IS_VARLEN)
+                b_acc, b_l, b_m = _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, False)
+                b_s = b_s_next
+            b_v = _load_kv_tile(v_src, stride_vs, i_b, i_hk, k_row0, end_n - BLOCK_N, o_n, o_dv, seqlen_k,
+                                DV, BLOCK_N, BLOCK_DV, EVEN_DV, False, USE_TMA, IS_VARLEN)
+            b_acc, b_l, b_m = _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, False)
+    else:
+        for n0 in tl.range(start_n, end_n, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+            b_k = _load_kv_tile(k_src, stride_ks, i_b, i_hk, k_row0, n0, o_n, o_d, seqlen_k,
+                                D, BLOCK_N, BLOCK_D, EVEN_D, MASKED, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_D]
+            b_s = _scores(b_q, b_k, qk_scale, softcap_scale, softcap_out, HAS_SOFTCAP)  # [BLOCK_M, BLOCK_N]
+            if MASKED:
+                o_j = n0 + o_n
+                b_vis = (o_j < seqlen_k)[None, :]
+                if HAS_RIGHT:
+                    b_vis = b_vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
+                if HAS_LEFT:
+                    b_vis = b_vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
+                b_s = tl.where(b_vis, b_s, float("-inf"))
+            b_v = _load_kv_tile(v_src, stride_vs, i_b, i_hk, k_row0, n0, o_n, o_dv, seqlen_k,
+                                DV, BLOCK_N, BLOCK_DV, EVEN_DV, MASKED, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_DV]
+            b_acc, b_l, b_m = _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, MASKED)
     return b_acc, b_l, b_m
 
 
@@ -127,6 +163,7 @@ def attn_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, REVERSE_M: tl.constexpr,
+    PIPELINE_QK: tl.constexpr,
 ):
     """Grid: (cdiv(max Sq, BLOCK_M), B * Hq). One program computes one [BLOCK_M, DV] tile of the output."""
     EVEN_D: tl.constexpr = BLOCK_D == D
@@ -204,17 +241,17 @@ def attn_fwd_kernel(
         b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs, i_b, i_hk, k_row0, lo, full_lo,
         o_m, o_n, o_d, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
         D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, EVEN_D, EVEN_DV, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        USE_TMA, IS_VARLEN, False)
+        USE_TMA, IS_VARLEN, False, False)
     b_acc, b_l, b_m = _attn_key_range(
         b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs, i_b, i_hk, k_row0, full_lo,
         full_hi, o_m, o_n, o_d, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
         D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, EVEN_D, EVEN_DV, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        USE_TMA, IS_VARLEN, WARP_SPECIALIZE)
+        USE_TMA, IS_VARLEN, WARP_SPECIALIZE, PIPELINE_QK)
     b_acc, b_l, b_m = _attn_key_range(
         b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs, i_b, i_hk, k_row0, full_hi, hi,
         o_m, o_n, o_d, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
         D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, EVEN_D, EVEN_DV, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        USE_TMA, IS_VARLEN, False)
+        USE_TMA, IS_VARLEN, False, False)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     b_seen = b_l > 0.0

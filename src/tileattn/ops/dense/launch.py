@@ -178,17 +178,17 @@ def _pow2(d):
     return max(16, triton.next_power_of_2(d))
 
 
-def choose_config(q, k, v, causal, run):
+def choose_config(q, k, v, causal, seqlen_q, run):
     """The config for this problem: forced > autotuned (opt-in) > first fitting table entry."""
     forced = getattr(_forced, "cfg", None)
     if forced is not None:
         return forced
     info = hw.device_info(q.device)
     bd, bdv = _pow2(q.shape[-1]), _pow2(v.shape[-1])
-    cands = candidates(info.arch, bd, bdv, causal, q.element_size(), info.smem_per_block)
+    cands = candidates(info.arch, bd, bdv, causal, q.element_size(), info.smem_per_block, seqlen_q)
     if not autotune_enabled() or q.device.type != "cuda":
         return cands[0]
-    seq_bucket = triton.next_power_of_2(max(q.shape[-3], 1))
+    seq_bucket = triton.next_power_of_2(max(seqlen_q, 1))
     key = f"sm{info.arch}-smem{info.smem_per_block}-{q.dtype}-d{bd}-dv{bdv}-c{int(causal)}-s{seq_bucket}"
     _load_autotune_file()
     if key not in _autotune_cache:
@@ -301,10 +301,10 @@ def attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sc
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
             ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=has_softcap, IS_VARLEN=varlen,
             RETURN_LSE=return_lse, USE_TMA=use_tma, WARP_SPECIALIZE=cfg.warp_specialize and use_tma,
-            REVERSE_M=window_right >= 0,
+            REVERSE_M=window_right >= 0, PIPELINE_QK=cfg.pipeline_qk and not cfg.warp_specialize,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-    cfg = choose_config(q, k, v, window_right >= 0, run)
+    cfg = choose_config(q, k, v, window_right >= 0, seqlen_q, run)
     run(cfg)
     return out, lse
