@@ -14,7 +14,7 @@ for s in $steps; do
   case $s in
     diag)
       python3 scripts/gpu_diag.py > "$OUT/diag.log" 2>&1; rc=$?
-      summary+=("diag rc=$rc: $(grep -E 'matmul|reduction' "$OUT/diag.log" | tr '\n' ';')")
+      summary+=("diag rc=$rc: $(grep -E 'matmul|reduction|host overhead' "$OUT/diag.log" | tr '\n' ';')")
       summary+=("  clocks/throttle: $(grep -A1 nvidia-smi "$OUT/diag.log" | grep MHz | tail -n 1)") ;;
     tests)
       python3 -m pytest -q -x -n ${TEST_WORKERS:-4} -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?

@@ -13,7 +13,7 @@ import torch
 import triton
 
 from ... import hw
-from .configs import AttnConfig, candidates
+from .configs import AttnConfig, candidates, seq_bucket
 from .kernels import LOG2E, attn_fwd_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -178,20 +178,41 @@ def _pow2(d):
     return max(16, triton.next_power_of_2(d))
 
 
-def choose_config(q, k, v, causal, seqlen_q, run):
-    """The config for this problem: forced > autotuned (opt-in) > first fitting table entry."""
+_choice_cache = {}
+
+
+def choose_config(q, v, causal, seqlen_q, variant, run, smem_of):
+    """The config for this problem: forced > autotuned (opt-in) > first table entry that fits.
+
+    "Fits" means the compiled kernel's shared memory (smem_of(cfg), read from the compiler on a GPU; the
+    estimate under the interpreter) is within the device's budget, or the emulated one. The choice is cached
+    per problem key, so later calls skip this work.
+    """
     forced = getattr(_forced, "cfg", None)
     if forced is not None:
         return forced
     info = hw.device_info(q.device)
     bd, bdv = _pow2(q.shape[-1]), _pow2(v.shape[-1])
+    key = (q.device, q.dtype, bd, bdv, causal, seq_bucket(seqlen_q), info.smem_per_block, variant,
+           autotune_enabled())
+    cfg = _choice_cache.get(key)
+    if cfg is not None:
+        return cfg
     cands = candidates(info.arch, bd, bdv, causal, q.element_size(), info.smem_per_block, seqlen_q)
-    if not autotune_enabled() or q.device.type != "cuda":
-        return cands[0]
-    seq_bucket = triton.next_power_of_2(max(seqlen_q, 1))
-    key = f"sm{info.arch}-smem{info.smem_per_block}-{q.dtype}-d{bd}-dv{bdv}-c{int(causal)}-s{seq_bucket}"
+    on_gpu = q.device.type == "cuda"
+    fits = (lambda c: smem_of(c) <= info.smem_per_block) if on_gpu else (lambda c: True)
+    if not autotune_enabled() or not on_gpu:
+        cfg = next((c for c in cands if fits(c)), cands[-1])
+    else:
+        cfg = _autotune([c for c in cands if fits(c)] or cands[-1:], key, run, info)
+    _choice_cache[key] = cfg
+    return cfg
+
+
+def _autotune(cands, key, run, info):
+    skey = "-".join(str(x) for x in key)
     _load_autotune_file()
-    if key not in _autotune_cache:
+    if skey not in _autotune_cache:
         best, best_ms = None, float("inf")
         for cfg in cands:
             try:
@@ -200,9 +221,9 @@ def choose_config(q, k, v, causal, seqlen_q, run):
                 continue
             if ms < best_ms:
                 best, best_ms = cfg, ms
-        _autotune_cache[key] = best or cands[0]
+        _autotune_cache[skey] = best or cands[0]
         _save_autotune_file()
-    return _autotune_cache[key]
+    return _autotune_cache[skey]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -244,8 +265,16 @@ def _debug_fill():
     return os.environ.get("TILEATTN_DEBUG_FILL_NAN", "0") not in ("", "0")
 
 
+def compiled_smem(q, k, v, causal=False):
+    """Shared memory of the kernel the current config choice compiles for these inputs (tests, tools)."""
+    box = {}
+    attn_fwd(q, k, v, None, None, 0, 0, q.shape[-1] ** -0.5, -1, 0 if causal else -1, 0.0, True, False,
+             _inspect=box)
+    return box["smem"]
+
+
 def attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left,
-             window_right, softcap, align_bottom_right, return_lse):
+             window_right, softcap, align_bottom_right, return_lse, _inspect=None):
     """Launch the forward kernel on validated inputs. Returns (out, lse) (lse empty unless return_lse).
 
     The mask is given by the effective window (causal already folded in as window_right = 0).
@@ -283,7 +312,7 @@ def attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sc
         sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
         sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
 
-    def run(cfg):
+    def run(cfg, compile_only=False):
         use_tma = cfg.use_tma and _tma_ok(k) and _tma_ok(v)
         if use_tma:
             k_arg = _descriptor(k, cfg.block_n, bd, varlen)
@@ -291,7 +320,9 @@ def attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sc
         else:
             k_arg, v_arg = k, v
         grid = (triton.cdiv(max(seqlen_q, 1), cfg.block_m), batch * hq)
-        attn_fwd_kernel[grid](
+        launcher = attn_fwd_kernel.warmup if compile_only else attn_fwd_kernel[grid]
+        extra = {"grid": grid} if compile_only else {}
+        return launcher(
             q, k_arg, v_arg, out, lse,
             sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2], sl[0], sl[1],
             cu_seqlens_q, cu_seqlens_k,
@@ -302,9 +333,16 @@ def attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sc
             ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=has_softcap, IS_VARLEN=varlen,
             RETURN_LSE=return_lse, USE_TMA=use_tma, WARP_SPECIALIZE=cfg.warp_specialize and use_tma,
             REVERSE_M=window_right >= 0, PIPELINE_QK=cfg.pipeline_qk and not cfg.warp_specialize,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
         )
 
-    cfg = choose_config(q, k, v, window_right >= 0, seqlen_q, run)
+    def smem_of(cfg):
+        return run(cfg, compile_only=True).metadata.shared
+
+    variant = (window_left >= 0, has_softcap, varlen, return_lse, align_bottom_right)
+    cfg = choose_config(q, v, window_right >= 0, seqlen_q, variant, run, smem_of)
+    if _inspect is not None:
+        _inspect["smem"] = smem_of(cfg)
+        return out, lse
     run(cfg)
     return out, lse
