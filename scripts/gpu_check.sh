@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
-#   bash scripts/gpu_check.sh [diag] [tests] [sanitize] [sweep] [bench] [bench-bf16]
+#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [tests] [sanitize] [sweep] [bench] [bench-bf16]
+# (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
 set -u
 OUT=${OUT:-/tmp/tileattn-out}
