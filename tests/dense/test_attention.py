@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import tileattn
+from tileattn import hw
+from tileattn.ops.dense import launch
 from tileattn.ops.dense.configs import AttnConfig
 from tileattn.ops.dense.launch import force_config
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
@@ -171,19 +173,13 @@ def test_gpu_matrix(shape, opts, dtype, device):
 @pytest.mark.parametrize("budget", ["sm89", "sm80"])
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_smem_budget_emulation(budget, D, device, monkeypatch):
-    from tileattn import hw
-    from tileattn.ops.dense import launch
     monkeypatch.setenv("TILEATTN_SMEM_BUDGET", budget)
     q = randn(2, 700, 8, D, dtype=torch.float16, device=device)
     k = randn(2, 900, 2, D, dtype=torch.float16, device=device)
     v = randn(2, 900, 2, D, dtype=torch.float16, device=device)
     _check(q, k, v, causal=True)
-    limit = hw.device_info(q.device).smem_per_block
-    chosen = [c for key, c in launch._choice_cache.items() if key[6] == limit and key[2] == D]
-    assert chosen, "no config was chosen under the emulated budget"
-    for cfg in chosen:  # the compiled kernel itself must fit the emulated GPU
-        with launch.force_config(cfg):
-            assert launch.compiled_smem(q, k, v, causal=True) <= limit
+    # the kernel chosen under the emulated budget must itself fit the emulated GPU
+    assert launch.compiled_smem(q, k, v, causal=True) <= hw.device_info(q.device).smem_per_block
 
 
 @pytest.mark.gpu

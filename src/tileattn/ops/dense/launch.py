@@ -11,6 +11,7 @@ import threading
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import hw
 from .configs import AttnConfig, candidates, seq_bucket
@@ -204,12 +205,12 @@ def choose_config(q, v, causal, seqlen_q, variant, run, smem_of):
     if not autotune_enabled() or not on_gpu:
         cfg = next((c for c in cands if fits(c)), cands[-1])
     else:
-        cfg = _autotune([c for c in cands if fits(c)] or cands[-1:], key, run, info)
+        cfg = _autotune([c for c in cands if fits(c)] or cands[-1:], key, run)
     _choice_cache[key] = cfg
     return cfg
 
 
-def _autotune(cands, key, run, info):
+def _autotune(cands, key, run):
     skey = "-".join(str(x) for x in key)
     _load_autotune_file()
     if skey not in _autotune_cache:
@@ -236,7 +237,6 @@ def _tma_ok(t):
 
 
 def _descriptor(t, block_n, block_d, varlen):
-    from triton.tools.tensor_descriptor import TensorDescriptor
     if varlen:  # [total, H, D]
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_n, 1, block_d])
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_n, 1, block_d])
@@ -265,19 +265,32 @@ def _debug_fill():
     return os.environ.get("TILEATTN_DEBUG_FILL_NAN", "0") not in ("", "0")
 
 
-def compiled_smem(q, k, v, causal=False):
-    """Shared memory of the kernel the current config choice compiles for these inputs (tests, tools)."""
-    box = {}
-    attn_fwd(q, k, v, None, None, 0, 0, q.shape[-1] ** -0.5, -1, 0 if causal else -1, 0.0, True, False,
-             _inspect=box)
-    return box["smem"]
-
-
 def attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left,
-             window_right, softcap, align_bottom_right, return_lse, _inspect=None):
+             window_right, softcap, align_bottom_right, return_lse):
     """Launch the forward kernel on validated inputs. Returns (out, lse) (lse empty unless return_lse).
 
     The mask is given by the effective window (causal already folded in as window_right = 0).
+    """
+    out, lse, run, cfg = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                  window_left, window_right, softcap, align_bottom_right, return_lse)
+    if run is not None:
+        run(cfg)
+    return out, lse
+
+
+def compiled_smem(q, k, v, causal=False):
+    """Shared memory of the kernel chosen for these (batched, full or causal) inputs; compiles, never runs."""
+    _, _, run, cfg = _prepare(q, k, v, None, None, 0, 0, q.shape[-1] ** -0.5, -1, 0 if causal else -1, 0.0,
+                              True, False)
+    return run(cfg, compile_only=True).metadata.shared
+
+
+def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left,
+             window_right, softcap, align_bottom_right, return_lse):
+    """Check cu_seqlens values, allocate the outputs, choose the config.
+
+    Returns (out, lse, run, cfg); run(cfg, compile_only=False) launches (or only compiles) the kernel, and
+    run is None when there is nothing to compute (the outputs are then already final).
     """
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -293,11 +306,11 @@ def attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sc
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
     if out.numel() == 0:
-        return out, lse
+        return out, lse, None, None
     if seqlen_k == 0 and not varlen:
         out.zero_()
         lse.fill_(float("-inf"))
-        return out, lse
+        return out, lse, None, None
 
     bd, bdv = _pow2(d), _pow2(dv)
     has_softcap = softcap > 0
@@ -341,8 +354,4 @@ def attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sc
 
     variant = (window_left >= 0, has_softcap, varlen, return_lse, align_bottom_right)
     cfg = choose_config(q, v, window_right >= 0, seqlen_q, variant, run, smem_of)
-    if _inspect is not None:
-        _inspect["smem"] = smem_of(cfg)
-        return out, lse
-    run(cfg)
-    return out, lse
+    return out, lse, run, cfg
