@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
-#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [tests] [sanitize] [sweep] [bench] [bench-bf16]
+#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
+#                                                        [bench-bf16]
+# Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
 set -u
@@ -17,8 +19,15 @@ for s in $steps; do
       python3 scripts/gpu_diag.py > "$OUT/diag.log" 2>&1; rc=$?
       summary+=("diag rc=$rc: $(grep -E 'matmul|reduction|host overhead' "$OUT/diag.log" | tr '\n' ';')")
       summary+=("  clocks/throttle: $(grep -A1 nvidia-smi "$OUT/diag.log" | grep MHz | tail -n 1)") ;;
+    host)
+      timeout 120 python3 scripts/host_overhead.py > "$OUT/host.log" 2>&1; rc=$?
+      summary+=("host rc=$rc: $(tail -n 4 "$OUT/host.log" | tr '\n' ';')") ;;
+    sm90)
+      timeout 200 python3 scripts/dev_sm90.py --no-bench > "$OUT/sm90.log" 2>&1; rc=$?
+      summary+=("sm90 rc=$rc: $(grep -c '^ok' "$OUT/sm90.log") ok, $(grep '^CHECK' "$OUT/sm90.log")")
+      grep FAIL "$OUT/sm90.log" | head -5 ;;
     tests)
-      python3 -m pytest -q -x -n ${TEST_WORKERS:-4} -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?
+      timeout 420 python3 -m pytest -q -x -n ${TEST_WORKERS:-4} -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?
       summary+=("tests rc=$rc: $(tail -n 1 "$OUT/tests.log")") ;;
     sanitize)
       compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
@@ -28,7 +37,7 @@ for s in $steps; do
       python3 scripts/sweep_dense.py --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330} > "$OUT/sweep.log" 2>&1; rc=$?
       summary+=("sweep rc=$rc"); grep -E "^BEST|^  D=" "$OUT/sweep.log" ;;
     bench)
-      python3 -m tileattn bench dense --out "$OUT/dense.json" --plot "$OUT/dense.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; rc=$?
+      timeout 480 python3 -m tileattn bench dense --out "$OUT/dense.json" --plot "$OUT/dense.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; rc=$?
       summary+=("bench rc=$rc: $(grep '^summary' "$OUT/bench.log")") ;;
     bench-bf16)
       python3 -m tileattn bench dense --dtype bf16 --out "$OUT/dense_bf16.json" --plot "$OUT/dense_bf16.png" > "$OUT/bench_bf16.log" 2>&1; rc=$?

@@ -174,6 +174,7 @@ def test_gpu_matrix(shape, opts, dtype, device):
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_smem_budget_emulation(budget, D, device, monkeypatch):
     monkeypatch.setenv("TILEATTN_SMEM_BUDGET", budget)
+    launch.clear_plans()  # plans read the budget when they are made
     q = randn(2, 700, 8, D, dtype=torch.float16, device=device)
     k = randn(2, 900, 2, D, dtype=torch.float16, device=device)
     v = randn(2, 900, 2, D, dtype=torch.float16, device=device)
@@ -197,3 +198,28 @@ def test_gpu_varlen(dtype, device):
         ref_lp, lse_lp = varlen_attention_ref(q, k, v, cq, ck, dtype=dtype, causal=causal)
         assert_close("out", out, ref, ref_lp)
         assert_close("lse", lse, lse_ref, lse_lp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_sm90_dispatch(D, device, monkeypatch):
+    """On an H100, D = 64 / 128 go to the Gluon kernel; TILEATTN_SM90=0 and a smaller budget send them to the
+    portable one; both agree with the reference."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the Gluon kernel serves sm90 only")
+    q = randn(2, 1000, 8, D, dtype=torch.float16, device=device)
+    k = randn(2, 1100, 2, D, dtype=torch.float16, device=device)
+    v = randn(2, 1100, 2, D, dtype=torch.float16, device=device)
+    out = torch.empty_like(q)
+    assert launch.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    assert not launch.use_sm90(q, k, v, out, False, -1.0, 0.0)  # the kernel needs a positive scale
+    assert not launch.use_sm90(q[:, :, :, : D - 8], k[:, :, :, : D - 8], v, out, False, 0.1, 0.0)
+    _check(q, k, v, causal=True)
+    monkeypatch.setenv("TILEATTN_SM90", "0")
+    assert not launch.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    launch.clear_plans()
+    _check(q, k, v, causal=True)
+    monkeypatch.setenv("TILEATTN_SM90", "1")
+    monkeypatch.setenv("TILEATTN_SMEM_BUDGET", "sm89")
+    assert not launch.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    launch.clear_plans()

@@ -1,4 +1,5 @@
 """Public entry points of dense attention: attention, varlen_attention, scaled_dot_product_attention."""
+import sys
 import warnings
 
 import torch
@@ -28,6 +29,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0
         out [B, Sq, Hq, Dv] in q's dtype; with return_lse, (out, lse) with lse [B, Hq, Sq] float32
         (natural log). A row that sees no key gets out = 0 and lse = -inf.
     """
+    if _plain_eager(q, k, v):
+        return launch.attention_eager(q, k, v, causal, scale, window, softcap, True, return_lse)
     launch.check_inputs(q, k, v, varlen=False)
     launch.check_options(causal, scale, window, softcap)
     launch.check_device(q, k, v)
@@ -59,14 +62,22 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                 softcap, True, return_lse)
 
 
+def _plain_eager(q, k, v):
+    """A call with plain tensors, nothing to trace and no gradient to track. It goes straight to the launch
+    plans (launch.attention_eager): the registered op's dispatcher costs ~100 us a call on the H100 host,
+    as long as the whole kernel at N = 1K. Tensor subclasses (FakeTensor, Parameter) take the op."""
+    T = torch.Tensor
+    return (type(q) is T and type(k) is T and type(v) is T and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+
+
 def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bottom_right, return_lse):
     left, right = launch.effective_window(causal, window)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     args = (q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale, left, right, float(softcap), bottom_right,
             bool(return_lse))
-    # The registered op is what torch.compile traces and what autograd sees; a plain eager call with no
-    # gradient to track skips the op dispatcher, whose Python overhead (~100 us a call on the H100 host)
-    # is as long as the whole kernel at N = 1K.
+    # The registered op is what torch.compile traces and what autograd sees; an eager call with no gradient
+    # to track (varlen, tensor subclasses; plain batched calls never get here) skips the op dispatcher.
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                                         or v.requires_grad)):
         out, lse = custom_ops.attn_fwd(*args)
@@ -104,16 +115,25 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
             enable_gqa=enable_gqa)
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-dim tensor [B, H, S, D], got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if query.shape[1] != key.shape[1] and not enable_gqa:
-        raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass enable_gqa=True for "
-                         f"grouped-query attention")
+    if _plain_eager(query, key, value):
+        return launch.sdpa_eager(query, key, value, bool(is_causal), scale, enable_gqa)
+    launch.check_sdpa_inputs(query, key, value, enable_gqa)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     launch.check_inputs(q, k, v, varlen=False)
     launch.check_options(bool(is_causal), scale, (-1, -1), 0.0)
     launch.check_device(q, k, v)
     out = _run(q, k, v, None, None, 0, 0, bool(is_causal), scale, (-1, -1), 0.0, False, False)
     return out.transpose(1, 2)
+
+
+def _bind_on_package():
+    """tileattn/__init__.py loads this module through a module-level __getattr__, which Python runs on every
+    `tileattn.attention` lookup (~3 us a call, scripts/host_overhead.py --cpu); binding the public names on
+    the package once turns later lookups into plain attribute reads."""
+    package = sys.modules.get(__name__.split(".")[0])
+    if package is not None:
+        for name in ("attention", "varlen_attention", "scaled_dot_product_attention"):
+            setattr(package, name, globals()[name])
+
+
+_bind_on_package()

@@ -1,0 +1,144 @@
+"""Check and time the Hopper Gluon forward kernel directly (before and besides its wiring into the API).
+
+    python scripts/dev_sm90.py [--quick] [--cfg D:BM:BN:STAGES:REGS ...]
+
+1. correctness of launch_sm90.launch against the float32 reference (tolerance rule) over edge cases;
+2. the dense grid (B=4, H=32, fp16): Gluon kernel vs the portable Triton kernel vs cuDNN, outputs checked
+   against cuDNN before timing. Prints one line per case and a summary.
+"""
+import argparse
+import math
+import sys
+
+import torch
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tileattn.ops.dense import launch, launch_sm90, reference
+from tileattn.tolerance import allowed_error
+
+
+def rand(*shape, dtype):
+    return torch.randn(*shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def run_gluon(q, k, v, causal=False, window=(-1, -1), softcap=0.0, return_lse=False, cfg=None,
+              bottom_right=True):
+    scale = q.shape[-1] ** -0.5
+    left, right = launch.effective_window(causal, window)
+    out = torch.full(q.shape[:-1] + (v.shape[-1],), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
+    assert launch_sm90.supports(q, k, v, out, False, False, scale, softcap)
+    launch_sm90.launch(q, k, v, out, lse, scale, left, right, softcap, bottom_right, return_lse, cfg=cfg)
+    return out, lse
+
+
+def check(name, q, k, v, cfg=None, **kw):
+    out, lse = run_gluon(q, k, v, return_lse=True, cfg=cfg, **kw)
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.attention_ref(q, k, v, causal=kw.get("causal", False), window=kw.get("window", (-1, -1)),
+                                           softcap=kw.get("softcap", 0.0))
+    ref_lp, _ = reference.attention_ref(q, k, v, causal=kw.get("causal", False), window=kw.get("window", (-1, -1)),
+                                        softcap=kw.get("softcap", 0.0), dtype=q.dtype)
+    err = (out.float() - ref).abs().max().item()
+    tol = allowed_error((ref_lp.float() - ref).abs().max().item(), ref, q.dtype)
+    fin = torch.isfinite(ref_lse)
+    lse_ok = torch.equal(torch.isinf(lse), torch.isinf(ref_lse)) and (
+        not fin.any() or (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-2)
+    ok = err <= tol and not torch.isnan(out).any() and lse_ok
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: err {err:.2e} tol {tol:.2e} lse_ok {lse_ok}", flush=True)
+    return ok
+
+
+def correctness(cfgs):
+    fails = 0
+    f16, bf16 = torch.float16, torch.bfloat16
+    cases = []
+    for d in (64, 128):
+        for (sq, sk) in ((1, 1), (17, 17), (127, 127), (1000, 1000), (128, 1000), (1000, 128), (17, 300),
+                         (300, 17), (256, 256), (2048, 2048)):
+            for causal in (False, True):
+                cases.append((f"D{d} Sq{sq} Sk{sk} causal={causal}", dict(B=2, Sq=sq, Sk=sk, Hq=4, Hkv=4, D=d,
+                                                                          dtype=f16), dict(causal=causal)))
+        cases.append((f"D{d} GQA4 bf16 causal", dict(B=2, Sq=500, Sk=700, Hq=8, Hkv=2, D=d, dtype=bf16),
+                      dict(causal=True)))
+        cases.append((f"D{d} MQA window(100,20)", dict(B=1, Sq=700, Sk=900, Hq=4, Hkv=1, D=d, dtype=f16),
+                      dict(window=(100, 20))))
+        cases.append((f"D{d} window(0,0)", dict(B=1, Sq=300, Sk=300, Hq=2, Hkv=2, D=d, dtype=f16),
+                      dict(window=(0, 0))))
+        cases.append((f"D{d} softcap30 causal", dict(B=1, Sq=600, Sk=600, Hq=2, Hkv=2, D=d, dtype=f16),
+                      dict(causal=True, softcap=30.0)))
+        cases.append((f"D{d} left-only window 64", dict(B=1, Sq=600, Sk=600, Hq=2, Hkv=2, D=d, dtype=f16),
+                      dict(window=(64, -1))))
+        cases.append((f"D{d} causal Sq>Sk fully-masked rows", dict(B=1, Sq=400, Sk=100, Hq=2, Hkv=2, D=d,
+                                                                   dtype=f16), dict(causal=True)))
+    for name, shp, kw in cases:
+        q = rand(shp["B"], shp["Sq"], shp["Hq"], shp["D"], dtype=shp["dtype"])
+        k = rand(shp["B"], shp["Sk"], shp["Hkv"], shp["D"], dtype=shp["dtype"])
+        v = rand(shp["B"], shp["Sk"], shp["Hkv"], shp["D"], dtype=shp["dtype"])
+        for cfg in cfgs.get(shp["D"], [None]):
+            fails += not check(name + (f" {cfg}" if cfg else ""), q, k, v, cfg=cfg, **kw)
+    # non-contiguous strides: [B, H, S, D] storage seen as [B, S, H, D]
+    q = rand(2, 4, 333, 128, dtype=f16).transpose(1, 2)
+    k = rand(2, 4, 444, 128, dtype=f16).transpose(1, 2)
+    v = rand(2, 4, 444, 128, dtype=f16).transpose(1, 2)
+    fails += not check("head-major strides D128 causal", q, k, v, causal=True)
+    return fails
+
+
+def bench(quick, cfgs):
+    torch.manual_seed(0)
+    rows = []
+    ns = (1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384)
+    for d in (64, 128):
+        for causal in (False, True):
+            for n in ns:
+                B, H = 4, 32
+                q, k, v = (rand(B, n, H, d, dtype=torch.float16) for _ in range(3))
+                flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+                    f_cudnn = lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    t_cudnn = triton.testing.do_bench(f_cudnn, warmup=50, rep=200)
+                res = {}
+                for c in cfgs.get(d, [None]):
+                    out, _ = run_gluon(q, k, v, causal=causal, cfg=c)
+                    err = (out.float() - ref.float()).abs().max().item()
+                    okc = err < 2e-2 and not torch.isnan(out).any()
+                    t = triton.testing.do_bench(lambda: run_gluon(q, k, v, causal=causal, cfg=c), warmup=50, rep=200)
+                    res[str(c)] = (t, okc, err)
+                def tri():
+                    return launch.attn_fwd(q, k, v, None, None, 0, 0, d ** -0.5, -1, 0 if causal else -1, 0.0,
+                                           True, False)
+                t_tri = triton.testing.do_bench(tri, warmup=50, rep=200)
+                tf = lambda t: flops / t * 1e-9
+                best = min(res.values(), key=lambda r: r[0])
+                rows.append(((d, causal, n), tf(best[0]) / tf(t_cudnn), best[1]))
+                line = " ".join(f"{tf(t):5.0f}{'' if ok else '!'}" for (t, ok, e) in res.values())
+                print(f"D={d} causal={causal:d} N={n:5d}: cudnn {tf(t_cudnn):5.0f} triton {tf(t_tri):5.0f} "
+                      f"gluon {line}  best/cudnn {tf(best[0]) / tf(t_cudnn):.3f}", flush=True)
+    gm = math.exp(sum(math.log(r[1]) for r in rows) / len(rows))
+    print(f"BENCH geomean gluon/cudnn {gm:.3f}, check failures {sum(not r[2] for r in rows)}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS:PIPELINE")
+    a = ap.parse_args()
+    cfgs = {}
+    for s in a.cfg:
+        d, bm, bn, st, regs, pipe = (int(x) for x in s.split(":"))
+        cfgs.setdefault(d, []).append(launch_sm90.Sm90Config(bm, bn, st, regs, bool(pipe)))
+    fails = 0 if a.no_check else correctness(cfgs)
+    print(f"CHECK failures: {fails}", flush=True)
+    if not a.no_bench:
+        bench(a.quick, cfgs)
+    sys.exit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()

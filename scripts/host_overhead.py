@@ -1,0 +1,234 @@
+"""Host time of one tileattn.attention call on a repeated problem.
+
+    python scripts/host_overhead.py          # GPU: real launches, vs torch SDPA (cuDNN), same shape
+    python scripts/host_overhead.py --cpu    # no GPU needed: the C launch is a no-op (see below)
+    python scripts/host_overhead.py --check  # no GPU needed: cached launches pass the C launcher exactly
+                                             # the arguments of Triton's normal path (tests run this)
+
+GPU: per-call time at a tiny shape (B=1, S=128, H=1, D=64, fp16), where the kernel is far shorter than
+the host work: time.perf_counter over 1000 back-to-back calls after warm-up, torch.cuda.synchronize at the
+end. CPU: Triton compiles the real sm90 kernels (ptxas ships with Triton), but a stand-in driver loads no
+binary and its C launcher is a no-op, so the figure is the Python path up to the launch: validation,
+allocation, config, argument building, Triton's dispatch or the cached plan. C-side costs (argument parsing,
+cuPointerGetAttribute per tensor argument, cuTensorMapEncodeTiled, cuLaunchKernelEx) are not in it.
+The GPU and --cpu modes run on any tileattn revision with this public API (before/after comparisons).
+"""
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+SHAPE = (1, 128, 1, 64)  # B, S, H, D
+
+
+def fake_cuda_driver(record=False):
+    """A CUDA driver stand-in for a machine without a GPU: compiles for sm90, launches nothing.
+
+    Returns (driver, launches): with record=True, `launches` collects the argument tuple of every C-level
+    launch call (else it stays empty and the launch is a bare no-op).
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import driver as nvd
+
+    launches = []
+
+    class Utils:
+        def load_binary(self, name, kernel, shared, device):
+            return 1, 2, 64, 0, 1024  # module, function, n_regs, n_spills, n_max_threads
+
+        def get_device_properties(self, device):
+            return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536,
+                    "warpSize": 32, "sm_clock_rate": 1, "mem_clock_rate": 1, "mem_bus_width": 1}
+
+        def fill_tma_descriptor(self, ptr, swizzle, elem_size, elem_type, block, shape, strides, padding):
+            # stands for the encoded CUtensorMap; equal inputs give equal "maps"
+            return ("tmap", ptr, swizzle, elem_size, elem_type, tuple(block), tuple(shape), tuple(strides),
+                    padding)
+
+    def raw_launch(*args):
+        if record:
+            launches.append(args)
+
+    class Launcher(nvd.CudaLauncher):
+        # CudaLauncher.__init__ without compiling the C module: the same attributes, a recording launch
+        def __init__(self, src, metadata):
+            signature = dict(src.signature)
+            self.num_ctas = getattr(metadata, "num_ctas", 1)
+            self.launch = nvd.wrap_handle_tensordesc(raw_launch, signature,
+                                                     getattr(metadata, "tensordesc_meta", None))
+            self.global_scratch_size = metadata.global_scratch_size
+            self.global_scratch_align = metadata.global_scratch_align
+            self.profile_scratch_size = metadata.profile_scratch_size
+            self.profile_scratch_align = metadata.profile_scratch_align
+            self.launch_cooperative_grid = metadata.launch_cooperative_grid
+            self.launch_pdl = metadata.launch_pdl
+
+    class Driver(nvd.CudaDriver):
+        def __init__(self):  # no GPUDriver.__init__: it binds torch.cuda functions
+            self.utils = Utils()
+            self.launcher_cls = Launcher
+            self.get_current_device = lambda: 0
+            self.get_current_stream = lambda device=None: 0
+            self.set_current_device = lambda device: None
+            self.get_device_capability = lambda device=None: (9, 0)
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    return Driver(), launches
+
+
+def _time(fn, n):
+    for _ in range(20):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _cpu_setup(record=False):
+    """Real JIT kernels compiled for sm90, the stand-in driver, H100 config tables, CPU tensors let through."""
+    os.environ.pop("TRITON_INTERPRET", None)  # must precede the first import of triton
+    from triton.runtime import driver
+
+    drv, launches = fake_cuda_driver(record)
+    driver.set_active(drv)
+    from tileattn import hw
+
+    hw.interpreter_enabled = lambda: True  # CPU tensors pass check_device
+    h100 = hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448)
+    hw.device_info = lambda device: h100
+    return launches
+
+
+def run_cpu(n, repeats):
+    _cpu_setup()
+    import torch
+    import tileattn
+
+    q, k, v = (torch.randn(*SHAPE, dtype=torch.float16) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [B, H, S, D], as SDPA callers have
+    cases = [
+        ("causal (pointer loads)", lambda: tileattn.attention(q, k, v, causal=True)),
+        ("full (TMA, warp-specialized)", lambda: tileattn.attention(q, k, v)),
+        ("causal, return_lse", lambda: tileattn.attention(q, k, v, causal=True, return_lse=True)),
+        ("sdpa drop-in, causal", lambda: tileattn.scaled_dot_product_attention(qt, kt, vt, is_causal=True)),
+    ]
+    print(f"CPU, no-op launch, B,S,H,D={SHAPE} fp16, {n} calls, best of {repeats} (us per call)")
+    for name, fn in cases:
+        fn()  # compiles
+        us = min(_time(fn, n) for _ in range(repeats))
+        print(f"  {name:28s} {us:7.1f}")
+
+
+def run_check():
+    """Replayed launches (tileattn.launcher) give the C launcher the arguments Triton's normal path gives."""
+    launches = _cpu_setup(record=True)
+    import torch
+    import tileattn
+    from tileattn import launcher
+    from tileattn.ops.dense import launch
+    from tileattn.ops.dense.configs import AttnConfig
+
+    def norm(args, result):
+        # tensors as addresses (the normal path passes tensors, the replay their data_ptr), the fresh outputs
+        # of each call as names, no launch metadata or hooks (normal path: empty HookChains, replay: None)
+        outs = result if isinstance(result, tuple) else (result,)
+        names = {t.data_ptr(): f"out{i}" for i, t in enumerate(outs) if t.numel()}
+        args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        args = [names.get(a, a) if type(a) is int else a for a in args]
+        args[10:13] = [None, None, None]
+        return args
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=torch.float16)
+
+    def cu(lens):
+        return torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+
+    def make(kind):
+        if kind == "varlen":
+            lq, lk = [5, 0, 40], [9, 3, 40]
+            t = (rand(45, 4, 64), rand(52, 2, 64), rand(52, 2, 64), cu(lq), cu(lk))
+            return t, lambda q, k, v, cq, ck: tileattn.varlen_attention(q, k, v, cq, ck, 40, 40, causal=True)
+        if kind == "sdpa":
+            t = (rand(2, 4, 33, 64), rand(2, 2, 50, 64), rand(2, 2, 50, 64))
+            return t, lambda q, k, v: tileattn.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        t = (rand(2, 70, 4, 64), rand(2, 90, 2, 64), rand(2, 90, 2, 64))
+        if kind == "lse-softcap-window":
+            return t, lambda q, k, v: tileattn.attention(q, k, v, window=(20, 3), softcap=5.0, scale=0.3,
+                                                         return_lse=True)
+        return t, lambda q, k, v: tileattn.attention(q, k, v, causal=kind == "causal")
+
+    tma = AttnConfig(128, 64, 8, 3, True)  # (64, 64, 4, 2, True) crashes ptxas (-11), as in bench/NOTES.md
+    cases = [("causal", None), ("full", None), ("causal", tma), ("lse-softcap-window", None), ("sdpa", None),
+             ("varlen", None), ("varlen", tma)]
+    for kind, cfg in cases:
+        a, f = make(kind)
+        b, _ = make(kind)
+        with launch.force_config(cfg) if cfg is not None else contextlib.nullcontext():
+            got = []
+            for direct in (True, False):
+                launcher.DIRECT = direct
+                launch.clear_plans()
+                launches.clear()
+                results = [f(*a), f(*a), f(*b)]
+                got.append([norm(args, r) for args, r in zip(launches, results)] + [launches[1]])
+        (n1, d_a, d_b, raw_direct), (n_a, n2, n_b, raw_normal) = got
+        assert raw_direct[11] is None and raw_normal[11] is not None, "replayed launches expected"
+        assert d_a == n_a == n1 == n2, f"{kind}: replay differs from the normal path"
+        assert d_b == n_b, f"{kind}: replay with new tensors differs from the normal path"
+        maps = sum(isinstance(x, tuple) and x[:1] == ("tmap",) for x in raw_direct)
+        print(f"ok  {kind}{' (forced TMA config)' if cfg else ''}: {len(raw_direct)} launch arguments, "
+              f"{maps} tensor maps")
+    print("CHECK OK")
+
+
+def run_gpu(n):
+    import torch
+    import tileattn
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(*SHAPE, device="cuda", dtype=torch.float16) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [B, H, S, D] for SDPA
+
+    def per_call(fn):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    print(f"{torch.cuda.get_device_name()}, B,S,H,D={SHAPE} fp16, {n} back-to-back calls (us per call)")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for causal in (True, False):
+        us = per_call(lambda: tileattn.attention(q, k, v, causal=causal))
+        us_s = per_call(lambda: tileattn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            us_c = per_call(lambda: sdpa(qt, kt, vt, is_causal=causal))
+        print(f"  causal={causal!s:5}  tileattn.attention {us:6.1f}   tileattn sdpa {us_s:6.1f}   "
+              f"torch sdpa (cuDNN) {us_c:6.1f}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cpu", action="store_true", help="no GPU: no-op launches, Python host path only")
+    p.add_argument("--check", action="store_true", help="no GPU: replayed vs normal-path launch arguments")
+    p.add_argument("-n", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args()
+    if a.check:
+        run_check()
+    elif a.cpu:
+        run_cpu(a.n, a.repeats)
+    else:
+        run_gpu(a.n)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Replay launches of a compiled Triton (or Gluon) kernel with little host overhead.
+
+`kernel[grid](*args)` spends tens of microseconds of Python per call in triton 3.6 (a no-op C launch, this
+repository's dense kernel: ~100 us on a CPU-only dev box, scripts/host_overhead.py --cpu): JITFunction.run
+binds the arguments, computes the specialization of every one (type, divisibility by 16, value 1), builds
+the cache key and looks the kernel up; the launcher wrapper then expands each host TensorDescriptor and
+encodes a fresh CUtensorMap (cuTensorMapEncodeTiled) for it, and calls the (empty) launch hooks.
+
+A KernelLauncher is made from one example call and a list of `varying` parameters; every other parameter
+is frozen to its example value. Its first call goes through the normal path (`kernel[grid](...)`, which
+compiles); later calls on an NVIDIA GPU call the C launcher of that compiled kernel directly:
+
+    launcher = KernelLauncher(kernel, args, kwargs, varying=("X", "Y", "scale"))
+    launcher(grid, x, y, 0.5)   # same order as `varying`
+
+Contract (the caller's cache key must make it hold): the frozen values, and the dtype and the
+shape/strides of every varying tensor and descriptor, are those of the example call. What the launcher
+checks itself on every call: the current device is the one it compiled for, no launch hook is installed,
+and each pointer the kernel was specialized as 16-byte aligned still is; any of these failing sends the
+call through the normal path (which re-specializes as Triton always does).
+
+Varying parameters may be pointers (pass the tensor), host tensor descriptors (pass the new base tensor;
+shape, strides, block shape and layout stay those of the example descriptor), and non-specialized scalars
+(floats, bools). Integers are specialized by Triton (value 1, divisibility by 16), so they must be frozen
+and keyed by the caller; every pointer and descriptor parameter must be varying (a frozen one would keep
+pointing at the example's memory).
+
+Not replayed: Triton's per-call check that global variables used by the kernel have not changed, and
+knobs changed after the first call (debug, instrumentation). Under TRITON_INTERPRET=1, on another backend,
+or with TILEATTN_DIRECT_LAUNCH=0, every call takes the normal path.
+"""
+import copy
+import dataclasses
+import inspect
+import os
+
+import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+# TILEATTN_DIRECT_LAUNCH=0 keeps every launch on Triton's normal path (to rule this module out)
+DIRECT = os.environ.get("TILEATTN_DIRECT_LAUNCH", "1") not in ("", "0")
+
+# the leading arguments of the 3.6 nvidia C launcher that this module fills in (driver.py, make_launcher):
+# grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, metadata, launch metadata, hooks
+_RAW_FORMAT = "iiiKKppOOOOOO"
+_TMAP_CACHE_SIZE = 64  # encoded tensor maps kept per descriptor parameter (one per distinct base pointer)
+
+_runtime = knobs.runtime
+
+
+def _is_descriptor(x):
+    """A host tensor descriptor (triton.tools.tensor_descriptor or gluon's): a dataclass with a base tensor."""
+    return dataclasses.is_dataclass(x) and not isinstance(x, type) and hasattr(x, "base")
+
+
+def _without_base(desc):
+    desc = copy.copy(desc)
+    desc.base = None
+    return desc
+
+
+def _hooks_installed():
+    """Launch hooks (profilers such as proton) need the normal path's launch metadata. The knobs hold empty
+    HookChains by default (falsy `calls`); a hook set directly is a plain callable (truthy)."""
+    enter, exit_ = _runtime.launch_enter_hook, _runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter) or getattr(exit_, "calls", exit_))
+
+
+class _Direct:
+    """What a direct launch needs: the C launch entry, handles, and the argument template."""
+    __slots__ = ("raw", "function", "packed", "coop", "pdl", "device", "get_device", "get_stream", "template",
+                 "positions", "masks", "tmaps")
+
+
+class KernelLauncher:
+    """Launches one specialization of `kernel` (a JITFunction, or the interpreter's stand-in).
+
+    Args:
+        kernel: the @triton.jit / @gluon.jit function.
+        args, kwargs: an example call, as for `kernel[grid](*args, **kwargs)` (kwargs may hold parameters
+            and launch options such as num_warps).
+        varying: names of the parameters that change between calls, in the order __call__ takes them.
+    """
+
+    def __init__(self, kernel, args, kwargs, varying):
+        self.kernel = kernel
+        sig = inspect.signature(kernel.fn)
+        bound = sig.bind(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+        bound.apply_defaults()
+        self._values = list(bound.arguments.values())  # every parameter, in order
+        self._options = {k: v for k, v in kwargs.items() if k not in sig.parameters}
+        names = list(sig.parameters)
+        self._varying = tuple(names.index(n) for n in varying)
+        self._names = names
+        self._is_desc = tuple(_is_descriptor(self._values[i]) for i in self._varying)
+        for i, is_desc in zip(self._varying, self._is_desc):
+            # keep no reference to the example's tensors (a plan may outlive them by far); a descriptor
+            # stays as the template of the per-call ones, without its base
+            self._values[i] = _without_base(self._values[i]) if is_desc else None
+        self._direct = None
+        self._tried_direct = not DIRECT
+
+    def __call__(self, grid, *values):
+        """Launch on `grid` with these values of the varying parameters. Returns nothing."""
+        d = self._direct
+        if d is None or d.get_device() != d.device or _hooks_installed():
+            return self._normal(grid, values)
+        args = d.template.copy()
+        for pos, mask, tmaps, val in zip(d.positions, d.masks, d.tmaps, values):
+            if mask < 0:  # a scalar
+                args[pos] = val
+                continue
+            ptr = val.data_ptr()
+            if ptr & mask:  # the kernel assumed 16-byte alignment: let Triton specialize again
+                return self._normal(grid, values)
+            if tmaps is None:
+                args[pos] = ptr
+            else:
+                tmap = tmaps.get(ptr)
+                args[pos] = tmap if tmap is not None else self._encode(tmaps, val, ptr)
+        n = len(grid)
+        d.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, d.get_stream(d.device), d.function,
+              d.coop, d.pdl, None, None, d.packed, None, None, None, *args)
+
+    # -- normal path ----------------------------------------------------------------------------------------
+    def _normal(self, grid, values):
+        args = list(self._values)
+        for i, is_desc, val in zip(self._varying, self._is_desc, values):
+            args[i] = dataclasses.replace(args[i], base=val) if is_desc else val
+        compiled = self.kernel[grid](*args, **self._options)
+        if not self._tried_direct:
+            self._tried_direct = True
+            self._direct = self._make_direct(compiled, args)
+        return None
+
+    # -- direct path ----------------------------------------------------------------------------------------
+    def _make_direct(self, compiled, args):
+        """The direct launch of `compiled` (what the normal path just ran), or None where unsupported."""
+        if not isinstance(self.kernel, JITFunction) or self.kernel.pre_run_hooks or compiled is None:
+            return None
+        if hasattr(compiled, "result"):  # async compilation
+            compiled = compiled.result()
+        try:
+            from triton.backends.nvidia import driver as nvd
+            from triton.runtime import driver
+        except ImportError:
+            return None
+        run = compiled.run  # the launcher object (handles are loaded by now)
+        if getattr(nvd, "_BASE_ARGS_FORMAT", None) != _RAW_FORMAT or not isinstance(run, nvd.CudaLauncher):
+            return None
+        if run.global_scratch_size or run.profile_scratch_size:
+            return None  # CudaLauncher allocates scratch per launch: leave it the normal path
+        signature = list(compiled.src.signature.values())
+        if len(signature) != len(args):
+            return None
+        attrs = compiled.src.attrs
+        n_desc = sum(isinstance(s, str) and s.startswith("tensordesc") for s in signature)
+        raw, metas = run.launch, []
+        if n_desc:  # launch is wrapped by wrap_handle_tensordesc: find the C entry and the descriptor metadata
+            try:
+                closure = inspect.getclosurevars(run.launch).nonlocals
+            except TypeError:
+                return None
+            raw, metas = closure.get("launcher"), closure.get("tensordesc_meta")
+            if raw is None or metas is None or len(metas) != n_desc:
+                return None
+
+        # per varying value: its position in the expanded argument list, the alignment mask (15: the kernel
+        # assumes 16-byte alignment, 0: any pointer, -1: a scalar), the tensor-map cache of a descriptor
+        varying = dict(zip(self._varying, range(len(self._varying))))
+        n = len(self._varying)
+        template, positions, masks, tmaps = [], [0] * n, [-1] * n, [None] * n
+        metas = iter(metas)
+        for i, (ty, val) in enumerate(zip(signature, args)):
+            name = self._names[i]
+            is_ptr = isinstance(ty, str) and ty.startswith("*")
+            is_desc = isinstance(ty, str) and ty.startswith("tensordesc")
+            if i not in varying:
+                if is_ptr or is_desc:
+                    raise ValueError(f"KernelLauncher: pointer/descriptor parameter {name!r} must be varying")
+                template.append(val)
+                continue
+            j = varying[i]
+            positions[j] = len(template)
+            if is_ptr:
+                masks[j] = 15 if attrs.get((i,)) else 0  # tt.divisibility 16
+                template.append(val.data_ptr())
+            elif is_desc:
+                meta = next(metas)
+                pieces = nvd.make_tensordesc_arg(val, meta)  # [map or base, *shape, *strides (, ...)]
+                masks[j] = 15  # descriptors need a 16-byte aligned base
+                if meta is None:  # not lowered to a TMA map: base pointer, then shape/strides
+                    pieces[0] = val.base.data_ptr()
+                else:
+                    tmaps[j] = _TensorMaps(_without_base(val), meta)
+                    tmaps[j][val.base.data_ptr()] = pieces[0]
+                template.extend(pieces)
+            elif ty == "constexpr" or not isinstance(ty, str) or ty[0] in "iu" and ty != "u1":
+                raise ValueError(f"KernelLauncher: parameter {name!r} ({ty}) is specialized by Triton; it "
+                                 f"cannot be varying")
+            else:  # fp16/bf16/fp32/fp64/u1: passed as they are
+                template.append(val)
+
+        d = _Direct()
+        d.raw, d.function, d.packed = raw, compiled.function, compiled.packed_metadata
+        d.coop, d.pdl = run.launch_cooperative_grid, run.launch_pdl
+        active = driver.active
+        d.get_device = active.get_current_device
+        if d.get_device is torch.cuda.current_device:
+            d.get_device = getattr(torch._C, "_cuda_getDevice", d.get_device)  # the same, minus the lazy init
+        d.get_stream = active.get_current_stream
+        d.device = d.get_device()
+        d.template, d.positions, d.masks, d.tmaps = template, tuple(positions), tuple(masks), tuple(tmaps)
+        return d
+
+    @staticmethod
+    def _encode(tmaps, base, ptr):
+        """The tensor map of the example descriptor moved to `base`, kept per base pointer: the map holds
+        only the address, shape, strides, box, dtype and swizzle, so one address always gives the same map."""
+        from triton.backends.nvidia import driver as nvd
+        if len(tmaps) >= _TMAP_CACHE_SIZE:
+            tmaps.clear()
+        tmap = tmaps[ptr] = nvd.make_tensordesc_arg(dataclasses.replace(tmaps.desc, base=base), tmaps.meta)[0]
+        return tmap
+
+
+class _TensorMaps(dict):
+    """Encoded tensor maps of one descriptor parameter, by base pointer, with the example descriptor."""
+
+    def __init__(self, desc, meta):
+        super().__init__()
+        self.desc, self.meta = desc, meta

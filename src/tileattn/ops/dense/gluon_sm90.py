@@ -1,0 +1,380 @@
+"""Hopper (sm90) dense attention forward in Gluon, with FlashAttention-3's warp-specialized schedule.
+
+One CTA computes NUM_CONSUMERS * BLOCK_M query rows of one (batch, query head):
+  - a loader partition (one warp) loads the Q tiles once, then streams K and V tiles through a ring of
+    STAGES shared-memory buffers with TMA, signalling `k_ready` / `v_ready` barriers per buffer;
+  - NUM_CONSUMERS consumer warpgroups (4 warps each) own BLOCK_M rows each: S = Q K^T by wgmma from shared
+    memory, the online softmax in registers, O += P V with P from registers. They read the same K/V
+    buffers; a buffer is handed back to the loader when every consumer has arrived on its `empty` barrier.
+The consumers are independent warpgroups, so the softmax of one overlaps the wgmma of the other (the
+inter-warpgroup overlap FlashAttention-3 calls ping-pong), and the loader runs STAGES tiles ahead.
+
+Masking model and key-block ranges are those of kernels.py (see its docstring): key j is visible to query i
+iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk. Every consumer walks the CTA's key blocks in the same
+order (the loader's order) and splits them by its own rows into masked / unmasked / masked ranges; a block
+that none of its rows can see is waited for and released without compute.
+
+Tensors are [B, S, H, D] with any strides whose bytes are 16-byte aligned (TMA); rows beyond a sequence are
+zero-filled on load and clipped on store by the copy engine. Scores are kept raw (q.k) and the scale (times
+log2 e) is folded into the exp2 argument, one FFMA per element.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _tanh(x):
+    # 1 - 2 / (exp(2x) + 1): saturates cleanly at +-1
+    return 1.0 - 2.0 / (gl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@gluon.jit
+def _key_range(m_first, m_last, seqlen_k, off_diag, left, right, BLOCK_N: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """Key range [lo, hi) seen by query rows [m_first, m_last], and its unmasked part [full_lo, full_hi),
+    all multiples of BLOCK_N except hi (clamped to seqlen_k)."""
+    lo = 0
+    full_lo = 0
+    hi = seqlen_k
+    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
+    if HAS_LEFT:
+        lo = gl.maximum(m_first + off_diag - left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        full_lo = gl.maximum(m_last + off_diag - left, 0)
+        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = gl.minimum(gl.maximum(m_last + off_diag + right + 1, 0), seqlen_k)
+        full_hi = gl.minimum(full_hi, (gl.maximum(m_first + off_diag + right + 1, 0) // BLOCK_N) * BLOCK_N)
+    full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
+    full_hi = gl.minimum(gl.maximum(full_hi, full_lo), hi)
+    return lo, hi, full_lo, full_hi
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
+            i_b, i_h, i_hk, m0, n_lo, n_blocks,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    mbarrier.expect(q_bar, NUM_CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(NUM_CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_bar, q_bufs.index(c))
+    for it in range(n_blocks):
+        s = it % STAGES
+        phase = (it // STAGES) & 1
+        n0 = n_lo + it * BLOCK_N
+        # buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh barrier)
+        mbarrier.wait(kv_empty.index(s), phase ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _consume_range(acc, m_i, l_i, n_lo, b_start, b_end, lo, hi, o_m, q_smem, k_bufs, v_bufs,
+                   k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
+                   softcap_out, MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                   HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                   o_layout: gl.constexpr):
+    """Online softmax over the CTA's key blocks [b_start, b_end) (block b starts at key n_lo + b * BLOCK_N and
+    sits in ring buffer b % STAGES).
+
+    sm_scale multiplies raw scores inside exp2 (scale * log2 e, or 1 after the softcap, which already maps
+    scores to log2 units). MASKED applies the visibility rule per element and skips blocks outside [lo, hi).
+    """
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    D: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    DV: gl.constexpr = v_bufs.shape[4]
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    for it in range(b_start, b_end):
+        n0 = n_lo + it * BLOCK_N
+        s = it % STAGES
+        phase = (it // STAGES) & 1
+        k_smem = k_bufs.index(s).reshape([BLOCK_N, D])
+        v_smem = v_bufs.index(s).reshape([BLOCK_N, DV])
+        mbarrier.wait(k_ready.index(s), phase)
+        mbarrier.wait(v_ready.index(s), phase)
+        if (n0 < hi) & (n0 + BLOCK_N > lo):  # always true in an unmasked range
+            s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+            qk = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+            if HAS_SOFTCAP:
+                qk = _tanh(qk * softcap_scale) * softcap_out
+            if MASKED:
+                o_j = n0 + o_n
+                vis = (o_j < seqlen_k)[None, :]
+                if HAS_RIGHT:
+                    vis = vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
+                if HAS_LEFT:
+                    vis = vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
+                qk = gl.where(vis, qk, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+            # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+            p = gl.exp2(qk * sm_scale - m_shift[:, None])
+            alpha = gl.exp2(m_i * sm_scale - m_shift)
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, o_row)[:, None]
+            p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+            acc = warpgroup_mma(p_op, v_smem, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(s))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
+                   softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+    """One block of the online softmax: returns (p, alpha, m, l) for raw scores qk [BLOCK_M, BLOCK_N]."""
+    if HAS_SOFTCAP:
+        qk = _tanh(qk * softcap_scale) * softcap_out
+    if MASKED:
+        o_j = n0 + o_n
+        vis = (o_j < seqlen_k)[None, :]
+        if HAS_RIGHT:
+            vis = vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
+        if HAS_LEFT:
+            vis = vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
+        qk = gl.where(vis, qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+    p = gl.exp2(qk * sm_scale - m_shift[:, None])
+    alpha = gl.exp2(m_i * sm_scale - m_shift)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _pipelined_steps(acc, m_i, l_i, p_op, n_lo, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
+                     v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out,
+                     MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr):
+    """Steady-state iterations b in [b_start, b_end): q.k of block b and p.v of block b - 1 go to the tensor
+    cores together; the softmax of b waits only for the first. p_op holds P of block b - 1.
+
+    No data-dependent branch inside the loop (MASKED is a constexpr): the assembler keeps a wgmma in flight
+    only across straight-line code, and waits for all of them at a join."""
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    D: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    DV: gl.constexpr = v_bufs.shape[4]
+    dtype: gl.constexpr = q_smem.dtype
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    for it in range(b_start, b_end):
+        s = it % STAGES
+        sp = (it - 1) % STAGES
+        mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+        qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)
+        mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_bufs.index(sp).reshape([BLOCK_N, DV]), acc, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo + it * BLOCK_N, o_m, o_n, MASKED, seqlen_k,
+                                            off_diag, left, right, sm_scale, softcap_scale, softcap_out, HAS_LEFT,
+                                            HAS_RIGHT, HAS_SOFTCAP)
+        # P of this block overwrites the registers the p.v wgmma in flight reads: convert only after its wait.
+        # (ptxas 12.x still schedules this wait ahead of most of the softmax; see bench/NOTES.md.)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(sp))
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = acc * gl.convert_layout(alpha, o_row)[:, None]
+    return acc, m_i, l_i, p_op
+
+
+@gluon.jit
+def _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs, v_bufs,
+                       k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
+                       softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                       STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """All the CTA's key blocks, software-pipelined (FlashAttention-3's intra-warpgroup overlap): block 0's
+    scores, then masked / unmasked / masked steady-state ranges, then the p.v of the last block."""
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    D: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    DV: gl.constexpr = v_bufs.shape[4]
+    dtype: gl.constexpr = q_smem.dtype
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+    if n_blocks > 0:
+        mbarrier.wait(k_ready.index(0), 0)
+        qk = warpgroup_mma(q_smem, k_bufs.index(0).reshape([BLOCK_N, D]).permute((1, 0)),
+                           gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+        # block 0 is masked whichever range it is in (the rule holds trivially on a fully visible block)
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo, o_m, o_n, True, seqlen_k, off_diag, left, right,
+                                            sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+    b1 = gl.maximum(b_full_lo, 1)
+    b2 = gl.maximum(b_full_hi, b1)
+    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs,
+                                           k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
+                                           softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                           STAGES, s_layout, o_layout)
+    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs,
+                                           k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
+                                           softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                           STAGES, s_layout, o_layout)
+    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, n_lo, b2, n_blocks, o_m, o_n, q_smem, k_bufs,
+                                           v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
+                                           sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
+                                           HAS_SOFTCAP, STAGES, s_layout, o_layout)
+    if n_blocks > 0:
+        sp = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(sp), ((n_blocks - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_bufs.index(sp).reshape([BLOCK_N, DV]), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(sp))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, lse_ptr, stride_lb, stride_lh,
+              i_b, i_h, m0_cta, n_lo, n_blocks, seqlen_q, seqlen_k, off_diag, left, right,
+              sm_scale, softcap_scale, softcap_out,
+              WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              RETURN_LSE: gl.constexpr, PIPELINE: gl.constexpr):
+    D: gl.constexpr = q_bufs.shape[4]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    DV: gl.constexpr = v_bufs.shape[4]
+    dtype: gl.constexpr = q_bufs.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DV, 16])
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    m0 = m0_cta + WG * BLOCK_M
+    m_last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
+    lo, hi, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N,
+                                          HAS_LEFT, HAS_RIGHT)
+    # split the CTA's n_blocks key blocks (from n_lo) by this warpgroup's rows, in block indices so that the
+    # three ranges always add up to the loader's count: a partial block at either end goes to a masked range
+    b_full_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo - n_lo, BLOCK_N), 0), n_blocks)
+    b_full_hi = gl.minimum(gl.maximum((full_hi - n_lo) // BLOCK_N, b_full_lo), n_blocks)
+    if m0 >= seqlen_q:  # no row of this warpgroup exists: wait for and release every block
+        lo = n_lo
+        hi = n_lo
+        b_full_lo = 0
+        b_full_hi = 0
+
+    q_smem = q_bufs.index(WG).reshape([BLOCK_M, D])
+    o_m = m0 + gl.arange(0, BLOCK_M, layout=s_row)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
+    acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
+    mbarrier.wait(q_bar, 0)
+    if PIPELINE:
+        acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs,
+                                           v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
+                                           sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                           STAGES, s_layout, o_layout)
+    else:
+        acc, m_i, l_i = _consume_range(acc, m_i, l_i, n_lo, 0, b_full_lo, lo, hi, o_m, q_smem, k_bufs, v_bufs,
+                                       k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
+                                       softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                       STAGES, s_layout, o_layout)
+        acc, m_i, l_i = _consume_range(acc, m_i, l_i, n_lo, b_full_lo, b_full_hi, lo, hi, o_m, q_smem, k_bufs,
+                                       v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
+                                       softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                       STAGES, s_layout, o_layout)
+        acc, m_i, l_i = _consume_range(acc, m_i, l_i, n_lo, b_full_hi, n_blocks, lo, hi, o_m, q_smem, k_bufs,
+                                       v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
+                                       softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                       STAGES, s_layout, o_layout)
+
+    # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    out = acc / gl.convert_layout(l_safe, o_row)[:, None]
+    if DV == D:
+        o_smem = q_bufs.index(WG)  # this warpgroup's Q tile is no longer read: its last wgmma was waited on
+    else:
+        o_smem = gl.allocate_shared_memory(dtype, o_desc.block_type.shape, o_desc.layout)
+    o_smem.reshape([BLOCK_M, DV]).store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [i_b, m0, i_h, 0], o_smem)
+    if RETURN_LSE:
+        lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe)) * LN2, float("-inf"))
+        gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,
+                 mask=o_m < seqlen_q)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def attn_fwd_sm90_kernel(
+    q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, num_heads, group_size,
+    sm_scale, softcap_scale, softcap_out, left, right,
+    BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PIPELINE: gl.constexpr,
+):
+    """Grid: (cdiv(Sq, 2 * BLOCK_M), B * Hq); num_warps = 4 (the first consumer warpgroup).
+
+    Descriptors: q/o over [B, Sq, Hq, D(v)] with block [1, BLOCK_M, 1, D(v)], k/v over [B, Sk, Hkv, D(v)]
+    with block [1, BLOCK_N, 1, D(v)]. sm_scale: scale * log2 e (1 with HAS_SOFTCAP, whose softcap_out
+    already carries log2 e). lse [B, Hq, Sq] float32 (natural log) when RETURN_LSE.
+    """
+    NUM_CONSUMERS: gl.constexpr = 2
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    i_m = gl.program_id(0)
+    if REVERSE_M:  # heaviest (causal) query blocks first
+        i_m = gl.num_programs(0) - 1 - i_m
+    i_bh = gl.program_id(1)
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    i_hk = i_h // group_size
+    m0 = i_m * (NUM_CONSUMERS * BLOCK_M)
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    else:
+        off_diag = 0
+    m_last = gl.minimum(m0 + NUM_CONSUMERS * BLOCK_M, seqlen_q) - 1
+    lo, hi, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N,
+                                          HAS_LEFT, HAS_RIGHT)
+    n_blocks = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
+
+    gl.warp_specialize([
+        (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, lse_ptr, stride_lb,
+                     stride_lh, i_b, i_h, m0, lo, n_blocks, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
+                     softcap_scale, softcap_out, 0, BLOCK_M, STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                     RETURN_LSE, PIPELINE)),
+        (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, lse_ptr, stride_lb,
+                     stride_lh, i_b, i_h, m0, lo, n_blocks, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
+                     softcap_scale, softcap_out, 1, BLOCK_M, STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                     RETURN_LSE, PIPELINE)),
+        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
+                   i_b, i_h, i_hk, m0, lo, n_blocks, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS)),
+    ], [4, 1], [CONSUMER_REGS, 24])

@@ -1,0 +1,133 @@
+"""Launch of the Hopper Gluon forward kernel (gluon_sm90.py) for the batched layout.
+
+`plan(...)` says whether the kernel serves a problem and returns a launch function; launch.py falls back to
+the portable Triton kernel when it does not (other GPUs, the interpreter, varlen, head dims other than 64 /
+128, TMA-unaligned tensors).
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    block_m: int  # query rows per consumer warpgroup (the CTA computes 2 * block_m)
+    block_n: int  # keys per K/V tile
+    stages: int  # K/V tiles in flight (shared-memory ring)
+    consumer_regs: int  # registers per thread of the second consumer warpgroup (setmaxnreg)
+    pipeline: bool = True  # q.k of block b issued with p.v of block b - 1, before the softmax of b
+
+
+# Per padded head dim. Shared memory: 2 Q tiles + stages x (K + V) tiles, within the 227 KB of an H100.
+# Chosen from the compiled kernel's registers (no spills) and shared memory (scripts/inspect_sm90.py);
+# timing sweeps are in bench/NOTES.md.
+# Pipelined (FA3's intra-warpgroup overlap) won over the plain loop at N >= 4K on the H100 (2026-11-21,
+# scripts/dev_sm90.py): D=64 434 vs 396 TFLOPS at 16K non-causal, D=128 546 vs 524; 128-key tiles beat 64.
+_CONFIGS = {
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+    128: Sm90Config(block_m=64, block_n=128, stages=2, consumer_regs=240),
+}
+
+_GL_DTYPES = {}
+_LAYOUTS = {}
+
+
+def available() -> bool:
+    """Gluon's Hopper API imports (triton >= 3.5)."""
+    try:
+        from . import gluon_sm90  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _tma_ok(t):
+    es = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1]) and t.stride(-1) == 1
+
+
+def supports(q, k, v, out, varlen, interpret, scale, softcap) -> bool:
+    """Whether the Gluon kernel serves this problem (else the portable kernel does)."""
+    if varlen or interpret or q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    d, dv = q.shape[-1], v.shape[-1]
+    if d not in _CONFIGS or dv != d or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if softcap <= 0 and scale <= 0:  # the kernel folds a positive scale into exp2 after the row max
+        return False
+    if q.shape[0] * q.shape[2] > 65535 or min(q.shape[1], k.shape[1]) == 0:
+        return False
+    return all(_tma_ok(t) for t in (q, k, v, out)) and available()
+
+
+def _layout(block, dtype):
+    from triton.experimental.gluon import language as gl
+    key = (tuple(block), dtype)
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+        lay = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(list(block), gdt)
+    return lay
+
+
+def _desc(t, block):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(block, t.dtype))
+
+
+def config_for(d: int) -> Sm90Config:
+    return _CONFIGS[d]
+
+
+def smem_bytes(cfg: Sm90Config, d: int, dv: int, elem_bytes: int) -> int:
+    """Shared memory of the kernel: 2 Q tiles, `stages` K and V tiles, 1 KB for barriers and alignment
+    (matches the compiled kernel's figure within that KB, scripts/inspect_sm90.py)."""
+    return (2 * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + 1024
+
+
+def scales(scale, softcap):
+    """(sm_scale, softcap_scale, softcap_out) of the kernel: the scale times log2 e goes inside exp2, or the
+    softcap maps raw scores to log2 units and exp2 takes them as they are."""
+    if softcap > 0:
+        return 1.0, scale / softcap, softcap * LOG2E
+    return scale * LOG2E, 1.0, 1.0
+
+
+# the kernel parameters that change between calls of one launch plan (launcher.KernelLauncher's `varying`)
+VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "sm_scale", "softcap_scale", "softcap_out")
+
+
+def kernel_call(q, k, v, out, lse, scale, window_left, window_right, softcap, align_bottom_right, return_lse,
+                cfg: Sm90Config = None):
+    """(kernel, grid, args, kwargs) of the Gluon kernel for validated, supported inputs."""
+    from .gluon_sm90 import attn_fwd_sm90_kernel
+    cfg = cfg or _CONFIGS[q.shape[-1]]
+    batch, seqlen_q, hq, d = q.shape
+    seqlen_k, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
+    grid = (triton.cdiv(seqlen_q, 2 * cfg.block_m), batch * hq)
+    args = (
+        _desc(q, [1, cfg.block_m, 1, d]), _desc(k, [1, cfg.block_n, 1, d]), _desc(v, [1, cfg.block_n, 1, dv]),
+        _desc(out, [1, cfg.block_m, 1, dv]), lse, sl[0], sl[1],
+        seqlen_q, seqlen_k, hq, hq // hkv, *scales(scale, softcap), window_left, window_right,
+    )
+    kwargs = dict(
+        BLOCK_M=cfg.block_m, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right,
+        HAS_SOFTCAP=softcap > 0, RETURN_LSE=return_lse, REVERSE_M=window_right >= 0, PIPELINE=cfg.pipeline,
+        num_warps=4,
+    )
+    return attn_fwd_sm90_kernel, grid, args, kwargs
+
+
+def launch(q, k, v, out, lse, scale, window_left, window_right, softcap, align_bottom_right, return_lse,
+           cfg: Sm90Config = None, compile_only=False):
+    """Run (or only compile) the Gluon kernel through Triton's normal launch path; fills out (and lse)."""
+    kernel, grid, args, kwargs = kernel_call(q, k, v, out, lse, scale, window_left, window_right, softcap,
+                                             align_bottom_right, return_lse, cfg)
+    if compile_only:
+        return kernel.warmup(*args, grid=grid, **kwargs)
+    return kernel[grid](*args, **kwargs)

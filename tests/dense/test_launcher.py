@@ -1,0 +1,301 @@
+"""Launch plans (launch.py) and replayed launches (tileattn.launcher).
+
+On the CPU the kernels run through the interpreter, so these tests check the plan cache: a repeated call
+gives what the uncached path gives, a call that differs in anything the kernel or the checks depend on gets
+its own plan, and bad inputs still raise once a plan exists. The replay of the C launch is checked without a
+GPU too: Triton compiles real sm90 kernels and a stand-in driver records what reaches the C launcher
+(scripts/host_overhead.py --check for the dense kernel; a small kernel here).
+"""
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tileattn
+from tileattn import launcher
+from tileattn.ops.dense import launch
+from tileattn.ops.dense.configs import AttnConfig
+from tests.dense.test_api import BAD
+from tests.helpers import randn
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    launch.clear_plans()
+    yield
+    launch.clear_plans()
+
+
+def _qkv(device, B=1, Sq=33, Sk=40, Hq=2, Hkv=1, D=64, dtype=torch.float16):
+    return (randn(B, Sq, Hq, D, dtype=dtype, device=device), randn(B, Sk, Hkv, D, dtype=dtype, device=device),
+            randn(B, Sk, Hkv, D, dtype=dtype, device=device))
+
+
+def _uncached(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
+              bottom_right=True):
+    """The normal path: outputs, config and a launch through kernel[grid](...), no plan involved."""
+    left, right = launch.effective_window(causal, window)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out, lse, run, cfg = launch._prepare(q, k, v, None, None, 0, 0, float(scale), left, right, float(softcap),
+                                         bottom_right, return_lse)
+    if run is not None:
+        run(cfg)
+    return (out, lse) if return_lse else out
+
+
+def _equal(a, b):
+    if isinstance(a, tuple):
+        return all(_equal(x, y) for x, y in zip(a, b))
+    return a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+
+
+def _n_plans():
+    return sum(len(p.plans) for p in launch._problems.values())
+
+
+OPTIONS = [dict(causal=True), dict(window=(8, 2), return_lse=True),
+           dict(softcap=5.0, scale=0.2, return_lse=True), dict(causal=True, window=(16, -1))]
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
+@pytest.mark.parametrize("cfg", [None, AttnConfig(32, 32, 4, 2, True)], ids=["table", "tma"])
+def test_repeated_calls_match_uncached(opts, cfg, device):
+    q, k, v = _qkv(device)
+    with launch.force_config(cfg) if cfg else contextlib.nullcontext():
+        first = tileattn.attention(q, k, v, **opts)
+        again = tileattn.attention(q, k, v, **opts)
+        assert _n_plans() == 1
+        q2, k2, v2 = _qkv(device)  # new tensors (addresses, values) on the same plan
+        other = tileattn.attention(q2, k2, v2, **opts)
+        assert _n_plans() == 1
+        assert _equal(first, _uncached(q, k, v, **opts)) and _equal(again, first)
+        assert _equal(other, _uncached(q2, k2, v2, **opts))
+
+
+def test_scale_and_softcap_vary_within_a_plan(device):
+    q, k, v = _qkv(device)
+    for kw in (dict(scale=0.1), dict(scale=0.3), dict(scale=0.3, softcap=4.0), dict(scale=0.1, softcap=9.0)):
+        assert _equal(tileattn.attention(q, k, v, **kw), _uncached(q, k, v, **kw))
+    assert _n_plans() == 2  # softcap on / off are two plans; the values are per call
+
+
+def test_changes_get_their_own_plan(device):
+    """After a cached call, a call differing in strides, shape, options, config or alignment must not reuse
+    the plan: each result equals the uncached path's."""
+    q, k, v = _qkv(device)
+    head_major = randn(1, 2, 33, 64, dtype=torch.float16, device=device).transpose(1, 2)  # same shape
+    buf = randn(1 * 33 * 2 * 64 + 1, dtype=torch.float16, device=device)
+    misaligned = buf[1:].view(1, 33, 2, 64)  # 2-byte offset: the kernel's 16-byte alignment no longer holds
+    calls = [
+        ((q, k, v), {}),
+        ((head_major, k, v), {}),
+        ((q[:, :20], k, v), {}),
+        ((q, k[:, :31], v[:, :31]), {}),
+        ((q, k, v), dict(causal=True)),
+        ((q, k, v), dict(window=(4, 4))),
+        ((q, k, v), dict(return_lse=True)),
+        ((misaligned, k, v), {}),
+        ((q, k, v), {}),
+    ]
+    for (a, b, c), kw in calls:
+        assert _equal(tileattn.attention(a, b, c, **kw), _uncached(a, b, c, **kw)), (a.shape, a.stride(), kw)
+    assert _n_plans() == len(calls) - 1  # the last call reused the first plan
+    with launch.force_config(AttnConfig(16, 16, 4, 1)):
+        assert _equal(tileattn.attention(q, k, v), _uncached(q, k, v))
+    assert _n_plans() == len(calls)
+
+
+def test_sdpa_and_varlen_repeated(device):
+    q, k, v = _qkv(device)
+    for contiguous in (True, False):  # [B, H, S, D] storage (torch's usual), or [B, S, H, D] seen transposed
+        qs, ks, vs = (t.transpose(1, 2).contiguous() if contiguous else t.transpose(1, 2) for t in (q, k, v))
+        ref = _uncached(*(t.transpose(1, 2) for t in (qs, ks, vs)), causal=True, bottom_right=False)
+        for _ in range(2):
+            out = tileattn.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            assert _equal(out, ref.transpose(1, 2)) and out.is_contiguous() == contiguous
+    with pytest.raises(ValueError, match="enable_gqa"):  # the same tensors, now without enable_gqa
+        tileattn.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    q = randn(45, 4, 64, dtype=torch.float16, device=device)
+    k, v = (randn(52, 2, 64, dtype=torch.float16, device=device) for _ in range(2))
+    results = []
+    for lens_q, lens_k in (([5, 0, 40], [9, 3, 40]), ([20, 20, 5], [30, 12, 10])):  # same maxima: one plan
+        cq, ck = (torch.tensor([0] + [sum(x[:i + 1]) for i in range(3)], dtype=torch.int32, device=device)
+                  for x in (lens_q, lens_k))
+        for _ in range(2):
+            results.append(tileattn.varlen_attention(q, k, v, cq, ck, 40, 40, causal=True, return_lse=True))
+        out, lse, run, cfg = launch._prepare(q, k, v, cq, ck, 40, 40, 0.125, -1, 0, 0.0, True, True)
+        run(cfg)
+        assert _equal(results[-1], (out, lse)) and _equal(results[-2], (out, lse))
+    with pytest.raises(ValueError, match="non-decreasing"):  # the values are still checked on a cached plan
+        bad = torch.tensor([0, 30, 20, 45], dtype=torch.int32, device=device)
+        tileattn.varlen_attention(q, k, v, bad, ck, 40, 40, causal=True, return_lse=True)
+
+
+def test_nothing_to_compute_repeated(device):
+    q, k, v = _qkv(device, Sk=0)
+    for _ in range(2):
+        out, lse = tileattn.attention(q, k, v, return_lse=True)
+        assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+    q, k, v = _qkv(device, B=0)
+    for _ in range(2):
+        assert tileattn.attention(q, k, v).shape == (0, 33, 2, 64)
+
+
+@pytest.mark.parametrize("name,mutate,exc,msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs_raise_after_caching(name, mutate, exc, msg, device):
+    q, k, v = _qkv(device, Sq=16, Sk=16, Hq=2, Hkv=2)
+    tileattn.attention(q, k, v)
+    tileattn.attention(q, k, v)
+    with pytest.raises(exc, match=msg):
+        tileattn.attention(*mutate(q, k, v))
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(causal=1), "causal must be a bool"), (dict(window=(True, 0)), "pair of ints"),
+    (dict(window=(-2, 0)), "window bounds"), (dict(window=[1]), "pair of ints"), (dict(softcap=-1.0), "softcap"),
+    (dict(softcap=float("inf")), "softcap"), (dict(scale=float("nan")), "scale"), (dict(scale=0.0), "scale"),
+])
+def test_bad_options_raise_after_caching(kw, msg, device):
+    q, k, v = _qkv(device)
+    good = {k_: (True if k_ == "causal" else (1, 0) if k_ == "window" else 1.0) for k_ in kw}
+    tileattn.attention(q, k, v, **good)
+    tileattn.attention(q, k, v, **good)
+    with pytest.raises((ValueError, TypeError), match=msg):
+        tileattn.attention(q, k, v, **kw)
+
+
+def test_device_check_after_caching(monkeypatch):
+    q, k, v = _qkv("cpu")
+    tileattn.attention(q, k, v)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        tileattn.attention(q, k, v)
+
+
+def test_mixed_devices_after_caching(device):
+    q, k, v = _qkv(device)
+    tileattn.attention(q, k, v)
+    with pytest.raises(ValueError, match="one device"):
+        tileattn.attention(q, k.to("meta"), v)
+
+
+# -------------------------------------------------------------------------------------------------------
+# the replay itself, without a GPU: Triton compiles real sm90 kernels and a stand-in driver records what
+# reaches the C launcher. Compiling needs a process where triton was imported without TRITON_INTERPRET, so
+# these run in a subprocess: scripts/host_overhead.py --check (the dense kernel), and the checks below on a
+# small kernel (python -m tests.dense.test_launcher).
+# -------------------------------------------------------------------------------------------------------
+def _run_without_interpreter(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0 and "PTXASError" in r.stderr and "ok  " not in r.stdout:
+        pytest.skip("ptxas (shipped with Triton) cannot run here")
+    assert r.returncode == 0 and "CHECK OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_replay_small_kernel():
+    """Pointer, descriptor, float, frozen int and constexpr; fallbacks; refused parameters (see below)."""
+    _run_without_interpreter("-m", "tests.dense.test_launcher")
+
+
+def test_dense_replay_matches_normal_path():
+    """Every dense launch variant (pointer / TMA, batched / varlen, sdpa, lse, softcap, window) replays with
+    exactly the C-launcher arguments of Triton's normal path."""
+    _run_without_interpreter(str(ROOT / "scripts" / "host_overhead.py"), "--check")
+
+
+@triton.jit
+def _tile_kernel(X, D, Y, alpha, n, BLOCK: tl.constexpr):
+    """Y[rows] = alpha * (X[rows] + D[rows]) for BLOCK rows of 64 columns."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    offs = rows[:, None] * 64 + tl.arange(0, 64)[None, :]
+    mask = (rows < n)[:, None]
+    x = tl.load(X + offs, mask=mask, other=0.0)
+    d = D.load([pid * BLOCK, 0])
+    tl.store(Y + offs, (alpha * (x + d)).to(tl.float16), mask=mask)
+
+
+def _small_kernel_checks():
+    from triton import knobs
+    from triton.runtime import driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from scripts.host_overhead import fake_cuda_driver
+
+    drv, launches = fake_cuda_driver(record=True)
+    driver.set_active(drv)
+    n = 48
+
+    def tensors():
+        x, dsrc, y = (torch.randn(n, 64).half() for _ in range(3))
+        return x, dsrc, y, TensorDescriptor(dsrc, [n, 64], [64, 1], [16, 64])
+
+    def norm(args):  # tensors as addresses; no launch metadata / hooks (normal path: empty HookChains)
+        args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        args[10:13] = [None, None, None]
+        return args
+
+    def replayed():
+        return launches[-1][11] is None
+
+    # 1. the replay passes what the normal path passes, for the example and for new tensors and scalars
+    x, dsrc, y, desc = tensors()
+    kl = launcher.KernelLauncher(_tile_kernel, (x, desc, y, 0.5, n), dict(BLOCK=16, num_warps=4),
+                                 ("X", "D", "Y", "alpha"))
+    kl((3,), x, dsrc, y, 0.5)  # normal path: compiles
+    assert not replayed()
+    kl((3,), x, dsrc, y, 0.5)
+    assert replayed() and norm(launches[-1]) == norm(launches[-2])
+    assert any(isinstance(a, tuple) and a[0] == "tmap" for a in launches[-1])  # a TMA map on sm90
+    x2, dsrc2, y2, _ = tensors()
+    kl((3,), x2, dsrc2, y2, 0.25)
+    assert replayed()
+    _tile_kernel[(3,)](x2, TensorDescriptor(dsrc2, [n, 64], [64, 1], [16, 64]), y2, 0.25, n, BLOCK=16,
+                       num_warps=4)
+    assert norm(launches[-2]) == norm(launches[-1])
+    print("ok  replay == normal path")
+
+    # 2. a pointer that lost the alignment the kernel assumed, or a launch hook: the normal path
+    xm = torch.randn(n * 64 + 1).half()[1:].view(n, 64)
+    kl((3,), xm, dsrc, y, 0.5)
+    assert not replayed()
+    kl((3,), x, dsrc, y, 0.5)
+    assert replayed()
+
+    def hook(metadata):
+        pass
+
+    knobs.runtime.launch_enter_hook = hook
+    kl((3,), x, dsrc, y, 0.5)
+    assert launches[-1][11] is hook
+    del knobs.runtime.launch_enter_hook  # back to the class's empty HookChain
+    kl((3,), x, dsrc, y, 0.5)
+    assert replayed()
+    print("ok  fallbacks")
+
+    # 3. parameters that cannot vary (a specialized int) or must (a pointer) are refused
+    for varying, msg in ((("X", "D", "Y", "alpha", "n"), "'n' (i32) is specialized"),
+                         (("X", "D", "alpha"), "'Y' must be varying")):
+        kl = launcher.KernelLauncher(_tile_kernel, (x, desc, y, 0.5, n), dict(BLOCK=16), varying)
+        values = {"X": x, "D": dsrc, "Y": y, "alpha": 0.5, "n": n}
+        try:
+            kl((3,), *(values[v] for v in varying))
+        except ValueError as e:
+            assert msg in str(e), e
+        else:
+            raise AssertionError(f"expected ValueError: {msg}")
+    print("ok  refused parameters")
+    print("CHECK OK")
+
+
+if __name__ == "__main__":
+    _small_kernel_checks()
