@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def _fresh_plans():
+def _fresh_plans(monkeypatch):
+    # the uncached reference path below runs the portable kernel; the Hopper kernel's plans are compared
+    # with its own normal launch in test_gpu_sm90_plan_matches_normal_launch
+    monkeypatch.setenv("TILEATTN_SM90", "0")
     launch.clear_plans()
     yield
     launch.clear_plans()
@@ -173,6 +176,8 @@ def test_bad_options_raise_after_caching(kw, msg, device):
 
 
 def test_device_check_after_caching(monkeypatch):
+    if not launch.hw.interpreter_enabled():
+        pytest.skip("CPU tensors run only through the interpreter")
     q, k, v = _qkv("cpu")
     tileattn.attention(q, k, v)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -299,3 +304,24 @@ def _small_kernel_checks():
 
 if __name__ == "__main__":
     _small_kernel_checks()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
+def test_gpu_sm90_plan_matches_normal_launch(opts, device, monkeypatch):
+    """Plans of the Hopper Gluon kernel (descriptors re-based per call) give what its normal launch gives."""
+    from tileattn.ops.dense import launch_sm90
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the Gluon kernel serves sm90 only")
+    monkeypatch.setenv("TILEATTN_SM90", "1")
+    for _ in range(2):  # first call: plan made (normal path); second: replayed launch, new tensors
+        q, k, v = _qkv(device, B=2, Sq=300, Sk=333, Hq=4, Hkv=2, D=128)
+        got = tileattn.attention(q, k, v, **opts)
+        assert _n_plans() == 1
+        left, right = launch.effective_window(opts.get("causal", False), opts.get("window", (-1, -1)))
+        out = torch.empty_like(q)
+        lse = torch.empty(2, 4, 300, device=device)
+        rl = opts.get("return_lse", False)
+        launch_sm90.launch(q, k, v, out, lse, opts.get("scale", 128 ** -0.5), left, right,
+                           opts.get("softcap", 0.0), True, rl)
+        assert _equal(got, (out, lse) if rl else out)
