@@ -14,7 +14,7 @@ import torch
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tileattn.ops.dense import launch, launch_sm90, reference
+from tileattn.ops.dense import launch, launch_sm90, plans, reference
 from tileattn.tolerance import allowed_error
 
 
@@ -109,8 +109,8 @@ def bench(quick, cfgs):
                     t = triton.testing.do_bench(lambda: run_gluon(q, k, v, causal=causal, cfg=c), warmup=50, rep=200)
                     res[str(c)] = (t, okc, err)
                 def tri():
-                    return launch.attn_fwd(q, k, v, None, None, 0, 0, d ** -0.5, -1, 0 if causal else -1, 0.0,
-                                           True, False)
+                    return plans.attn_fwd(q, k, v, None, None, 0, 0, d ** -0.5, -1, 0 if causal else -1, 0.0,
+                                          True, False)
                 t_tri = triton.testing.do_bench(tri, warmup=50, rep=200)
                 tf = lambda t: flops / t * 1e-9
                 best = min(res.values(), key=lambda r: r[0])

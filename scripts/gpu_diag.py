@@ -61,9 +61,9 @@ def main():
         us_c = triton.testing.do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
             qs, qs, qs, is_causal=True), warmup=50, rep=200, return_mode="median") * 1e3
     from tileattn import custom_ops
-    from tileattn.ops.dense import launch
+    from tileattn.ops.dense import plans
     args = (q, q, q, None, None, 0, 0, 0.125, -1, 0, 0.0, True, False)
-    us_l = triton.testing.do_bench(lambda: launch.attn_fwd(*args), warmup=50, rep=200, return_mode="median") * 1e3
+    us_l = triton.testing.do_bench(lambda: plans.attn_fwd(*args), warmup=50, rep=200, return_mode="median") * 1e3
     us_o = triton.testing.do_bench(lambda: custom_ops.attn_fwd(*args), warmup=50, rep=200,
                                    return_mode="median") * 1e3
     print(f"per-call time at a tiny shape (host overhead): tileattn {us:.0f} us (launcher alone {us_l:.0f}, "

@@ -129,7 +129,7 @@ def run_check():
     import torch
     import tileattn
     from tileattn import launcher
-    from tileattn.ops.dense import launch
+    from tileattn.ops.dense import launch, plans
     from tileattn.ops.dense.configs import AttnConfig
 
     def norm(args, result):
@@ -172,7 +172,7 @@ def run_check():
             got = []
             for direct in (True, False):
                 launcher.DIRECT = direct
-                launch.clear_plans()
+                plans.clear_plans()
                 launches.clear()
                 results = [f(*a), f(*a), f(*b)]
                 got.append([norm(args, r) for args, r in zip(launches, results)] + [launches[1]])

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from .ops.dense import launch as dense_launch
+from .ops.dense import plans as dense_plans
 
 
 @torch.library.custom_op("tileattn::attn_fwd", mutates_args=())
@@ -16,8 +17,8 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Op
              cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, scale: float,
              window_left: int, window_right: int, softcap: float, align_bottom_right: bool,
              return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return dense_launch.attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                                 window_left, window_right, softcap, align_bottom_right, return_lse)
+    return dense_plans.attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                window_left, window_right, softcap, align_bottom_right, return_lse)
 
 
 @attn_fwd.register_fake

@@ -10,7 +10,7 @@ import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.dense import launch
+from tileattn.ops.dense import launch, plans
 from tileattn.ops.dense.configs import AttnConfig
 from tileattn.ops.dense.launch import force_config
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
@@ -174,7 +174,7 @@ def test_gpu_matrix(shape, opts, dtype, device):
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_smem_budget_emulation(budget, D, device, monkeypatch):
     monkeypatch.setenv("TILEATTN_SMEM_BUDGET", budget)
-    launch.clear_plans()  # plans read the budget when they are made
+    plans.clear_plans()  # plans read the budget when they are made
     q = randn(2, 700, 8, D, dtype=torch.float16, device=device)
     k = randn(2, 900, 2, D, dtype=torch.float16, device=device)
     v = randn(2, 900, 2, D, dtype=torch.float16, device=device)
@@ -211,15 +211,15 @@ def test_gpu_sm90_dispatch(D, device, monkeypatch):
     k = randn(2, 1100, 2, D, dtype=torch.float16, device=device)
     v = randn(2, 1100, 2, D, dtype=torch.float16, device=device)
     out = torch.empty_like(q)
-    assert launch.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
-    assert not launch.use_sm90(q, k, v, out, False, -1.0, 0.0)  # the kernel needs a positive scale
-    assert not launch.use_sm90(q[:, :, :, : D - 8], k[:, :, :, : D - 8], v, out, False, 0.1, 0.0)
+    assert plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    assert not plans.use_sm90(q, k, v, out, False, -1.0, 0.0)  # the kernel needs a positive scale
+    assert not plans.use_sm90(q[:, :, :, : D - 8], k[:, :, :, : D - 8], v, out, False, 0.1, 0.0)
     _check(q, k, v, causal=True)
     monkeypatch.setenv("TILEATTN_SM90", "0")
-    assert not launch.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
-    launch.clear_plans()
+    assert not plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    plans.clear_plans()
     _check(q, k, v, causal=True)
     monkeypatch.setenv("TILEATTN_SM90", "1")
     monkeypatch.setenv("TILEATTN_SMEM_BUDGET", "sm89")
-    assert not launch.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
-    launch.clear_plans()
+    assert not plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    plans.clear_plans()

@@ -1,4 +1,4 @@
-"""Launch plans (launch.py) and replayed launches (tileattn.launcher).
+"""Launch plans (plans.py) and replayed launches (tileattn.launcher).
 
 On the CPU the kernels run through the interpreter, so these tests check the plan cache: a repeated call
 gives what the uncached path gives, a call that differs in anything the kernel or the checks depend on gets
@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 import tileattn
-from tileattn import launcher
-from tileattn.ops.dense import launch
+from tileattn import hw, launcher
+from tileattn.ops.dense import checks, launch, plans
 from tileattn.ops.dense.configs import AttnConfig
 from tests.dense.test_api import BAD
 from tests.helpers import randn
@@ -32,9 +32,9 @@ def _fresh_plans(monkeypatch):
     # the uncached reference path below runs the portable kernel; the Hopper kernel's plans are compared
     # with its own normal launch in test_gpu_sm90_plan_matches_normal_launch
     monkeypatch.setenv("TILEATTN_SM90", "0")
-    launch.clear_plans()
+    plans.clear_plans()
     yield
-    launch.clear_plans()
+    plans.clear_plans()
 
 
 def _qkv(device, B=1, Sq=33, Sk=40, Hq=2, Hkv=1, D=64, dtype=torch.float16):
@@ -45,7 +45,7 @@ def _qkv(device, B=1, Sq=33, Sk=40, Hq=2, Hkv=1, D=64, dtype=torch.float16):
 def _uncached(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
               bottom_right=True):
     """The normal path: outputs, config and a launch through kernel[grid](...), no plan involved."""
-    left, right = launch.effective_window(causal, window)
+    left, right = checks.effective_window(causal, window)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out, lse, run, cfg = launch._prepare(q, k, v, None, None, 0, 0, float(scale), left, right, float(softcap),
                                          bottom_right, return_lse)
@@ -61,7 +61,7 @@ def _equal(a, b):
 
 
 def _n_plans():
-    return sum(len(p.plans) for p in launch._problems.values())
+    return sum(len(p.plans) for p in plans._problems.values())
 
 
 OPTIONS = [dict(causal=True), dict(window=(8, 2), return_lse=True),
@@ -176,7 +176,7 @@ def test_bad_options_raise_after_caching(kw, msg, device):
 
 
 def test_device_check_after_caching(monkeypatch):
-    if not launch.hw.interpreter_enabled():
+    if not hw.interpreter_enabled():
         pytest.skip("CPU tensors run only through the interpreter")
     q, k, v = _qkv("cpu")
     tileattn.attention(q, k, v)
@@ -318,7 +318,7 @@ def test_gpu_sm90_plan_matches_normal_launch(opts, device, monkeypatch):
         q, k, v = _qkv(device, B=2, Sq=300, Sk=333, Hq=4, Hkv=2, D=128)
         got = tileattn.attention(q, k, v, **opts)
         assert _n_plans() == 1
-        left, right = launch.effective_window(opts.get("causal", False), opts.get("window", (-1, -1)))
+        left, right = checks.effective_window(opts.get("causal", False), opts.get("window", (-1, -1)))
         out = torch.empty_like(q)
         lse = torch.empty(2, 4, 300, device=device)
         rl = opts.get("return_lse", False)

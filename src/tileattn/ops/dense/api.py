@@ -5,7 +5,7 @@ import warnings
 import torch
 
 from ... import custom_ops
-from . import launch
+from . import checks, plans
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False):
@@ -30,10 +30,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0
         (natural log). A row that sees no key gets out = 0 and lse = -inf.
     """
     if _plain_eager(q, k, v):
-        return launch.attention_eager(q, k, v, causal, scale, window, softcap, True, return_lse)
-    launch.check_inputs(q, k, v, varlen=False)
-    launch.check_options(causal, scale, window, softcap)
-    launch.check_device(q, k, v)
+        return plans.attention_eager(q, k, v, causal, scale, window, softcap, True, return_lse)
+    checks.check_inputs(q, k, v, varlen=False)
+    checks.check_options(causal, scale, window, softcap)
+    checks.check_device(q, k, v)
     return _run(q, k, v, None, None, 0, 0, causal, scale, window, softcap, True, return_lse)
 
 
@@ -54,17 +54,17 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns:
         out [total_q, Hq, Dv] in q's dtype; with return_lse, (out, lse) with lse [Hq, total_q] float32.
     """
-    launch.check_inputs(q, k, v, varlen=True)
-    launch.check_options(causal, scale, window, softcap)
-    launch.check_cu_seqlens_meta(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    launch.check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    checks.check_inputs(q, k, v, varlen=True)
+    checks.check_options(causal, scale, window, softcap)
+    checks.check_cu_seqlens_meta(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    checks.check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
                 softcap, True, return_lse)
 
 
 def _plain_eager(q, k, v):
     """A call with plain tensors, nothing to trace and no gradient to track. It goes straight to the launch
-    plans (launch.attention_eager): the registered op's dispatcher costs ~100 us a call on the H100 host,
+    plans (plans.attention_eager): the registered op's dispatcher costs ~100 us a call on the H100 host,
     as long as the whole kernel at N = 1K. Tensor subclasses (FakeTensor, Parameter) take the op."""
     T = torch.Tensor
     return (type(q) is T and type(k) is T and type(v) is T and not torch.compiler.is_compiling()
@@ -72,7 +72,7 @@ def _plain_eager(q, k, v):
 
 
 def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bottom_right, return_lse):
-    left, right = launch.effective_window(causal, window)
+    left, right = checks.effective_window(causal, window)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     args = (q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale, left, right, float(softcap), bottom_right,
             bool(return_lse))
@@ -82,7 +82,7 @@ def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bott
                                                                         or v.requires_grad)):
         out, lse = custom_ops.attn_fwd(*args)
     else:
-        out, lse = launch.attn_fwd(*args)
+        out, lse = plans.attn_fwd(*args)
     return (out, lse) if return_lse else out
 
 
@@ -116,12 +116,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
             enable_gqa=enable_gqa)
     if _plain_eager(query, key, value):
-        return launch.sdpa_eager(query, key, value, bool(is_causal), scale, enable_gqa)
-    launch.check_sdpa_inputs(query, key, value, enable_gqa)
+        return plans.sdpa_eager(query, key, value, bool(is_causal), scale, enable_gqa)
+    checks.check_sdpa_inputs(query, key, value, enable_gqa)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-    launch.check_inputs(q, k, v, varlen=False)
-    launch.check_options(bool(is_causal), scale, (-1, -1), 0.0)
-    launch.check_device(q, k, v)
+    checks.check_inputs(q, k, v, varlen=False)
+    checks.check_options(bool(is_causal), scale, (-1, -1), 0.0)
+    checks.check_device(q, k, v)
     out = _run(q, k, v, None, None, 0, 0, bool(is_causal), scale, (-1, -1), 0.0, False, False)
     return out.transpose(1, 2)
 

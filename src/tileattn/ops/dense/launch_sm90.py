@@ -1,6 +1,6 @@
 """Launch of the Hopper Gluon forward kernel (gluon_sm90.py) for the batched layout.
 
-`plan(...)` says whether the kernel serves a problem and returns a launch function; launch.py falls back to
+`plan(...)` says whether the kernel serves a problem and returns a launch function; plans.py (use_sm90) falls back to
 the portable Triton kernel when it does not (other GPUs, the interpreter, varlen, head dims other than 64 /
 128, TMA-unaligned tensors).
 """
