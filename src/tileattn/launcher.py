@@ -35,11 +35,15 @@ import inspect
 import os
 
 import torch
+import triton
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
 # TILEATTN_DIRECT_LAUNCH=0 keeps every launch on Triton's normal path (to rule this module out)
-DIRECT = os.environ.get("TILEATTN_DIRECT_LAUNCH", "1") not in ("", "0")
+# The raw launch is written against triton 3.6's launcher (the H100 image's); other versions take the normal
+# path rather than trust that internals with the same names mean the same.
+DIRECT = (os.environ.get("TILEATTN_DIRECT_LAUNCH", "1") not in ("", "0")
+          and triton.__version__.startswith("3.6."))
 
 # the leading arguments of the 3.6 nvidia C launcher that this module fills in (driver.py, make_launcher):
 # grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, metadata, launch metadata, hooks

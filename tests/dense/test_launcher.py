@@ -198,6 +198,12 @@ def test_mixed_devices_after_caching(device):
 # these run in a subprocess: scripts/host_overhead.py --check (the dense kernel), and the checks below on a
 # small kernel (python -m tests.dense.test_launcher).
 # -------------------------------------------------------------------------------------------------------
+# the replay reads triton 3.6's launcher internals (the H100's triton); on another version KernelLauncher takes
+# the normal path, and the stand-in driver of these checks does not match that version's launcher
+_REPLAY_VERSION = pytest.mark.skipif(not triton.__version__.startswith("3.6."),
+                                     reason=f"direct replay targets triton 3.6 (this is {triton.__version__})")
+
+
 def _run_without_interpreter(*args):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
@@ -207,11 +213,13 @@ def _run_without_interpreter(*args):
     assert r.returncode == 0 and "CHECK OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
 
 
+@_REPLAY_VERSION
 def test_replay_small_kernel():
     """Pointer, descriptor, float, frozen int and constexpr; fallbacks; refused parameters (see below)."""
     _run_without_interpreter("-m", "tests.dense.test_launcher")
 
 
+@_REPLAY_VERSION
 def test_dense_replay_matches_normal_path():
     """Every dense launch variant (pointer / TMA, batched / varlen, sdpa, lse, softcap, window) replays with
     exactly the C-launcher arguments of Triton's normal path."""

@@ -36,7 +36,10 @@ _LAYOUTS = {}
 
 
 def available() -> bool:
-    """Gluon's Hopper API imports (triton >= 3.5)."""
+    """Gluon's Hopper API as this kernel was written and tested against it: triton 3.6 (Gluon is experimental
+    and changes between releases; other versions get the portable kernel)."""
+    if not triton.__version__.startswith("3.6."):
+        return False
     try:
         from . import gluon_sm90  # noqa: F401
         return True
