@@ -127,12 +127,12 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS:PIPELINE")
+    ap.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS")
     a = ap.parse_args()
     cfgs = {}
     for s in a.cfg:
-        d, bm, bn, st, regs, pipe = (int(x) for x in s.split(":"))
-        cfgs.setdefault(d, []).append(launch_sm90.Sm90Config(bm, bn, st, regs, bool(pipe)))
+        d, bm, bn, st, regs = (int(x) for x in s.split(":"))
+        cfgs.setdefault(d, []).append(launch_sm90.Sm90Config(bm, bn, st, regs))
     fails = 0 if a.no_check else correctness(cfgs)
     print(f"CHECK failures: {fails}", flush=True)
     if not a.no_bench:

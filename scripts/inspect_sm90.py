@@ -1,7 +1,7 @@
 """Compile the Hopper Gluon forward kernel for sm90 on any machine (no GPU needed) and print what the
 compiled kernel uses: registers, spills, shared memory, and the wgmma / exp2 / wait counts of its SASS.
 
-    python scripts/inspect_sm90.py [--D 128] [--causal] [--softcap] [--window] [--no-pipeline] [--sass FILE]
+    python scripts/inspect_sm90.py [--D 128] [--causal] [--softcap] [--window] [--sass FILE]
 
 Triton ships ptxas and cuobjdump, and compiling needs no driver: a stand-in driver reports an sm90 target.
 """
@@ -37,7 +37,6 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--softcap", action="store_true")
     ap.add_argument("--window", action="store_true")
-    ap.add_argument("--no-pipeline", action="store_true")
     ap.add_argument("--sass", help="write the SASS here")
     a = ap.parse_args()
     driver.set_active(_Sm90Target())
@@ -48,8 +47,6 @@ def main():
     out = torch.empty_like(q)
     lse = torch.empty(B, H, S)
     cfg = launch_sm90.config_for(D)
-    if a.no_pipeline:
-        cfg = launch_sm90.Sm90Config(cfg.block_m, cfg.block_n, cfg.stages, cfg.consumer_regs, False)
     right = 0 if a.causal else (20 if a.window else -1)
     ck = launch_sm90.launch(q, q, q, out, lse, D ** -0.5, 100 if a.window else -1, right,
                             30.0 if a.softcap else 0.0, True, True, cfg=cfg, compile_only=True)

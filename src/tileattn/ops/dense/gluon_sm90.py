@@ -11,8 +11,8 @@ inter-warpgroup overlap FlashAttention-3 calls ping-pong), and the loader runs S
 
 Masking model and key-block ranges are those of kernels.py (see its docstring): key j is visible to query i
 iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk. Every consumer walks the CTA's key blocks in the same
-order (the loader's order) and splits them by its own rows into masked / unmasked / masked ranges; a block
-that none of its rows can see is waited for and released without compute.
+order (the loader's order) and splits them by its own rows into masked / unmasked / masked ranges (a block
+none of its rows can see is computed fully masked: p = 0, at most one such block per CTA for causal).
 
 Tensors are [B, S, H, D] with any strides whose bytes are 16-byte aligned (TMA); rows beyond a sequence are
 zero-filled on load and clipped on store by the copy engine. Scores are kept raw (q.k) and the scale (times
@@ -28,35 +28,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from . import kernels
+
 LN2 = gl.constexpr(0.6931471805599453)
 
 
-@gluon.jit
-def _tanh(x):
-    # 1 - 2 / (exp(2x) + 1): saturates cleanly at +-1
-    return 1.0 - 2.0 / (gl.exp2(x * 2.8853900817779268) + 1.0)
-
-
-@gluon.jit
-def _key_range(m_first, m_last, seqlen_k, off_diag, left, right, BLOCK_N: gl.constexpr,
-               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
-    """Key range [lo, hi) seen by query rows [m_first, m_last], and its unmasked part [full_lo, full_hi),
-    all multiples of BLOCK_N except hi (clamped to seqlen_k)."""
-    lo = 0
-    full_lo = 0
-    hi = seqlen_k
-    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
-    if HAS_LEFT:
-        lo = gl.maximum(m_first + off_diag - left, 0)
-        lo = (lo // BLOCK_N) * BLOCK_N
-        full_lo = gl.maximum(m_last + off_diag - left, 0)
-        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = gl.minimum(gl.maximum(m_last + off_diag + right + 1, 0), seqlen_k)
-        full_hi = gl.minimum(full_hi, (gl.maximum(m_first + off_diag + right + 1, 0) // BLOCK_N) * BLOCK_N)
-    full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
-    full_hi = gl.minimum(gl.maximum(full_hi, full_lo), hi)
-    return lo, hi, full_lo, full_hi
+# the masking model's helpers, written once in kernels.py and compiled here as Gluon
+_tanh = gluon.jit(kernels.tanh.fn)
+_key_range = gluon.jit(kernels.key_range.fn)
+_visible = gluon.jit(kernels.visible.fn)
 
 
 @gluon.jit
@@ -79,75 +59,14 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_re
 
 
 @gluon.jit
-def _consume_range(acc, m_i, l_i, n_lo, b_start, b_end, lo, hi, o_m, q_smem, k_bufs, v_bufs,
-                   k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
-                   softcap_out, MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                   HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                   o_layout: gl.constexpr):
-    """Online softmax over the CTA's key blocks [b_start, b_end) (block b starts at key n_lo + b * BLOCK_N and
-    sits in ring buffer b % STAGES).
-
-    sm_scale multiplies raw scores inside exp2 (scale * log2 e, or 1 after the softcap, which already maps
-    scores to log2 units). MASKED applies the visibility rule per element and skips blocks outside [lo, hi).
-    """
-    BLOCK_M: gl.constexpr = q_smem.shape[0]
-    D: gl.constexpr = q_smem.shape[1]
-    BLOCK_N: gl.constexpr = k_bufs.shape[2]
-    DV: gl.constexpr = v_bufs.shape[4]
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
-    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    for it in range(b_start, b_end):
-        n0 = n_lo + it * BLOCK_N
-        s = it % STAGES
-        phase = (it // STAGES) & 1
-        k_smem = k_bufs.index(s).reshape([BLOCK_N, D])
-        v_smem = v_bufs.index(s).reshape([BLOCK_N, DV])
-        mbarrier.wait(k_ready.index(s), phase)
-        mbarrier.wait(v_ready.index(s), phase)
-        if (n0 < hi) & (n0 + BLOCK_N > lo):  # always true in an unmasked range
-            s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-            qk = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
-            if HAS_SOFTCAP:
-                qk = _tanh(qk * softcap_scale) * softcap_out
-            if MASKED:
-                o_j = n0 + o_n
-                vis = (o_j < seqlen_k)[None, :]
-                if HAS_RIGHT:
-                    vis = vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
-                if HAS_LEFT:
-                    vis = vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
-                qk = gl.where(vis, qk, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(qk, 1))
-            # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
-            p = gl.exp2(qk * sm_scale - m_shift[:, None])
-            alpha = gl.exp2(m_i * sm_scale - m_shift)
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
-            acc = acc * gl.convert_layout(alpha, o_row)[:, None]
-            p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-            acc = warpgroup_mma(p_op, v_smem, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index(s))
-    return acc, m_i, l_i
-
-
-@gluon.jit
 def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
                    softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
     """One block of the online softmax: returns (p, alpha, m, l) for raw scores qk [BLOCK_M, BLOCK_N]."""
     if HAS_SOFTCAP:
         qk = _tanh(qk * softcap_scale) * softcap_out
     if MASKED:
-        o_j = n0 + o_n
-        vis = (o_j < seqlen_k)[None, :]
-        if HAS_RIGHT:
-            vis = vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
-        if HAS_LEFT:
-            vis = vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
-        qk = gl.where(vis, qk, float("-inf"))
+        qk = gl.where(_visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT), qk,
+                      float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, 1))
     # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
@@ -250,7 +169,7 @@ def _consumer(o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
               sm_scale, softcap_scale, softcap_out,
               WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-              RETURN_LSE: gl.constexpr, PIPELINE: gl.constexpr):
+              RETURN_LSE: gl.constexpr):
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
     DV: gl.constexpr = v_bufs.shape[4]
@@ -264,15 +183,13 @@ def _consumer(o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
 
     m0 = m0_cta + WG * BLOCK_M
     m_last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
-    lo, hi, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N,
-                                          HAS_LEFT, HAS_RIGHT)
+    _, _, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                        HAS_RIGHT)
     # split the CTA's n_blocks key blocks (from n_lo) by this warpgroup's rows, in block indices so that the
     # three ranges always add up to the loader's count: a partial block at either end goes to a masked range
     b_full_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo - n_lo, BLOCK_N), 0), n_blocks)
     b_full_hi = gl.minimum(gl.maximum((full_hi - n_lo) // BLOCK_N, b_full_lo), n_blocks)
-    if m0 >= seqlen_q:  # no row of this warpgroup exists: wait for and release every block
-        lo = n_lo
-        hi = n_lo
+    if m0 >= seqlen_q:  # no row of this warpgroup exists (nothing is stored): mask every block
         b_full_lo = 0
         b_full_hi = 0
 
@@ -282,23 +199,9 @@ def _consumer(o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
     acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
     mbarrier.wait(q_bar, 0)
-    if PIPELINE:
-        acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs,
-                                           v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
-                                           sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                           STAGES, s_layout, o_layout)
-    else:
-        acc, m_i, l_i = _consume_range(acc, m_i, l_i, n_lo, 0, b_full_lo, lo, hi, o_m, q_smem, k_bufs, v_bufs,
-                                       k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
-                                       softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                       STAGES, s_layout, o_layout)
-        acc, m_i, l_i = _consume_range(acc, m_i, l_i, n_lo, b_full_lo, b_full_hi, lo, hi, o_m, q_smem, k_bufs,
-                                       v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
-                                       softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                       STAGES, s_layout, o_layout)
-        acc, m_i, l_i = _consume_range(acc, m_i, l_i, n_lo, b_full_hi, n_blocks, lo, hi, o_m, q_smem, k_bufs,
-                                       v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
-                                       softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+    acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs,
+                                       v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
+                                       sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                        STAGES, s_layout, o_layout)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
@@ -326,7 +229,7 @@ def attn_fwd_sm90_kernel(
     sm_scale, softcap_scale, softcap_out, left, right,
     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
-    HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PIPELINE: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
 ):
     """Grid: (cdiv(Sq, 2 * BLOCK_M), B * Hq); num_warps = 4 (the first consumer warpgroup).
 
@@ -370,11 +273,11 @@ def attn_fwd_sm90_kernel(
         (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, lse_ptr, stride_lb,
                      stride_lh, i_b, i_h, m0, lo, n_blocks, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
                      softcap_scale, softcap_out, 0, BLOCK_M, STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                     RETURN_LSE, PIPELINE)),
+                     RETURN_LSE)),
         (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, lse_ptr, stride_lb,
                      stride_lh, i_b, i_h, m0, lo, n_blocks, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
                      softcap_scale, softcap_out, 1, BLOCK_M, STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                     RETURN_LSE, PIPELINE)),
+                     RETURN_LSE)),
         (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
                    i_b, i_h, i_hk, m0, lo, n_blocks, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -37,9 +37,43 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _tanh(x):
+def tanh(x):
     # tanh through exp2 (no tanh in core triton.language): 1 - 2 / (exp(2x) + 1); saturates cleanly at +-1.
     return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def key_range(m_first, m_last, seqlen_k, off_diag, left, right, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key range [lo, hi) seen by query rows [m_first, m_last], and its unmasked part [full_lo, full_hi):
+    multiples of BLOCK_N except an end clamped to seqlen_k. (Shared with the Gluon kernel.)"""
+    lo = 0
+    full_lo = 0
+    hi = seqlen_k
+    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
+    if HAS_LEFT:
+        lo = tl.maximum(m_first + off_diag - left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        full_lo = tl.maximum(m_last + off_diag - left, 0)
+        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(tl.maximum(m_last + off_diag + right + 1, 0), seqlen_k)
+        full_hi = tl.minimum(full_hi, (tl.maximum(m_first + off_diag + right + 1, 0) // BLOCK_N) * BLOCK_N)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, hi, full_lo, full_hi
+
+
+@triton.jit
+def visible(o_m, o_j, seqlen_k, off_diag, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[rows, keys] mask of the visibility rule for query positions o_m and key positions o_j. (Shared with
+    the Gluon kernel.)"""
+    vis = (o_j < seqlen_k)[None, :]
+    if HAS_RIGHT:
+        vis = vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
+    if HAS_LEFT:
+        vis = vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
+    return vis
 
 
 @triton.jit
@@ -73,7 +107,7 @@ def _scores(b_q, b_k, qk_scale, softcap_scale, softcap_out, HAS_SOFTCAP: tl.cons
     """[BLOCK_M, BLOCK_N] scores in log2 units: q.k * scale * log2e, or the capped form."""
     b_s = tl.dot(b_q, tl.trans(b_k))
     if HAS_SOFTCAP:
-        b_s = _tanh(b_s * softcap_scale) * softcap_out
+        b_s = tanh(b_s * softcap_scale) * softcap_out
     else:
         b_s = b_s * qk_scale
     return b_s
@@ -134,12 +168,7 @@ def _attn_key_range(b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs,
                                 D, BLOCK_N, BLOCK_D, EVEN_D, MASKED, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_D]
             b_s = _scores(b_q, b_k, qk_scale, softcap_scale, softcap_out, HAS_SOFTCAP)  # [BLOCK_M, BLOCK_N]
             if MASKED:
-                o_j = n0 + o_n
-                b_vis = (o_j < seqlen_k)[None, :]
-                if HAS_RIGHT:
-                    b_vis = b_vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
-                if HAS_LEFT:
-                    b_vis = b_vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
+                b_vis = visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
                 b_s = tl.where(b_vis, b_s, float("-inf"))
             b_v = _load_kv_tile(v_src, stride_vs, i_b, i_hk, k_row0, n0, o_n, o_dv, seqlen_k,
                                 DV, BLOCK_N, BLOCK_DV, EVEN_DV, MASKED, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_DV]
@@ -211,21 +240,8 @@ def attn_fwd_kernel(
         off_diag = seqlen_k - seqlen_q
     else:
         off_diag = 0
-    m_last = m0 + BLOCK_M - 1
-    lo = 0
-    full_lo = 0
-    hi = seqlen_k
-    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
-    if HAS_LEFT:
-        lo = tl.maximum(m0 + off_diag - left, 0)
-        lo = (lo // BLOCK_N) * BLOCK_N
-        full_lo = tl.maximum(m_last + off_diag - left, 0)
-        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = tl.minimum(tl.maximum(m_last + off_diag + right + 1, 0), seqlen_k)
-        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + off_diag + right + 1, 0) // BLOCK_N) * BLOCK_N)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N,
+                                         HAS_LEFT, HAS_RIGHT)
 
     if USE_TMA:
         k_src = K

@@ -124,7 +124,7 @@ def _autotune(cands, key, run):
 # ---------------------------------------------------------------------------------------------------------
 # launch
 # ---------------------------------------------------------------------------------------------------------
-def _tma_ok(t):
+def tma_ok(t):
     """Tensor descriptors need a non-empty tensor with 16-byte aligned base and strides."""
     es = t.element_size()
     return t.numel() > 0 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
@@ -198,7 +198,7 @@ def _kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen
     else:
         sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
         sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
-    use_tma = cfg.use_tma and _tma_ok(k) and _tma_ok(v)
+    use_tma = cfg.use_tma and tma_ok(k) and tma_ok(v)
     if use_tma:
         k_arg = _descriptor(k, cfg.block_n, bd, varlen)
         v_arg = _descriptor(v, cfg.block_n, bdv, varlen)

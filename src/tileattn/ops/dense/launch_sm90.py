@@ -1,15 +1,17 @@
 """Launch of the Hopper Gluon forward kernel (gluon_sm90.py) for the batched layout.
 
-`plan(...)` says whether the kernel serves a problem and returns a launch function; plans.py (use_sm90) falls back to
-the portable Triton kernel when it does not (other GPUs, the interpreter, varlen, head dims other than 64 /
-128, TMA-unaligned tensors).
+`supports(...)` says whether the kernel serves a problem, `kernel_call(...)` gives its grid and arguments
+(plans.py replays them), `launch(...)` runs it through Triton's normal path. Problems it does not serve
+(other GPUs or triton versions, the interpreter, varlen, head dims other than 64 / 128, Dv != D,
+TMA-unaligned tensors) go to the portable Triton kernel (plans.use_sm90).
 """
 from dataclasses import dataclass
 
 import torch
 import triton
 
-LOG2E = 1.4426950408889634
+from .kernels import LOG2E
+from .launch import tma_ok
 
 
 @dataclass(frozen=True)
@@ -18,13 +20,12 @@ class Sm90Config:
     block_n: int  # keys per K/V tile
     stages: int  # K/V tiles in flight (shared-memory ring)
     consumer_regs: int  # registers per thread of the second consumer warpgroup (setmaxnreg)
-    pipeline: bool = True  # q.k of block b issued with p.v of block b - 1, before the softmax of b
 
 
 # Per padded head dim. Shared memory: 2 Q tiles + stages x (K + V) tiles, within the 227 KB of an H100.
 # Chosen from the compiled kernel's registers (no spills) and shared memory (scripts/inspect_sm90.py);
 # timing sweeps are in bench/NOTES.md.
-# Pipelined (FA3's intra-warpgroup overlap) won over the plain loop at N >= 4K on the H100 (2026-11-21,
+# The pipelined loop (FA3's intra-warpgroup overlap) won over a plain one at N >= 4K on the H100 (2026-11-21,
 # scripts/dev_sm90.py): D=64 434 vs 396 TFLOPS at 16K non-causal, D=128 546 vs 524; 128-key tiles beat 64.
 _CONFIGS = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
@@ -47,11 +48,6 @@ def available() -> bool:
         return False
 
 
-def _tma_ok(t):
-    es = t.element_size()
-    return t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1]) and t.stride(-1) == 1
-
-
 def supports(q, k, v, out, varlen, interpret, scale, softcap) -> bool:
     """Whether the Gluon kernel serves this problem (else the portable kernel does)."""
     if varlen or interpret or q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
@@ -63,7 +59,7 @@ def supports(q, k, v, out, varlen, interpret, scale, softcap) -> bool:
         return False
     if q.shape[0] * q.shape[2] > 65535 or min(q.shape[1], k.shape[1]) == 0:
         return False
-    return all(_tma_ok(t) for t in (q, k, v, out)) and available()
+    return all(tma_ok(t) for t in (q, k, v, out)) and available()
 
 
 def _layout(block, dtype):
@@ -120,7 +116,7 @@ def kernel_call(q, k, v, out, lse, scale, window_left, window_right, softcap, al
     kwargs = dict(
         BLOCK_M=cfg.block_m, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right,
-        HAS_SOFTCAP=softcap > 0, RETURN_LSE=return_lse, REVERSE_M=window_right >= 0, PIPELINE=cfg.pipeline,
+        HAS_SOFTCAP=softcap > 0, RETURN_LSE=return_lse, REVERSE_M=window_right >= 0,
         num_warps=4,
     )
     return attn_fwd_sm90_kernel, grid, args, kwargs
