@@ -1,6 +1,6 @@
 """Check and time the Hopper Gluon forward kernel directly (before and besides its wiring into the API).
 
-    python scripts/dev_sm90.py [--quick] [--cfg D:BM:BN:STAGES:REGS ...]
+    python scripts/dev_sm90.py [--quick] [--cfg D:BM:BN:STAGES:REGS[:PERSISTENT] ...]
 
 1. correctness of launch_sm90.launch against the float32 reference (tolerance rule) over edge cases;
 2. the dense grid (B=4, H=32, fp16): Gluon kernel vs the portable Triton kernel vs cuDNN, outputs checked
@@ -14,6 +14,7 @@ import torch
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from tileattn.launcher import KernelLauncher
 from tileattn.ops.dense import launch, launch_sm90, plans, reference
 from tileattn.tolerance import allowed_error
 
@@ -23,13 +24,14 @@ def rand(*shape, dtype):
 
 
 def run_gluon(q, k, v, causal=False, window=(-1, -1), softcap=0.0, return_lse=False, cfg=None,
-              bottom_right=True):
+              bottom_right=True, programs=None):
     scale = q.shape[-1] ** -0.5
     left, right = launch.effective_window(causal, window)
     out = torch.full(q.shape[:-1] + (v.shape[-1],), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
     assert launch_sm90.supports(q, k, v, out, False, False, scale, softcap)
-    launch_sm90.launch(q, k, v, out, lse, scale, left, right, softcap, bottom_right, return_lse, cfg=cfg)
+    launch_sm90.launch(q, k, v, out, lse, scale, left, right, softcap, bottom_right, return_lse, cfg=cfg,
+                       programs=programs)
     return out, lse
 
 
@@ -83,12 +85,41 @@ def correctness(cfgs):
     k = rand(2, 4, 444, 128, dtype=f16).transpose(1, 2)
     v = rand(2, 4, 444, 128, dtype=f16).transpose(1, 2)
     fails += not check("head-major strides D128 causal", q, k, v, causal=True)
+    # persistent grid: few CTAs walk many tiles of unequal length (barrier phases carried across tiles)
+    for d in (64, 128):
+        for programs in (1, 3, 37, None):
+            for kw in (dict(causal=True), dict(window=(100, 20)), dict()):
+                q = rand(3, 333, 16, d, dtype=f16)
+                k = rand(3, 555, 4, d, dtype=f16)
+                v = rand(3, 555, 4, d, dtype=f16)
+                fails += not check(f"D{d} persistent programs={programs} {kw}", q, k, v, programs=programs, **kw)
     return fails
 
 
-def bench(quick, cfgs):
+def _variant(q, k, v, causal, cfg, old=False):
+    """A launch of one kernel variant as the API makes it (compiled once, replayed by KernelLauncher)."""
+    mod = launch_sm90
+    if old:  # another revision's kernel, for an A/B in one run (scripts/snapshot_sm90.sh)
+        from scripts.scratch_old import launch_sm90 as mod
+    d = q.shape[-1]
+    scale = d ** -0.5
+    out = torch.empty_like(q)
+    lse = torch.empty(0, device=q.device)
+    kernel, grid, args, kwargs = mod.kernel_call(q, k, v, out, lse, scale, -1, 0 if causal else -1, 0.0, True,
+                                                 False, cfg)
+    run = KernelLauncher(kernel, args, kwargs, mod.VARYING)
+    scales = mod.scales(scale, 0.0)
+
+    def f():
+        run(grid, q, k, v, out, lse, *scales)
+        return out
+    return f
+
+
+def bench(quick, variants):
+    """variants: {name: (D or None, kwargs of _variant)}; tileattn's default plan and cuDNN always run."""
     torch.manual_seed(0)
-    rows = []
+    rows = {}
     ns = (1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384)
     for d in (64, 128):
         for causal in (False, True):
@@ -97,29 +128,28 @@ def bench(quick, cfgs):
                 q, k, v = (rand(B, n, H, d, dtype=torch.float16) for _ in range(3))
                 flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                tf = lambda t: flops / t * 1e-9
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
                     f_cudnn = lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                     t_cudnn = triton.testing.do_bench(f_cudnn, warmup=50, rep=200)
-                res = {}
-                for c in cfgs.get(d, [None]):
-                    out, _ = run_gluon(q, k, v, causal=causal, cfg=c)
-                    err = (out.float() - ref.float()).abs().max().item()
-                    okc = err < 2e-2 and not torch.isnan(out).any()
-                    t = triton.testing.do_bench(lambda: run_gluon(q, k, v, causal=causal, cfg=c), warmup=50, rep=200)
-                    res[str(c)] = (t, okc, err)
-                def tri():
-                    return plans.attn_fwd(q, k, v, None, None, 0, 0, d ** -0.5, -1, 0 if causal else -1, 0.0,
-                                          True, False)
-                t_tri = triton.testing.do_bench(tri, warmup=50, rep=200)
-                tf = lambda t: flops / t * 1e-9
-                best = min(res.values(), key=lambda r: r[0])
-                rows.append(((d, causal, n), tf(best[0]) / tf(t_cudnn), best[1]))
-                line = " ".join(f"{tf(t):5.0f}{'' if ok else '!'}" for (t, ok, e) in res.values())
-                print(f"D={d} causal={causal:d} N={n:5d}: cudnn {tf(t_cudnn):5.0f} triton {tf(t_tri):5.0f} "
-                      f"gluon {line}  best/cudnn {tf(best[0]) / tf(t_cudnn):.3f}", flush=True)
-    gm = math.exp(sum(math.log(r[1]) for r in rows) / len(rows))
-    print(f"BENCH geomean gluon/cudnn {gm:.3f}, check failures {sum(not r[2] for r in rows)}")
+                fns = {"plan": lambda: plans.attn_fwd(q, k, v, None, None, 0, 0, d ** -0.5, -1, 0 if causal else -1,
+                                                      0.0, True, False)[0]}
+                for name, (vd, kw) in variants.items():
+                    if vd in (None, d):
+                        fns[name] = _variant(q, k, v, causal, **kw)
+                line = []
+                for name, f in fns.items():
+                    err = (f().float() - ref.float()).abs().max().item()
+                    ok = err < 2e-2
+                    t = triton.testing.do_bench(f, warmup=50, rep=200)
+                    rows.setdefault(name, []).append((tf(t) / tf(t_cudnn), ok))
+                    line.append(f"{name} {tf(t):4.0f}{'' if ok else '!'}")
+                print(f"D={d} causal={causal:d} N={n:5d}: cudnn {tf(t_cudnn):4.0f} " + " ".join(line), flush=True)
+    for name, rs in rows.items():
+        gm = math.exp(sum(math.log(r[0]) for r in rs) / len(rs))
+        print(f"BENCH {name}: geomean/cudnn {gm:.3f} min {min(r[0] for r in rs):.3f}, "
+              f"check failures {sum(not r[1] for r in rs)}")
 
 
 def main():
@@ -127,16 +157,23 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS")
+    ap.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS[:PERSISTENT 0/1]")
+    ap.add_argument("--old", action="store_true",
+                    help="also time another revision's kernel (scripts/snapshot_sm90.sh REV puts it in "
+                         "scripts/scratch_old)")
     a = ap.parse_args()
-    cfgs = {}
+    cfgs, variants = {}, {}
     for s in a.cfg:
-        d, bm, bn, st, regs = (int(x) for x in s.split(":"))
-        cfgs.setdefault(d, []).append(launch_sm90.Sm90Config(bm, bn, st, regs))
+        d, bm, bn, st, regs, *rest = (int(x) for x in s.split(":"))
+        cfg = launch_sm90.Sm90Config(bm, bn, st, regs, bool(rest[0]) if rest else True)
+        cfgs.setdefault(d, []).append(cfg)
+        variants[s] = (d, dict(cfg=cfg))
+    if a.old:
+        variants["old"] = (None, dict(cfg=None, old=True))
     fails = 0 if a.no_check else correctness(cfgs)
     print(f"CHECK failures: {fails}", flush=True)
     if not a.no_bench:
-        bench(a.quick, cfgs)
+        bench(a.quick, variants)
     sys.exit(1 if fails else 0)
 
 

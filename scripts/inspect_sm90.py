@@ -55,14 +55,16 @@ def main():
         f.write(ck.asm["cubin"])
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     usage = subprocess.run([tool, "--dump-resource-usage", cubin], capture_output=True, text=True).stdout
+    # cuobjdump rather than ck.asm["sass"], which came back cut short for the larger (softcap) variants
+    sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     os.unlink(cubin)
-    sass = ck.asm["sass"]
     if a.sass:
         with open(a.sass, "w") as f:
             f.write(sass)
     ops = collections.Counter()
     for line in sass.splitlines():
-        for key in ("HGMMA", "MUFU.EX2", "WARPGROUP.DEPBAR", "USETMAXREG", "LDL", "STL", "BAR.SYNC"):
+        for key in ("HGMMA", "MUFU.EX2", "WARPGROUP.DEPBAR", "USETMAXREG", "LDL", "STL", "BAR.SYNC", "UTMALDG",
+                    "UTMASTG"):
             if key in line:
                 ops[key] += 1
     print(f"config {cfg}; shared {ck.metadata.shared} B; warps {ck.metadata.num_warps}")

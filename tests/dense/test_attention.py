@@ -223,3 +223,29 @@ def test_gpu_sm90_dispatch(D, device, monkeypatch):
     monkeypatch.setenv("TILEATTN_SMEM_BUDGET", "sm89")
     assert not plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
     plans.clear_plans()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(window=(100, 20)), dict(causal=True, softcap=30.0)],
+                         ids=["causal", "window", "causal-softcap"])
+def test_gpu_sm90_persistent(D, opts, device):
+    """The Gluon kernel's CTAs walk many tiles of unequal length (barrier phases and Q slots carried across
+    tiles): through the API (more tiles than SMs) and with 1 and 7 CTAs for the whole problem."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the Gluon kernel serves sm90 only")
+    from tileattn.ops.dense import launch_sm90
+    q = randn(3, 333, 48, D, dtype=torch.float16, device=device)  # 3 query blocks x 144 heads: 432 tiles
+    k = randn(3, 555, 12, D, dtype=torch.float16, device=device)
+    v = randn(3, 555, 12, D, dtype=torch.float16, device=device)
+    _check(q, k, v, **opts)
+    causal, window, softcap = opts.get("causal", False), opts.get("window", (-1, -1)), opts.get("softcap", 0.0)
+    ref, lse_ref = attention_ref(q, k, v, causal=causal, window=window, softcap=softcap)
+    ref_lp, lse_lp = attention_ref(q, k, v, causal=causal, window=window, softcap=softcap, dtype=q.dtype)
+    left, right = launch.effective_window(causal, window)
+    for programs in (1, 7):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((3, 48, 333), float("nan"), device=device)
+        launch_sm90.launch(q, k, v, out, lse, D ** -0.5, left, right, softcap, True, True, programs=programs)
+        assert_close("out", out, ref, ref_lp)
+        assert_close("lse", lse, lse_ref, lse_lp)

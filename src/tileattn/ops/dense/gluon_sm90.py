@@ -1,11 +1,16 @@
 """Hopper (sm90) dense attention forward in Gluon, with FlashAttention-3's warp-specialized schedule.
 
-One CTA computes NUM_CONSUMERS * BLOCK_M query rows of one (batch, query head):
-  - a loader partition (one warp) loads the Q tiles once, then streams K and V tiles through a ring of
-    STAGES shared-memory buffers with TMA, signalling `k_ready` / `v_ready` barriers per buffer;
+A tile is NUM_CONSUMERS * BLOCK_M query rows of one (batch, query head). The grid may be persistent: each
+CTA walks one tile per round (`_tile_of`: heaviest causal query blocks first, dealt out in a snake), and its
+partitions keep their barrier phases running across tiles:
+  - a loader partition (one warp) loads a tile's Q into one of two Q slots (the next tile's Q arrives while
+    the current tile runs), then streams its K and V tiles through a ring of STAGES shared-memory buffers
+    with TMA, signalling `k_ready` / `v_ready` barriers per buffer;
   - NUM_CONSUMERS consumer warpgroups (4 warps each) own BLOCK_M rows each: S = Q K^T by wgmma from shared
     memory, the online softmax in registers, O += P V with P from registers. They read the same K/V
     buffers; a buffer is handed back to the loader when every consumer has arrived on its `empty` barrier.
+    O is staged for its TMA store in the tile's own Q slot, which is handed back (`q_empty`) once the store
+    has read it.
 The consumers are independent warpgroups, so the softmax of one overlaps the wgmma of the other (the
 inter-warpgroup overlap FlashAttention-3 calls ping-pong), and the loader runs STAGES tiles ahead.
 
@@ -40,22 +45,77 @@ _visible = gluon.jit(kernels.visible.fn)
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-            i_b, i_h, i_hk, m0, n_lo, n_blocks,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
-    mbarrier.expect(q_bar, NUM_CONSUMERS * q_desc.block_type.nbytes)
+def _tile_of(r, num_m, num_tiles, REVERSE_M: gl.constexpr):
+    """Tile of this CTA in round r of the persistent grid, as (valid, query block, batch * head).
+
+    Rounds deal tiles out in a snake (CTA p takes r * nprog + p in even rounds, r * nprog + nprog - 1 - p in
+    odd ones), so that with tiles in decreasing cost (REVERSE_M: the heaviest causal query blocks of a head
+    first) a CTA that got a heavy tile in one round gets a light one in the next. Heads are the slow index:
+    the CTAs of a round read few heads' K/V, which stay in L2 (on the H100, spreading a round over more heads
+    lost 10-40% at N = 1K-16K, scripts/dev_sm90.py, 2026-11-21)."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    t = r * nprog + pid + (r % 2) * (nprog - 1 - 2 * pid)
+    i_m = t % num_m
+    if REVERSE_M:
+        i_m = num_m - 1 - i_m
+    return t < num_tiles, i_m, t // num_m
+
+
+@gluon.jit
+def _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """(first query row, first key, key blocks) of a tile: loader and consumers must agree on the count."""
+    m0 = i_m * ROWS
+    m_last = gl.minimum(m0 + ROWS, seqlen_q) - 1
+    lo, hi, _, _ = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    return m0, lo, gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right,
+            BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+    kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
+    j = 0  # tiles started so far: Q slot and phase
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        valid, i_m, i_bh = _tile_of(r, num_m, num_tiles, REVERSE_M)
+        if valid:
+            j, kv = _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                               kv_empty, j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag,
+                               left, right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT)
+
+
+@gluon.jit
+def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+               j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right,
+               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """The loads of one tile: Q into slot j % 2, then its K/V blocks into the ring from position kv."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    i_hk = i_h // group_size
+    m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right,
+                                    NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    slot = j % 2
+    # slots and buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh one)
+    mbarrier.wait(q_empty.index(slot), ((j // 2) & 1) ^ 1)
+    mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(NUM_CONSUMERS):
-        tma.async_copy_global_to_shared(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_bar, q_bufs.index(c))
+        tma.async_copy_global_to_shared(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
+                                        q_bufs.index(slot * NUM_CONSUMERS + c))
     for it in range(n_blocks):
-        s = it % STAGES
-        phase = (it // STAGES) & 1
+        s = (kv + it) % STAGES
+        phase = ((kv + it) // STAGES) & 1
         n0 = n_lo + it * BLOCK_N
-        # buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh barrier)
         mbarrier.wait(kv_empty.index(s), phase ^ 1)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
+    return j + 1, kv + n_blocks
 
 
 @gluon.jit
@@ -77,13 +137,14 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
 
 
 @gluon.jit
-def _pipelined_steps(acc, m_i, l_i, p_op, n_lo, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
+def _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
                      v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out,
                      MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                      o_layout: gl.constexpr):
     """Steady-state iterations b in [b_start, b_end): q.k of block b and p.v of block b - 1 go to the tensor
-    cores together; the softmax of b waits only for the first. p_op holds P of block b - 1.
+    cores together; the softmax of b waits only for the first. p_op holds P of block b - 1; block b sits in
+    ring buffer (kv + b) % STAGES.
 
     No data-dependent branch inside the loop (MASKED is a constexpr): the assembler keeps a wgmma in flight
     only across straight-line code, and waits for all of them at a join."""
@@ -96,12 +157,12 @@ def _pipelined_steps(acc, m_i, l_i, p_op, n_lo, b_start, b_end, o_m, o_n, q_smem
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     for it in range(b_start, b_end):
-        s = it % STAGES
-        sp = (it - 1) % STAGES
-        mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+        s = (kv + it) % STAGES
+        sp = (kv + it - 1) % STAGES
+        mbarrier.wait(k_ready.index(s), ((kv + it) // STAGES) & 1)
         qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False,
                            is_async=True)
-        mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_bufs.index(sp).reshape([BLOCK_N, DV]), acc, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo + it * BLOCK_N, o_m, o_n, MASKED, seqlen_k,
@@ -117,7 +178,7 @@ def _pipelined_steps(acc, m_i, l_i, p_op, n_lo, b_start, b_end, o_m, o_n, q_smem
 
 
 @gluon.jit
-def _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs, v_bufs,
+def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs, v_bufs,
                        k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
                        softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                        STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
@@ -132,8 +193,8 @@ def _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m,
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
     if n_blocks > 0:
-        mbarrier.wait(k_ready.index(0), 0)
-        qk = warpgroup_mma(q_smem, k_bufs.index(0).reshape([BLOCK_N, D]).permute((1, 0)),
+        mbarrier.wait(k_ready.index(kv % STAGES), (kv // STAGES) & 1)
+        qk = warpgroup_mma(q_smem, k_bufs.index(kv % STAGES).reshape([BLOCK_N, D]).permute((1, 0)),
                            gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         # block 0 is masked whichever range it is in (the rule holds trivially on a fully visible block)
@@ -142,21 +203,21 @@ def _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m,
         p_op = gl.convert_layout(p.to(dtype), p_layout)
     b1 = gl.maximum(b_full_lo, 1)
     b2 = gl.maximum(b_full_hi, b1)
-    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs,
+    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs,
                                            k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
                                            softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                            STAGES, s_layout, o_layout)
-    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs,
+    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs,
                                            k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
                                            softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                            STAGES, s_layout, o_layout)
-    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, n_lo, b2, n_blocks, o_m, o_n, q_smem, k_bufs,
+    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b2, n_blocks, o_m, o_n, q_smem, k_bufs,
                                            v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
                                            sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
                                            HAS_SOFTCAP, STAGES, s_layout, o_layout)
     if n_blocks > 0:
-        sp = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(sp), ((n_blocks - 1) // STAGES) & 1)
+        sp = (kv + n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_bufs.index(sp).reshape([BLOCK_N, DV]), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(sp))
@@ -164,120 +225,141 @@ def _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m,
 
 
 @gluon.jit
-def _consumer(o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, lse_ptr, stride_lb, stride_lh,
-              i_b, i_h, m0_cta, n_lo, n_blocks, seqlen_q, seqlen_k, off_diag, left, right,
+def _consumer(o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr, stride_lb,
+              stride_lh, num_tiles, num_m, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
               sm_scale, softcap_scale, softcap_out,
-              WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-              RETURN_LSE: gl.constexpr):
+              RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr):
+    j = 0  # tiles done so far: Q slot and phase
+    kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        valid, i_m, i_bh = _tile_of(r, num_m, num_tiles, REVERSE_M)
+        if valid:
+            j, kv = _consume_tile(o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                                  lse_ptr, stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q, seqlen_k,
+                                  off_diag, left, right, sm_scale, softcap_scale, softcap_out, WG, BLOCK_M, STAGES,
+                                  NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE)
+
+
+@gluon.jit
+def _consume_tile(o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                  stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
+                  sm_scale, softcap_scale, softcap_out,
+                  WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                  RETURN_LSE: gl.constexpr):
+    """This warpgroup's rows of one tile: Q from slot j % 2, K/V blocks from ring position kv; O is stored
+    through the Q slot, which is then handed back to the loader."""
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
     DV: gl.constexpr = v_bufs.shape[4]
     dtype: gl.constexpr = q_bufs.dtype
+    gl.static_assert(DV == D, "O is staged in the Q slot: Dv must equal D")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DV, 16])
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
-
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    m0_cta, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right,
+                                        NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     m0 = m0_cta + WG * BLOCK_M
     m_last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
     _, _, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
                                         HAS_RIGHT)
-    # split the CTA's n_blocks key blocks (from n_lo) by this warpgroup's rows, in block indices so that the
-    # three ranges always add up to the loader's count: a partial block at either end goes to a masked range
+    # split the tile's n_blocks key blocks (from n_lo) by this warpgroup's rows, in block indices so that
+    # the three ranges always add up to the loader's count: a partial block at either end is masked
     b_full_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo - n_lo, BLOCK_N), 0), n_blocks)
     b_full_hi = gl.minimum(gl.maximum((full_hi - n_lo) // BLOCK_N, b_full_lo), n_blocks)
     if m0 >= seqlen_q:  # no row of this warpgroup exists (nothing is stored): mask every block
         b_full_lo = 0
         b_full_hi = 0
 
-    q_smem = q_bufs.index(WG).reshape([BLOCK_M, D])
+    slot = j % 2
+    q_smem = q_bufs.index(slot * NUM_CONSUMERS + WG).reshape([BLOCK_M, D])
     o_m = m0 + gl.arange(0, BLOCK_M, layout=s_row)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
     acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
-    mbarrier.wait(q_bar, 0)
-    acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs,
-                                       v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
-                                       sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                       STAGES, s_layout, o_layout)
+    mbarrier.wait(q_ready.index(slot), (j // 2) & 1)
+    acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
+                                       k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
+                                       right, sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT,
+                                       HAS_SOFTCAP, STAGES, s_layout, o_layout)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
     out = acc / gl.convert_layout(l_safe, o_row)[:, None]
-    if DV == D:
-        o_smem = q_bufs.index(WG)  # this warpgroup's Q tile is no longer read: its last wgmma was waited on
-    else:
-        o_smem = gl.allocate_shared_memory(dtype, o_desc.block_type.shape, o_desc.layout)
-    o_smem.reshape([BLOCK_M, DV]).store(out.to(dtype))
+    # the Q tile is no longer read (its last wgmma was waited on): stage O there for the TMA store
+    q_smem.store(out.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [i_b, m0, i_h, 0], o_smem)
+    tma.async_copy_shared_to_global(o_desc, [i_b, m0, i_h, 0], q_bufs.index(slot * NUM_CONSUMERS + WG))
     if RETURN_LSE:
         lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe)) * LN2, float("-inf"))
         gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,
                  mask=o_m < seqlen_q)
-    tma.store_wait(pendings=0)
+    tma.store_wait(pendings=0)  # the store has read the slot: the loader may refill it
+    mbarrier.arrive(q_empty.index(slot))
+    return j + 1, kv + n_blocks
 
 
 @gluon.jit
 def attn_fwd_sm90_kernel(
     q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, num_heads, group_size,
+    seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     sm_scale, softcap_scale, softcap_out, left, right,
     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
 ):
-    """Grid: (cdiv(Sq, 2 * BLOCK_M), B * Hq); num_warps = 4 (the first consumer warpgroup).
+    """Grid: (programs,), any number up to the tile count cdiv(Sq, 2 * BLOCK_M) * num_bh (one per SM makes it
+    persistent; one per tile is a plain grid); num_warps = 4 (the first consumer warpgroup).
 
-    Descriptors: q/o over [B, Sq, Hq, D(v)] with block [1, BLOCK_M, 1, D(v)], k/v over [B, Sk, Hkv, D(v)]
-    with block [1, BLOCK_N, 1, D(v)]. sm_scale: scale * log2 e (1 with HAS_SOFTCAP, whose softcap_out
-    already carries log2 e). lse [B, Hq, Sq] float32 (natural log) when RETURN_LSE.
+    Descriptors: q/o over [B, Sq, Hq, D] with block [1, BLOCK_M, 1, D], k/v over [B, Sk, Hkv, D] with block
+    [1, BLOCK_N, 1, D]. num_bh = B * Hq.
+    sm_scale: scale * log2 e (1 with HAS_SOFTCAP, whose softcap_out already carries log2 e). lse [B, Hq, Sq]
+    float32 (natural log) when RETURN_LSE.
     """
     NUM_CONSUMERS: gl.constexpr = 2
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    i_m = gl.program_id(0)
-    if REVERSE_M:  # heaviest (causal) query blocks first
-        i_m = gl.num_programs(0) - 1 - i_m
-    i_bh = gl.program_id(1)
-    i_b = i_bh // num_heads
-    i_h = i_bh % num_heads
-    i_hk = i_h // group_size
-    m0 = i_m * (NUM_CONSUMERS * BLOCK_M)
+    num_m = gl.cdiv(seqlen_q, NUM_CONSUMERS * BLOCK_M)
+    num_tiles = num_m * num_bh
     if ALIGN_BOTTOM_RIGHT:
         off_diag = seqlen_k - seqlen_q
     else:
         off_diag = 0
-    m_last = gl.minimum(m0 + NUM_CONSUMERS * BLOCK_M, seqlen_q) - 1
-    lo, hi, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N,
-                                          HAS_LEFT, HAS_RIGHT)
-    n_blocks = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
 
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    # two Q slots per consumer (slot-major), STAGES K/V buffers
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(2):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(q_empty.index(s), count=NUM_CONSUMERS)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
 
     gl.warp_specialize([
-        (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, lse_ptr, stride_lb,
-                     stride_lh, i_b, i_h, m0, lo, n_blocks, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
-                     softcap_scale, softcap_out, 0, BLOCK_M, STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                     RETURN_LSE)),
-        (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, lse_ptr, stride_lb,
-                     stride_lh, i_b, i_h, m0, lo, n_blocks, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
-                     softcap_scale, softcap_out, 1, BLOCK_M, STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                     RETURN_LSE)),
-        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-                   i_b, i_h, i_hk, m0, lo, n_blocks, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS)),
+        (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     stride_lb, stride_lh, num_tiles, num_m, num_heads, seqlen_q, seqlen_k,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, 0, BLOCK_M, STAGES,
+                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M)),
+        (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     stride_lb, stride_lh, num_tiles, num_m, num_heads, seqlen_q, seqlen_k,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, 1, BLOCK_M, STAGES,
+                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M)),
+        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
+                   right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
     ], [4, 1], [CONSUMER_REGS, 24])
