@@ -33,7 +33,7 @@ for s in $steps; do
       # ragged shapes through both kernels: B2-Sq127 (D=64) and B1-Sq1 (D=128) take the Gluon kernel on an
       # H100, varlen the portable one; sm90_dispatch runs both on one problem
       timeout 400 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
-        tests/dense/test_attention.py -k "gpu_matrix and fp16 and (B2-Sq127 or B1-Sq1-) or gpu_varlen or sm90_dispatch" \
+        tests/dense/test_attention.py -k "gpu_matrix and fp16 and (B2-Sq127 or B1-Sq1-) or gpu_varlen or sm90_dispatch or sm90_persistent" \
         > "$OUT/sanitize.log" 2>&1; rc=$?
       summary+=("sanitize rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize.log" | tail -n 2 | tr '\n' ' ')") ;;
     sweep)

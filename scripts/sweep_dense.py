@@ -28,6 +28,12 @@ CANDIDATES = [
     C(64, 64, 4, 3, True, pipeline_qk=True), C(128, 64, 8, 3, True, pipeline_qk=True),
 ]
 
+# thread-block clusters (num_ctas=2) against the table's winners: --set ctas
+CANDIDATES_CTAS = [
+    C(128, 64, 8, 3), C(128, 64, 8, 3, num_ctas=2), C(128, 128, 8, 3, True), C(128, 128, 8, 3, True, num_ctas=2),
+    C(128, 64, 4, 3), C(128, 64, 4, 3, num_ctas=2),
+]
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -36,7 +42,9 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--set", default="all", choices=["all", "ctas"])
     a = ap.parse_args()
+    candidates = CANDIDATES_CTAS if a.set == "ctas" else CANDIDATES
     dt = torch.float16 if a.dtype == "fp16" else torch.bfloat16
     t0 = time.time()
     res = []
@@ -49,7 +57,7 @@ def main():
                 ref = _sdpa("cudnn")(q, k, v, causal)
                 ms_cudnn = do_bench(lambda: _sdpa("cudnn")(q, k, v, causal))
                 best = None
-                for cfg in CANDIDATES:
+                for cfg in candidates:
                     if time.time() - t0 > a.budget_s:
                         break
                     entry = {"D": D, "causal": causal, "N": N, "cfg": vars(cfg)}

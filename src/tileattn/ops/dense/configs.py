@@ -18,6 +18,7 @@ class AttnConfig:
     use_tma: bool = False  # K/V through tensor descriptors (sm90+)
     warp_specialize: bool = False  # compiler warp specialization of the unmasked loop (sm90+, with TMA)
     pipeline_qk: bool = False  # q.k of block n + 1 issued before the softmax of block n (unmasked loop)
+    num_ctas: int = 1  # CTAs per cluster (Triton's num_ctas); 2 fails to compile in triton 3.6 (bench/NOTES.md)
 
     def smem_bytes(self, block_d: int, block_dv: int, elem_bytes: int) -> int:
         """A lower bound of the shared memory the kernel needs (K/V tiles of num_stages - 1 buffers in flight,

@@ -219,6 +219,8 @@ def _kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen
         REVERSE_M=window_right >= 0, PIPELINE_QK=cfg.pipeline_qk and not cfg.warp_specialize,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if cfg.num_ctas != 1:  # only passed when used: the interpreter and older GPUs know no clusters
+        kwargs["num_ctas"] = cfg.num_ctas
     return grid, args, kwargs
 
 
