@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
-#                                                        [bench-bf16]
+#                                                        [bench-bf16] [mla-tests] [bench-mla]
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -45,6 +45,13 @@ for s in $steps; do
     bench-bf16)
       python3 -m tileattn bench dense --dtype bf16 --out "$OUT/dense_bf16.json" --plot "$OUT/dense_bf16.png" > "$OUT/bench_bf16.log" 2>&1; rc=$?
       summary+=("bench-bf16 rc=$rc: $(grep '^summary' "$OUT/bench_bf16.log")") ;;
+    mla-tests)
+      timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/mla > "$OUT/mla_tests.log" 2>&1; rc=$?
+      summary+=("mla-tests rc=$rc: $(tail -n 1 "$OUT/mla_tests.log")") ;;
+    bench-mla)
+      timeout 400 python3 -m tileattn bench mla --out "$OUT/mla.json" > "$OUT/bench_mla.log" 2>&1; rc=$?
+      summary+=("bench-mla rc=$rc: $(grep '^summary' "$OUT/bench_mla.log")")
+      cat "$OUT/bench_mla.log" | head -40 ;;
     *) echo "unknown step $s"; continue ;;
   esac
   summary+=("  ($s took $(( $(date +%s) - t0 )) s)")

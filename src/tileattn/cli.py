@@ -1,6 +1,7 @@
 """The `tileattn` command (also `python -m tileattn`).
 
     tileattn bench [dense] [--dtype fp16|bf16] [--long] [--providers ...] [--out FILE] [--plot FILE]
+    tileattn bench mla [--dtype bf16|fp16] [--out FILE]
     tileattn info
 
 With no CUDA GPU, `bench` says so and runs a small correctness demo through the Triton interpreter.
@@ -9,7 +10,7 @@ import argparse
 import os
 import sys
 
-SUITES = ("dense",)
+SUITES = ("dense", "mla")
 
 
 def _parser():
@@ -17,7 +18,7 @@ def _parser():
     sub = p.add_subparsers(dest="cmd")
     b = sub.add_parser("bench", help="run a benchmark suite against the peers on this GPU")
     b.add_argument("suite", nargs="?", default="dense", choices=SUITES)
-    b.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    b.add_argument("--dtype", default=None, choices=["fp16", "bf16"], help="default: fp16 (dense), bf16 (mla)")
     b.add_argument("--long", action="store_true", help="add N = 32K and 64K")
     b.add_argument("--providers", default="tileattn,cudnn,fa2,flex",
                    help="comma-separated subset of tileattn,cudnn,fa2,flex")
@@ -42,8 +43,13 @@ def main(argv=None):
         os.environ.setdefault("TRITON_INTERPRET", "1")
         from .bench.dense import cpu_demo
         return 0 if cpu_demo() else 1
-    from .bench import dense
     out = args.out or os.path.join("bench", "results", f"{args.suite}.json")
+    if args.suite == "mla":
+        from .bench import mla
+        doc = mla.run(dtype=args.dtype or "bf16", out_json=out)
+        print(f"\nwrote {out}")
+        return 1 if doc["summary"]["check_failures"] else 0
+    from .bench import dense
     plot = args.plot or os.path.splitext(out)[0] + ".png"
     providers = tuple(p for p in args.providers.split(",") if p)
     unknown = set(providers) - set(dense.PROVIDERS)
@@ -51,7 +57,7 @@ def main(argv=None):
         print(f"unknown providers: {sorted(unknown)}", file=sys.stderr)
         return 2
     seqlens = [int(x) for x in args.seqlens.split(",")] if args.seqlens else None
-    doc = dense.run(dtype=args.dtype, long=args.long, providers=providers,
+    doc = dense.run(dtype=args.dtype or "fp16", long=args.long, providers=providers,
                     head_dims=tuple(int(x) for x in args.head_dims.split(",")), seqlens=seqlens,
                     out_json=out, plot=plot)
     print(f"\nwrote {out} and {plot}")

@@ -249,3 +249,29 @@ def test_gpu_sm90_persistent(D, opts, device):
         launch_sm90.launch(q, k, v, out, lse, D ** -0.5, left, right, softcap, True, True, programs=programs)
         assert_close("out", out, ref, ref_lp)
         assert_close("lse", lse, lse_ref, lse_lp)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batched", "varlen"])
+def test_batch_head_axis_folded(varlen, device, monkeypatch):
+    """B * Hq past the grid's y limit folds onto z (here a limit of 5 for 2 x 4 heads: 3 idle programs)."""
+    monkeypatch.setattr(launch, "MAX_GRID_Y", 5)
+    monkeypatch.setenv("TILEATTN_SM90", "0")  # the portable kernel (the Gluon one has a 1-D grid)
+    plans.clear_plans()
+    try:
+        if varlen:
+            lq, lk = [37, 0], [50, 9]
+            cq, ck = _cu(lq, device), _cu(lk, device)
+            q = randn(sum(lq), 4, 64, dtype=torch.float16, device=device)
+            k = randn(sum(lk), 2, 64, dtype=torch.float16, device=device)
+            v = randn(sum(lk), 2, 64, dtype=torch.float16, device=device)
+            out = tileattn.varlen_attention(q, k, v, cq, ck, max(lq), max(lk), causal=True)
+            ref, _ = varlen_attention_ref(q, k, v, cq, ck, causal=True)
+            ref_lp, _ = varlen_attention_ref(q, k, v, cq, ck, dtype=q.dtype, causal=True)
+            assert_close("out", out, ref, ref_lp)
+        else:
+            q = randn(2, 37, 4, 64, dtype=torch.float16, device=device)
+            k = randn(2, 50, 2, 64, dtype=torch.float16, device=device)
+            v = randn(2, 50, 2, 64, dtype=torch.float16, device=device)
+            _check(q, k, v, causal=True)
+    finally:
+        plans.clear_plans()

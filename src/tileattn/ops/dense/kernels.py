@@ -185,7 +185,7 @@ def attn_fwd_kernel(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh,
     cu_seqlens_q, cu_seqlens_k,
-    seqlen_q, seqlen_k, num_heads, group_size,
+    seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -194,13 +194,16 @@ def attn_fwd_kernel(
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, REVERSE_M: tl.constexpr,
     PIPELINE_QK: tl.constexpr,
 ):
-    """Grid: (cdiv(max Sq, BLOCK_M), B * Hq). One program computes one [BLOCK_M, DV] tile of the output."""
+    """Grid: (cdiv(max Sq, BLOCK_M), Y, Z) with Y * Z >= num_bh = B * Hq (the batch-head index is folded over
+    two axes, as a grid's y axis stops at 65535). One program computes one [BLOCK_M, DV] tile of the output."""
     EVEN_D: tl.constexpr = BLOCK_D == D
     EVEN_DV: tl.constexpr = BLOCK_DV == DV
     i_m = tl.program_id(0)
     if REVERSE_M:
         i_m = tl.num_programs(0) - 1 - i_m
-    i_bh = tl.program_id(1)
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
     i_hk = i_h // group_size

@@ -185,6 +185,10 @@ def _scales(scale, softcap):
     return scale * LOG2E, 1.0, 1.0
 
 
+# CUDA's limit on a grid's y (and z) size: the batch-head index of attn_fwd_kernel is folded over y and z
+MAX_GRID_Y = 65535
+
+
 def _kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
                  window_right, softcap, align_bottom_right, return_lse, cfg):
     """(grid, args, kwargs) of attn_fwd_kernel for these tensors, options and config."""
@@ -205,11 +209,12 @@ def _kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen
     else:
         k_arg, v_arg = k, v
     qk_scale, softcap_scale, softcap_out = _scales(scale, softcap)
-    grid = (triton.cdiv(max(seqlen_q, 1), cfg.block_m), batch * hq)
+    num_bh = batch * hq
+    grid = (triton.cdiv(max(seqlen_q, 1), cfg.block_m), min(num_bh, MAX_GRID_Y), triton.cdiv(num_bh, MAX_GRID_Y))
     args = (q, k_arg, v_arg, out, lse,
             sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2], sl[0], sl[1],
             cu_seqlens_q, cu_seqlens_k,
-            seqlen_q, seqlen_k, hq, hq // hkv,
+            seqlen_q, seqlen_k, hq, hq // hkv, num_bh,
             qk_scale, softcap_scale, softcap_out, window_left, window_right)
     kwargs = dict(
         D=d, DV=dv, BLOCK_D=bd, BLOCK_DV=bdv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

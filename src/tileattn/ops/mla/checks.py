@@ -1,0 +1,101 @@
+"""Argument checks of MLA decode: a clear ValueError / TypeError naming the argument, before any launch."""
+import torch
+
+from ... import hw
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _pow2(x):
+    return x > 0 and x & (x - 1) == 0
+
+
+def check_seqlens(cache_seqlens, batch, device):
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError("cache_seqlens: expected a torch.Tensor")
+    if cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
+        raise ValueError(f"cache_seqlens: expected a 1-D int32 tensor, got {cache_seqlens.dtype} "
+                         f"of shape {tuple(cache_seqlens.shape)}")
+    if batch is not None and cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens: the plan is for a batch of {batch}, got {cache_seqlens.shape[0]} "
+                         f"lengths (make a new plan for a new batch size)")
+    if device is not None and cache_seqlens.device != device:
+        raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is on {device}")
+
+
+def check_device(device, what):
+    if device.type == "cuda":
+        return
+    if device.type == "cpu" and hw.interpreter_enabled():
+        return
+    raise ValueError(f"{what}: tensors must be on a CUDA device (CPU tensors need TRITON_INTERPRET=1)")
+
+
+def check_plan_args(cache_seqlens, num_heads, q_len, dc, dr, page_size, dtype, scale):
+    check_seqlens(cache_seqlens, None, None)
+    check_device(cache_seqlens.device, "cache_seqlens")
+    if not 1 <= num_heads <= 128:
+        raise ValueError(f"num_heads: expected 1..128, got {num_heads}")
+    if q_len < 1:
+        raise ValueError(f"q_len: expected >= 1, got {q_len}")
+    for name, d in (("head_dim_ckv (Dc)", dc), ("head_dim_kpe (Dr)", dr)):
+        if not (_pow2(d) and 16 <= d <= 1024):
+            raise ValueError(f"{name}: expected a power of two in 16..1024, got {d}")
+    if not (_pow2(page_size) and page_size <= 128):
+        raise ValueError(f"page_size: expected a power of two in 1..128, got {page_size}")
+    if dtype not in _DTYPES:
+        raise TypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale: expected a positive number, got {scale}")
+
+
+def check_run_args(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse):
+    B, S, H, dc, dr = plan.batch, plan.q_len, plan.num_heads, plan.dc, plan.dr
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache),
+                    ("block_table", block_table)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device != plan.device:
+            raise ValueError(f"{name}: on {t.device}, the plan (cache_seqlens) is on {plan.device}")
+    for name, t, shape in (("q_nope", q_nope, (B, S, H, dc)), ("q_pe", q_pe, (B, S, H, dr))):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name}: expected shape [B, q_len, num_heads, D] = {list(shape)} for this plan, "
+                             f"got {list(t.shape)}")
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+        if t.dtype != plan.dtype:
+            raise TypeError(f"{name}: expected {plan.dtype} (the plan's dtype), got {t.dtype}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride 1)")
+    for name, t, d in (("ckv_cache", ckv_cache, dc), ("kpe_cache", kpe_cache, dr)):
+        if t.dim() != 3 or t.shape[1] != plan.page_size or t.shape[2] != d:
+            raise ValueError(f"{name}: expected [num_pages, page_size={plan.page_size}, {d}], got "
+                             f"{list(t.shape)}")
+    if kpe_cache.shape[0] != ckv_cache.shape[0]:
+        raise ValueError(f"kpe_cache: {kpe_cache.shape[0]} pages, ckv_cache has {ckv_cache.shape[0]}")
+    if ckv_cache.shape[0] == 0 and plan.max_len > 0:
+        raise ValueError("ckv_cache: no pages, but cache_seqlens has tokens")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table: expected an int32 [B={B}, max_pages_per_seq] tensor, got "
+                         f"{block_table.dtype} {list(block_table.shape)}")
+    if block_table.stride(-1) != 1:
+        raise ValueError("block_table: the last dimension must be contiguous (stride 1)")
+    if plan.max_len > block_table.shape[1] * plan.page_size:
+        raise ValueError(f"cache_seqlens: a sequence of {plan.max_len} tokens does not fit a block table of "
+                         f"{block_table.shape[1]} pages of {plan.page_size}")
+    if out is not None and (tuple(out.shape) != (B, S, H, dc) or out.dtype != plan.dtype or out.stride(-1) != 1
+                            or out.device != plan.device):
+        raise ValueError(f"out: expected a {plan.dtype} [B, q_len, num_heads, Dc] = {[B, S, H, dc]} tensor with a "
+                         f"contiguous last dimension on {plan.device}")
+    if lse is not None and (tuple(lse.shape) != (B, H, S) or lse.dtype != torch.float32
+                            or lse.device != plan.device):
+        raise ValueError(f"lse: expected a float32 [B, num_heads, q_len] = {[B, H, S]} tensor on {plan.device}")
+
+
+def check_pages(block_table, cache_seqlens, page_size, num_pages):
+    """Host check (a device sync) that every page a sequence uses is a valid id in [0, num_pages)."""
+    lens = cache_seqlens.to(torch.int64)
+    used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] * page_size < lens[:, None]
+    ids = block_table[used]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_pages):
+        raise ValueError(f"block_table: page ids must be in [0, {num_pages}) for the pages a sequence uses, got "
+                         f"{int(ids.min())}..{int(ids.max())}")

@@ -1,0 +1,205 @@
+"""MLA decode plans: the split-KV schedule of one batch composition, its buffers, and the launches.
+
+A plan is made once per batch composition (the host reads cache_seqlens once, a device sync): it splits
+every sequence into work items of at most `chunk` tokens, sized so that about two waves of programs fill
+the GPU whatever the lengths (long sequences get more items, short ones one), and sorts them longest first.
+`run` then only launches kernels on buffers the plan owns: no host sync, no allocation, so it can be captured
+in a CUDA graph. `update(cache_seqlens)` re-plans into the same buffers (a captured graph sees the new
+schedule).
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ... import hw
+from .kernels import LOG2E, mla_combine_kernel, mla_split_kernel
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    block_n: int  # cache tokens per step
+    num_warps: int
+    num_stages: int
+    out_split: int  # programs sharing one work item's output columns (each recomputes the scores)
+
+
+# Candidates per query-row tile (block_m), best first; the first whose shared memory fits the budget is used,
+# so the 99 KB / 163 KB budgets of sm89 / sm80 (emulated with TILEATTN_SMEM_BUDGET) get smaller steps or
+# split outputs. Chosen by scripts/sweep_mla.py on the H100 (2026-11-21, bf16, page 64, read bandwidth
+# 2939 GB/s): 16 rows (Hq 16, Sq 1), batch 768 x 1K: 32/4/2/1 2638 GB/s, 64/8/2/1 2343, 32/8/2/1 2251;
+# 64 rows (Hq 64), batch 768 x 2K: 64/8/2/1 1721 (it spills: 255 registers), 32/8/3/1 1401, 32/8/2/1 1362,
+# 32/4/2/2 806; batch 16 x 32K: 64/8/2/1 1465, 32/8/3/1 1237.
+_SMALL_M = [
+    MLAConfig(block_n=32, num_warps=4, num_stages=2, out_split=1),
+    MLAConfig(block_n=64, num_warps=8, num_stages=2, out_split=1),
+]
+_LARGE_M = [
+    MLAConfig(block_n=64, num_warps=8, num_stages=2, out_split=1),
+    MLAConfig(block_n=32, num_warps=8, num_stages=2, out_split=1),
+]
+# for small budgets: the query rows alone are 72 KB at block_m = 64, Dc = 512, Dr = 64
+_FALLBACK = [
+    MLAConfig(block_n=32, num_warps=4, num_stages=2, out_split=2),
+    MLAConfig(block_n=16, num_warps=4, num_stages=1, out_split=2),
+    MLAConfig(block_n=16, num_warps=4, num_stages=1, out_split=4),
+]
+
+
+def candidates(block_m):
+    return (_SMALL_M if block_m <= 16 else _LARGE_M) + _FALLBACK
+
+
+_WAVES = 2  # work items aimed for: this many programs per SM
+
+
+def _block_m(rows):
+    return max(16, min(64, triton.next_power_of_2(rows)))
+
+
+def schedule(lens, chunk):
+    """Work items [(b, start, end, slot)] and per-sequence [(first slot, count)] for host lengths `lens`.
+
+    Items cover each sequence in `chunk`-token pieces, longest first; a sequence of one piece writes the
+    output directly (slot -1), the pieces of a longer one get consecutive workspace slots."""
+    items, splits, slot = [], [], 0
+    for b, n in enumerate(lens):
+        count = -(-n // chunk)
+        if count <= 1:
+            splits.append((-1, count))
+            if count:
+                items.append((b, 0, n, -1))
+            continue
+        splits.append((slot, count))
+        for i in range(count):
+            items.append((b, i * chunk, min(n, (i + 1) * chunk), slot + i))
+        slot += count
+    items.sort(key=lambda it: it[1] - it[2])  # longest first (end - start descending)
+    return items, splits, slot
+
+
+class MLADecodePlan:
+    """Split-KV schedule and buffers for MLA decode of one batch composition.
+
+        plan = tileattn.MLADecodePlan(cache_seqlens, num_heads=128, q_len=1, page_size=64)
+        out = plan.run(q_nope, q_pe, ckv_cache, kpe_cache, block_table)     # capturable in a CUDA graph
+        plan.update(new_cache_seqlens)                                       # same buffers, new schedule
+
+    cache_seqlens: int32 [B] on the GPU (tokens in each sequence's cache, the q_len new ones included); read
+    once here (a device sync). num_heads (1..128), q_len (>= 1), head_dim_ckv (Dc) and head_dim_kpe (Dr),
+    powers of two >= 16; page_size: a power of two 1..128; dtype: float16 or bfloat16; causal: query t sees
+    cache positions < seqlen - q_len + t + 1 (else all seqlen); scale defaults to (Dc + Dr) ** -0.5.
+    max_pages_per_seq: the block table's width, checked against the lengths when given.
+
+    The plan owns its outputs: `run` returns out [B, q_len, num_heads, Dc] (and lse [B, num_heads, q_len]
+    float32, natural log), overwritten by the next run unless `out` / `lse` are passed. Workspace: partial
+    outputs of split sequences, about 4 * num_SMs * 64 rows * Dc * 4 bytes (69 MB on an H100 at Dc = 512).
+    `run` does not check page ids (that would need a sync); out-of-range ids are clamped in the kernel, so
+    they never read outside the cache but give wrong rows: `tileattn.mla_decode` checks them on the host.
+    """
+
+    def __init__(self, cache_seqlens, *, num_heads, q_len=1, head_dim_ckv=512, head_dim_kpe=64, page_size=64,
+                 dtype=torch.bfloat16, causal=True, scale=None, max_pages_per_seq=None, config=None):
+        from .checks import check_plan_args
+        check_plan_args(cache_seqlens, num_heads, q_len, head_dim_ckv, head_dim_kpe, page_size, dtype, scale)
+        self.device = cache_seqlens.device
+        self.batch = cache_seqlens.shape[0]
+        self.num_heads, self.q_len = num_heads, q_len
+        self.dc, self.dr, self.page_size, self.dtype, self.causal = head_dim_ckv, head_dim_kpe, page_size, dtype, causal
+        self.scale = (head_dim_ckv + head_dim_kpe) ** -0.5 if scale is None else float(scale)
+        self.max_pages_per_seq = max_pages_per_seq
+        self.rows = q_len * num_heads
+        self.block_m = _block_m(self.rows)
+        self.row_blocks = triton.cdiv(self.rows, self.block_m)
+        self.config = config or self._choose_config()
+        info = hw.device_info(self.device)
+        programs_per_item = self.row_blocks * self.config.out_split
+        self.target_items = max(1, -(-_WAVES * info.num_sms // programs_per_item))
+        self.capacity = self.target_items + self.batch  # work items can never exceed this (see update)
+        self.slot_capacity = 2 * self.target_items
+        dev = self.device
+        self.seqlens = torch.zeros(self.batch, dtype=torch.int32, device=dev)
+        self.work = torch.full((self.capacity, 4), -1, dtype=torch.int32, device=dev)
+        self.splits = torch.zeros(self.batch, 2, dtype=torch.int32, device=dev)
+        self.o_part = torch.empty(self.slot_capacity, self.rows, self.dc, dtype=torch.float32, device=dev)
+        self.lse_part = torch.empty(self.slot_capacity, self.rows, dtype=torch.float32, device=dev)
+        self.out = torch.empty(self.batch, q_len, num_heads, self.dc, dtype=dtype, device=dev)
+        self.compiled = None  # the split kernel of the last run (its metadata.shared: the real shared memory)
+        self.lse = torch.empty(self.batch, num_heads, q_len, dtype=torch.float32, device=dev)
+        self.update(cache_seqlens)
+
+    def _choose_config(self):
+        budget = hw.device_info(self.device).smem_per_block
+        for cfg in candidates(self.block_m):
+            if self._smem_estimate(cfg) <= budget:
+                return cfg
+        raise ValueError(f"MLA decode: no configuration fits the shared-memory budget of {budget} bytes "
+                         f"(Dc={self.dc}, Dr={self.dr})")
+
+    def _smem_estimate(self, cfg):
+        """Bytes of shared memory: the query rows plus num_stages cache steps (plus the V slice when the
+        output is split). A GPU build checks the compiled figure (check_compiled_smem)."""
+        e = 2
+        q = self.block_m * (self.dc + self.dr) * e
+        step = cfg.block_n * (self.dc + self.dr + (self.dc // cfg.out_split if cfg.out_split > 1 else 0)) * e
+        return q + max(1, cfg.num_stages) * step
+
+    def update(self, cache_seqlens):
+        """Re-plan for new lengths of the same batch (a device sync), into the plan's buffers."""
+        from .checks import check_seqlens
+        check_seqlens(cache_seqlens, self.batch, self.device)
+        lens = cache_seqlens.to("cpu", torch.int64)
+        if lens.numel() and int(lens.min()) < 0:
+            raise ValueError("cache_seqlens: lengths must be >= 0")
+        self.max_len = int(lens.max()) if lens.numel() else 0
+        if self.max_pages_per_seq is not None and self.max_len > self.max_pages_per_seq * self.page_size:
+            raise ValueError(f"cache_seqlens: a sequence of {self.max_len} tokens does not fit a block table of "
+                             f"{self.max_pages_per_seq} pages of {self.page_size}")
+        total = int(lens.sum())
+        step = self.config.block_n
+        chunk = max(step, -(-max(1, -(-total // self.target_items)) // step) * step)
+        items, splits, slots = schedule(lens.tolist(), chunk)
+        assert len(items) <= self.capacity and slots <= self.slot_capacity  # guaranteed by the chunk size
+        work = torch.full((self.capacity, 4), -1, dtype=torch.int32)
+        if items:
+            work[: len(items)] = torch.tensor(items, dtype=torch.int32)
+        self.work.copy_(work)
+        self.splits.copy_(torch.tensor(splits, dtype=torch.int32).reshape(self.batch, 2))
+        self.seqlens.copy_(cache_seqlens)
+        self.num_items, self.num_slots, self.chunk = len(items), slots, chunk
+        return self
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, *, out=None, lse=None, return_lse=False):
+        """Attention of the plan's batch: q_nope [B, q_len, Hq, Dc], q_pe [B, q_len, Hq, Dr] over ckv_cache
+        [num_pages, page_size, Dc] and kpe_cache [num_pages, page_size, Dr] through block_table [B, max_pages]
+        int32. Returns out (and lse with return_lse); see the class docstring."""
+        from .checks import check_run_args
+        check_run_args(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse)
+        out = self.out if out is None else out
+        lse = self.lse if lse is None else lse
+        cfg = self.config
+        self.compiled = mla_split_kernel[(self.row_blocks, self.capacity, cfg.out_split)](
+            q_nope, q_pe, ckv_cache, kpe_cache, block_table, self.seqlens, self.work, out, lse, self.o_part,
+            self.lse_part,
+            *q_nope.stride()[:3], *q_pe.stride()[:3],
+            ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1), block_table.stride(0),
+            *out.stride()[:3], lse.stride(0), lse.stride(1),
+            self.num_heads, self.q_len, ckv_cache.shape[0], self.scale * LOG2E,
+            DC=self.dc, DR=self.dr, PAGE=self.page_size, BLOCK_M=self.block_m, BLOCK_N=cfg.block_n,
+            OUT_SPLIT=cfg.out_split, CAUSAL=self.causal, RETURN_LSE=return_lse,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        block_r = max(1, min(self.block_m, 16384 // self.dc))
+        mla_combine_kernel[(triton.cdiv(self.rows, block_r), self.batch)](
+            self.o_part, self.lse_part, self.splits, out, lse,
+            *out.stride()[:3], lse.stride(0), lse.stride(1),
+            self.num_heads, self.q_len,
+            DC=self.dc, BLOCK_R=block_r, RETURN_LSE=return_lse, num_warps=4,
+        )
+        return (out, lse) if return_lse else out
+
+    def __repr__(self):
+        return (f"MLADecodePlan(batch={self.batch}, num_heads={self.num_heads}, q_len={self.q_len}, Dc={self.dc}, "
+                f"Dr={self.dr}, page_size={self.page_size}, {self.config}, items={self.num_items}, "
+                f"chunk={self.chunk}, split slots={self.num_slots})")
+

@@ -1,0 +1,175 @@
+"""MLA decode over a paged cache against the float32 reference, under the tolerance rule.
+
+Pages are shuffled (never contiguous), and unused page slots and unused pages hold NaN, so a kernel that
+reads a token it should not, or a page of another sequence, fails. The CPU runs (interpreter) use a small
+Dc / Dr; the `gpu` ones DeepSeek's 512 / 64.
+"""
+import pytest
+import torch
+
+import tileattn
+from tileattn import hw
+from tileattn.ops.mla.reference import mla_decode_ref
+from tests.helpers import assert_close, randn
+
+
+def make_cache(lens, page_size, dc, dr, dtype, device, spare_pages=3):
+    """Shuffled pages for sequences of `lens` tokens; every slot no sequence uses is NaN."""
+    pages_per = [-(-n // page_size) for n in lens]
+    width = max(1, max(pages_per))
+    num_pages = sum(pages_per) + spare_pages
+    perm = torch.randperm(num_pages).tolist()
+    ckv = torch.full((num_pages, page_size, dc), float("nan"), dtype=dtype, device=device)
+    kpe = torch.full((num_pages, page_size, dr), float("nan"), dtype=dtype, device=device)
+    table = torch.full((len(lens), width), -1, dtype=torch.int32)  # unused entries: invalid ids
+    nxt = 0
+    for b, n in enumerate(lens):
+        for i in range(pages_per[b]):
+            pid = perm[nxt]
+            nxt += 1
+            table[b, i] = pid
+            used = min(page_size, n - i * page_size)
+            ckv[pid, :used] = randn(used, dc, dtype=dtype, device=device)
+            kpe[pid, :used] = randn(used, dr, dtype=dtype, device=device)
+    return ckv, kpe, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=None, plan_form=False):
+    """Checks one problem; returns the plan when plan_form."""
+    ckv, kpe, table, seqlens = make_cache(lens, page_size, dc, dr, dtype, device)
+    qn = randn(len(lens), sq, hq, dc, dtype=dtype, device=device)
+    qp = randn(len(lens), sq, hq, dr, dtype=dtype, device=device)
+    if plan_form:
+        plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, head_dim_ckv=dc, head_dim_kpe=dr,
+                                      page_size=page_size, dtype=dtype, causal=causal, scale=scale)
+        plan.out.fill_(float("nan"))
+        plan.lse.fill_(float("nan"))
+        out, lse = plan.run(qn, qp, ckv, kpe, table, return_lse=True)
+    else:
+        out, lse = tileattn.mla_decode(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale,
+                                       return_lse=True)
+    ref, lse_ref = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale)
+    ref_lp, lse_lp = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale, dtype=dtype)
+    assert out.shape == (len(lens), sq, hq, dc) and out.dtype == dtype
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, lse_ref, lse_lp.float())
+    return plan if plan_form else None
+
+
+# (lens, page_size, Hq, Sq)
+CPU_CASES = [
+    ([1, 63, 64, 65, 0, 100], 16, 16, 1),
+    ([5, 0, 33], 1, 4, 4),
+    ([70, 3], 64, 16, 4),
+    ([130], 32, 2, 1),
+]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: f"lens{'_'.join(map(str, c[0]))}-p{c[1]}-h{c[2]}-sq{c[3]}")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_mla_small(case, causal, device):
+    lens, page, hq, sq = case
+    run_case(lens, page, hq, sq, 64, 16, torch.float16, device, causal=causal)
+
+
+def test_mla_plan_form_and_split(device, monkeypatch):
+    """One long sequence among short ones is split into several work items and combined."""
+    from tileattn.ops.mla import plan as plan_mod
+    monkeypatch.setattr(plan_mod, "_WAVES", 1)
+    run_case([300, 7, 0, 45], 16, 4, 2, 64, 16, torch.float16, device, plan_form=True, scale=0.3)
+
+
+def test_mla_schedule_covers_every_token():
+    from tileattn.ops.mla.plan import schedule
+    lens = [0, 1, 64, 65, 1000, 129]
+    items, splits, slots = schedule(lens, 64)
+    covered = {b: [] for b in range(len(lens))}
+    for b, s, e, slot in items:
+        covered[b].append((s, e))
+        assert 0 < e - s <= 64
+    for b, n in enumerate(lens):
+        spans = sorted(covered[b])
+        assert sum(e - s for s, e in spans) == n and all(a[1] == c[0] for a, c in zip(spans, spans[1:]))
+        first, count = splits[b]
+        assert count == len(spans) and (count <= 1 or first >= 0)
+    assert slots == sum(c for _, c in splits if c > 1)
+    assert [e - s for _, s, e, _ in items] == sorted((e - s for _, s, e, _ in items), reverse=True)
+
+
+def test_mla_bad_inputs(device):
+    ckv, kpe, table, seqlens = make_cache([10, 20], 16, 64, 16, torch.float16, device)
+    qn = randn(2, 1, 4, 64, dtype=torch.float16, device=device)
+    qp = randn(2, 1, 4, 16, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="block_table"):
+        bad = table.clone()
+        bad[1, 0] = ckv.shape[0]
+        tileattn.mla_decode(qn, qp, ckv, kpe, bad, seqlens)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        tileattn.mla_decode(qn, qp, ckv, kpe, table, torch.tensor([10, 40], dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        tileattn.mla_decode(qn, qp, ckv, kpe, table, seqlens.long())
+    with pytest.raises(ValueError, match="kpe_cache"):
+        tileattn.mla_decode(qn, qp, ckv, kpe[..., :8], table, seqlens)
+    with pytest.raises(ValueError, match="ckv_cache"):
+        tileattn.mla_decode(qn, qp, ckv[..., :32], kpe, table, seqlens)
+    with pytest.raises(TypeError, match="ckv_cache"):
+        tileattn.mla_decode(qn, qp, ckv.float(), kpe, table, seqlens)
+    with pytest.raises(ValueError, match="num_heads"):
+        tileattn.MLADecodePlan(seqlens, num_heads=129, head_dim_ckv=64, head_dim_kpe=16, page_size=16)
+    with pytest.raises(ValueError, match="page_size"):
+        tileattn.MLADecodePlan(seqlens, num_heads=4, head_dim_ckv=64, head_dim_kpe=16, page_size=24)
+    with pytest.raises(ValueError, match="Dc"):
+        tileattn.MLADecodePlan(seqlens, num_heads=4, head_dim_ckv=96, head_dim_kpe=16, page_size=16)
+    plan = tileattn.MLADecodePlan(seqlens, num_heads=4, head_dim_ckv=64, head_dim_kpe=16, page_size=16,
+                                  dtype=torch.float16)
+    with pytest.raises(ValueError, match="q_nope"):
+        plan.run(qn[:, :, :2], qp, ckv, kpe, table)
+    with pytest.raises(ValueError, match="batch"):
+        plan.update(torch.tensor([1, 2, 3], dtype=torch.int32, device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("hq,sq", [(16, 1), (128, 1), (16, 4), (128, 4)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_mla(page_size, hq, sq, dtype, device):
+    run_case([1, 63, 64, 65, 0, 1000, 4097, 17], page_size, hq, sq, 512, 64, dtype, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", ["sm89", "sm80"])
+def test_gpu_mla_smem_budget(budget, device, monkeypatch):
+    monkeypatch.setenv("TILEATTN_SMEM_BUDGET", budget)
+    for hq in (16, 128):
+        plan = run_case([1, 65, 3000, 0, 200], 64, hq, 2, 512, 64, torch.bfloat16, device, plan_form=True)
+        # the configuration chosen for the emulated budget must itself fit it
+        assert plan.compiled.metadata.shared <= hw.device_info(plan.device).smem_per_block, plan
+
+
+@pytest.mark.gpu
+def test_gpu_mla_cuda_graph(device):
+    """run() captured in a CUDA graph replays to the eager output; update() re-plans into the same buffers."""
+    lens = [5, 3000, 64, 0, 777]
+    ckv, kpe, table, seqlens = make_cache(lens, 64, 512, 64, torch.bfloat16, device)
+    qn = randn(len(lens), 1, 64, 512, dtype=torch.bfloat16, device=device)
+    qp = randn(len(lens), 1, 64, 64, dtype=torch.bfloat16, device=device)
+    plan = tileattn.MLADecodePlan(seqlens, num_heads=64, page_size=64)
+    eager = plan.run(qn, qp, ckv, kpe, table).clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        plan.run(qn, qp, ckv, kpe, table)  # warm-up (compiles) outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = plan.run(qn, qp, ckv, kpe, table)
+    plan.out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    shorter = torch.tensor([4, 2000, 64, 0, 700], dtype=torch.int32, device=device)
+    plan.update(shorter)
+    graph.replay()
+    ref, _ = mla_decode_ref(qn, qp, ckv, kpe, table, shorter)
+    ref_lp, _ = mla_decode_ref(qn, qp, ckv, kpe, table, shorter, dtype=torch.bfloat16)
+    assert_close("out", out, ref, ref_lp)
