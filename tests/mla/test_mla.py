@@ -76,7 +76,16 @@ def test_mla_plan_form_and_split(device, monkeypatch):
     """One long sequence among short ones is split into several work items and combined."""
     from tileattn.ops.mla import plan as plan_mod
     monkeypatch.setattr(plan_mod, "_WAVES", 1)
-    run_case([300, 7, 0, 45], 16, 4, 2, 64, 16, torch.float16, device, plan_form=True, scale=0.3)
+    plan = run_case([300, 7, 0, 45], 16, 4, 2, 64, 16, torch.float16, device, plan_form=True, scale=0.3)
+    assert plan.num_slots >= 2, plan  # the long sequence was split
+
+
+def test_mla_chunk_choice():
+    from tileattn.ops.mla.plan import choose_chunk
+    assert choose_chunk([32768] * 16, 64, 132) == 4096  # 128 pieces: one wave of 132 SMs
+    assert choose_chunk([1024] * 768, 64, 132) == 1024  # more sequences than SMs: no split
+    assert choose_chunk([8192], 64, 132) == 128  # at least two steps per piece
+    assert choose_chunk([0, 0], 64, 4) == 64
 
 
 def test_mla_schedule_covers_every_token():

@@ -1,8 +1,9 @@
 """MLA decode plans: the split-KV schedule of one batch composition, its buffers, and the launches.
 
 A plan is made once per batch composition (the host reads cache_seqlens once, a device sync): it splits
-every sequence into work items of at most `chunk` tokens, sized so that about two waves of programs fill
+every sequence into work items of at most `chunk` tokens, sized so that one wave of programs fills
 the GPU whatever the lengths (long sequences get more items, short ones one), and sorts them longest first.
+Only a batch with fewer sequences than SMs is split (into at most one item per SM per row tile).
 `run` then only launches kernels on buffers the plan owns: no host sync, no allocation, so it can be captured
 in a CUDA graph. `update(cache_seqlens)` re-plans into the same buffers (a captured graph sees the new
 schedule).
@@ -50,11 +51,35 @@ def candidates(block_m):
     return (_SMALL_M if block_m <= 16 else _LARGE_M) + _FALLBACK
 
 
-_WAVES = 2  # work items aimed for: this many programs per SM
+_WAVES = 1  # work items aimed for: at most this many programs per SM (each walks a long token range)
+_MIN_STEPS = 2  # a split piece has at least this many BLOCK_N steps (its partial output costs a write + read)
 
 
 def _block_m(rows):
     return max(16, min(64, triton.next_power_of_2(rows)))
+
+
+def choose_chunk(lens, step, max_items):
+    """The smallest chunk (a multiple of `step`, at least _MIN_STEPS steps) that cuts the sequences into at
+    most max_items pieces; one piece per sequence when even that makes more."""
+    longest = max(lens, default=0)
+    hi = max(step, -(-longest // step) * step)
+    lo = min(hi, _MIN_STEPS * step)
+
+    def pieces(c):
+        return sum(-(-n // c) for n in lens)
+    if pieces(lo) <= max_items:
+        return lo
+    if pieces(hi) > max_items:
+        return hi
+    lo_k, hi_k = lo // step, hi // step  # pieces(lo_k * step) > max_items >= pieces(hi_k * step)
+    while hi_k - lo_k > 1:
+        mid = (lo_k + hi_k) // 2
+        if pieces(mid * step) <= max_items:
+            hi_k = mid
+        else:
+            lo_k = mid
+    return hi_k * step
 
 
 def schedule(lens, chunk):
@@ -93,7 +118,7 @@ class MLADecodePlan:
 
     The plan owns its outputs: `run` returns out [B, q_len, num_heads, Dc] (and lse [B, num_heads, q_len]
     float32, natural log), overwritten by the next run unless `out` / `lse` are passed. Workspace: partial
-    outputs of split sequences, about 4 * num_SMs * 64 rows * Dc * 4 bytes (69 MB on an H100 at Dc = 512).
+    outputs of split sequences, about num_SMs * 64 rows * Dc * 4 bytes (17 MB on an H100 at Dc = 512).
     `run` does not check page ids (that would need a sync); out-of-range ids are clamped in the kernel, so
     they never read outside the cache but give wrong rows: `tileattn.mla_decode` checks them on the host.
     """
@@ -115,8 +140,8 @@ class MLADecodePlan:
         info = hw.device_info(self.device)
         programs_per_item = self.row_blocks * self.config.out_split
         self.target_items = max(1, -(-_WAVES * info.num_sms // programs_per_item))
-        self.capacity = self.target_items + self.batch  # work items can never exceed this (see update)
-        self.slot_capacity = 2 * self.target_items
+        self.capacity = self.target_items + self.batch  # work items can never exceed this (choose_chunk)
+        self.slot_capacity = self.target_items
         dev = self.device
         self.seqlens = torch.zeros(self.batch, dtype=torch.int32, device=dev)
         self.work = torch.full((self.capacity, 4), -1, dtype=torch.int32, device=dev)
@@ -155,11 +180,11 @@ class MLADecodePlan:
         if self.max_pages_per_seq is not None and self.max_len > self.max_pages_per_seq * self.page_size:
             raise ValueError(f"cache_seqlens: a sequence of {self.max_len} tokens does not fit a block table of "
                              f"{self.max_pages_per_seq} pages of {self.page_size}")
-        total = int(lens.sum())
-        step = self.config.block_n
-        chunk = max(step, -(-max(1, -(-total // self.target_items)) // step) * step)
-        items, splits, slots = schedule(lens.tolist(), chunk)
-        assert len(items) <= self.capacity and slots <= self.slot_capacity  # guaranteed by the chunk size
+        lens = lens.tolist()
+        chunk = choose_chunk(lens, self.config.block_n, self.target_items)
+        items, splits, slots = schedule(lens, chunk)
+        # choose_chunk: either <= target_items pieces, or one per sequence (no slots)
+        assert len(items) <= self.capacity and slots <= self.slot_capacity
         work = torch.full((self.capacity, 4), -1, dtype=torch.int32)
         if items:
             work[: len(items)] = torch.tensor(items, dtype=torch.int32)
