@@ -61,6 +61,16 @@ def _device_info(device_index, override):
     return info
 
 
+def check_kernel_device(device: torch.device, what: str):
+    """Raise ValueError unless the kernels can run on `device` (`what` names the tensors): a CUDA device, or
+    the CPU through the Triton interpreter."""
+    if device.type == "cpu" and not interpreter_enabled():
+        raise ValueError(f"{what} are CPU tensors: tileattn runs on CUDA devices, or on the CPU only through "
+                         "the Triton interpreter (set TRITON_INTERPRET=1 before importing triton)")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device type {device.type!r} for {what}")
+
+
 def device_info(device: torch.device) -> DeviceInfo:
     """Facts about `device` (a CUDA device, or a CPU device under the interpreter)."""
     index = None if device.type == "cpu" else (device.index if device.index is not None

@@ -35,11 +35,7 @@ def check_device(*tensors):
     for name, t in zip(("k", "v", "cu_seqlens_q", "cu_seqlens_k"), tensors[1:]):
         if t is not None and t.device != dev:
             raise ValueError(f"all tensors must be on one device: q is on {dev}, {name} on {t.device}")
-    if dev.type == "cpu" and not hw.interpreter_enabled():
-        raise ValueError("q, k, v are CPU tensors: tileattn runs on CUDA devices, or on the CPU only through "
-                         "the Triton interpreter (set TRITON_INTERPRET=1 before importing triton)")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device type {dev.type!r} for q, k, v")
+    hw.check_kernel_device(dev, "q, k, v")
 
 
 def check_options(causal, scale, window, softcap):

@@ -23,17 +23,9 @@ def check_seqlens(cache_seqlens, batch, device):
         raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is on {device}")
 
 
-def check_device(device, what):
-    if device.type == "cuda":
-        return
-    if device.type == "cpu" and hw.interpreter_enabled():
-        return
-    raise ValueError(f"{what}: tensors must be on a CUDA device (CPU tensors need TRITON_INTERPRET=1)")
-
-
 def check_plan_args(cache_seqlens, num_heads, q_len, dc, dr, page_size, dtype, scale):
     check_seqlens(cache_seqlens, None, None)
-    check_device(cache_seqlens.device, "cache_seqlens")
+    hw.check_kernel_device(cache_seqlens.device, "cache_seqlens")
     if not 1 <= num_heads <= 128:
         raise ValueError(f"num_heads: expected 1..128, got {num_heads}")
     if q_len < 1:

@@ -14,6 +14,7 @@ import torch
 import triton
 
 from ... import hw
+from .checks import check_plan_args, check_run_args, check_seqlens
 from .kernels import LOG2E, mla_combine_kernel, mla_split_kernel
 
 
@@ -125,7 +126,6 @@ class MLADecodePlan:
 
     def __init__(self, cache_seqlens, *, num_heads, q_len=1, head_dim_ckv=512, head_dim_kpe=64, page_size=64,
                  dtype=torch.bfloat16, causal=True, scale=None, max_pages_per_seq=None, config=None):
-        from .checks import check_plan_args
         check_plan_args(cache_seqlens, num_heads, q_len, head_dim_ckv, head_dim_kpe, page_size, dtype, scale)
         self.device = cache_seqlens.device
         self.batch = cache_seqlens.shape[0]
@@ -171,7 +171,6 @@ class MLADecodePlan:
 
     def update(self, cache_seqlens):
         """Re-plan for new lengths of the same batch (a device sync), into the plan's buffers."""
-        from .checks import check_seqlens
         check_seqlens(cache_seqlens, self.batch, self.device)
         lens = cache_seqlens.to("cpu", torch.int64)
         if lens.numel() and int(lens.min()) < 0:
@@ -198,7 +197,6 @@ class MLADecodePlan:
         """Attention of the plan's batch: q_nope [B, q_len, Hq, Dc], q_pe [B, q_len, Hq, Dr] over ckv_cache
         [num_pages, page_size, Dc] and kpe_cache [num_pages, page_size, Dr] through block_table [B, max_pages]
         int32. Returns out (and lse with return_lse); see the class docstring."""
-        from .checks import check_run_args
         check_run_args(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse)
         out = self.out if out is None else out
         lse = self.lse if lse is None else lse
