@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
-#                                                        [bench-bf16] [mla-tests] [bench-mla]
+#                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -45,6 +45,13 @@ for s in $steps; do
     bench-bf16)
       python3 -m tileattn bench dense --dtype bf16 --out "$OUT/dense_bf16.json" --plot "$OUT/dense_bf16.png" > "$OUT/bench_bf16.log" 2>&1; rc=$?
       summary+=("bench-bf16 rc=$rc: $(grep '^summary' "$OUT/bench_bf16.log")") ;;
+    bench-fp8)
+      timeout 560 python3 -m tileattn bench fp8 --out "$OUT/fp8.json" ${FP8_ARGS:-} > "$OUT/bench_fp8.log" 2>&1; rc=$?
+      summary+=("bench-fp8 rc=$rc: $(grep '^summary' "$OUT/bench_fp8.log")") ;;
+    fp8-tests)
+      timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_fp8.py > "$OUT/fp8_tests.log" 2>&1; rc=$?
+      summary+=("fp8-tests rc=$rc: $(tail -n 1 "$OUT/fp8_tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/fp8_tests.log" | head -10 ;;
     mla-tests)
       timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/mla > "$OUT/mla_tests.log" 2>&1; rc=$?
       summary+=("mla-tests rc=$rc: $(tail -n 1 "$OUT/mla_tests.log")") ;;

@@ -4,6 +4,7 @@ Public API:
     attention(q, k, v, *, causal, scale, window, softcap, return_lse)        [B, S, H, D] layout
     varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)  packed layout
     scaled_dot_product_attention(query, key, value, ...)                      drop-in for torch's SDPA
+    quantize_fp8(x, dtype), fp8_v_layout(v) -> Fp8V                          fp8 inputs of attention
     mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, ...)  MLA over a paged cache
     MLADecodePlan(cache_seqlens, num_heads=..., ...).run(...)                  the same, planned once
 
@@ -11,14 +12,17 @@ The kernels load on first use, so a tool (the `tileattn` command) can choose Tri
 CPU-only machine before any kernel is defined.
 """
 __version__ = "0.1.0"
-__all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "mla_decode", "MLADecodePlan",
-           "__version__"]
+__all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "quantize_fp8", "fp8_v_layout",
+           "Fp8V", "mla_decode", "MLADecodePlan", "__version__"]
 
 
 def __getattr__(name):
     if name in ("attention", "varlen_attention", "scaled_dot_product_attention"):
         from .ops.dense import api
         return getattr(api, name)
+    if name in ("quantize_fp8", "fp8_v_layout", "Fp8V"):
+        from .ops.dense import fp8
+        return getattr(fp8, name)
     if name == "mla_decode":
         from .ops.mla.api import mla_decode
         return mla_decode

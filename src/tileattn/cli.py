@@ -1,6 +1,7 @@
 """The `tileattn` command (also `python -m tileattn`).
 
     tileattn bench [dense] [--dtype fp16|bf16] [--long] [--providers ...] [--out FILE] [--plot FILE]
+    tileattn bench fp8 [--fp8-dtypes e4m3,e5m2] [--head-dims 64,128] [--seqlens ...] [--out FILE]
     tileattn bench mla [--dtype bf16|fp16] [--out FILE]
     tileattn info
 
@@ -10,7 +11,7 @@ import argparse
 import os
 import sys
 
-SUITES = ("dense", "mla")
+SUITES = ("dense", "fp8", "mla")
 
 
 def _parser():
@@ -22,6 +23,7 @@ def _parser():
     b.add_argument("--long", action="store_true", help="add N = 32K and 64K")
     b.add_argument("--providers", default="tileattn,cudnn,fa2,flex",
                    help="comma-separated subset of tileattn,cudnn,fa2,flex")
+    b.add_argument("--fp8-dtypes", default="e4m3,e5m2", help="fp8 suite: comma-separated subset of e4m3,e5m2")
     b.add_argument("--head-dims", default="64,128")
     b.add_argument("--seqlens", default=None, help="comma-separated N values (default: the suite's grid)")
     b.add_argument("--out", default=None, help="results JSON (default: bench/results/<suite>.json)")
@@ -49,6 +51,18 @@ def main(argv=None):
         doc = mla.run(dtype=args.dtype or "bf16", out_json=out)
         print(f"\nwrote {out}")
         return 1 if doc["summary"]["check_failures"] else 0
+    head_dims = tuple(int(x) for x in args.head_dims.split(","))
+    seqlens = [int(x) for x in args.seqlens.split(",")] if args.seqlens else None
+    if args.suite == "fp8":
+        from .bench import fp8
+        names = tuple(x for x in args.fp8_dtypes.split(",") if x)
+        unknown = set(names) - set(fp8.FP8)
+        if unknown:
+            print(f"unknown fp8 dtypes: {sorted(unknown)}", file=sys.stderr)
+            return 2
+        doc = fp8.run(fp8_dtypes=names, head_dims=head_dims, seqlens=seqlens, out_json=out)
+        print(f"\nwrote {out}")
+        return 1 if doc["summary"]["check_failures"] else 0
     from .bench import dense
     plot = args.plot or os.path.splitext(out)[0] + ".png"
     providers = tuple(p for p in args.providers.split(",") if p)
@@ -56,9 +70,7 @@ def main(argv=None):
     if unknown:
         print(f"unknown providers: {sorted(unknown)}", file=sys.stderr)
         return 2
-    seqlens = [int(x) for x in args.seqlens.split(",")] if args.seqlens else None
-    doc = dense.run(dtype=args.dtype or "fp16", long=args.long, providers=providers,
-                    head_dims=tuple(int(x) for x in args.head_dims.split(",")), seqlens=seqlens,
-                    out_json=out, plot=plot)
+    doc = dense.run(dtype=args.dtype or "fp16", long=args.long, providers=providers, head_dims=head_dims,
+                    seqlens=seqlens, out_json=out, plot=plot)
     print(f"\nwrote {out} and {plot}")
     return 1 if doc["summary"]["check_failures"] else 0

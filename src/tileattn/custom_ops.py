@@ -16,16 +16,22 @@ from .ops.dense import plans as dense_plans
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
              cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, scale: float,
              window_left: int, window_right: int, softcap: float, align_bottom_right: bool,
-             return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+             return_lse: bool, q_descale: Optional[torch.Tensor] = None,
+             k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
+             out_scale: float = 1.0, out_dtype: Optional[torch.dtype] = None,
+             v_packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     return dense_plans.attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                                window_left, window_right, softcap, align_bottom_right, return_lse)
+                                window_left, window_right, softcap, align_bottom_right, return_lse, q_descale,
+                                k_descale, v_descale, out_scale, out_dtype, v_packed)
 
 
 @attn_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
-      softcap, align_bottom_right, return_lse):
+      softcap, align_bottom_right, return_lse, q_descale=None, k_descale=None, v_descale=None, out_scale=1.0,
+      out_dtype=None, v_packed=False):
     varlen = cu_seqlens_q is not None
-    return dense_launch.alloc_out(q, v.shape[-1], varlen), dense_launch.alloc_lse(q, varlen, return_lse)
+    return (dense_launch.alloc_out(q, v.shape[-1], varlen, out_dtype),
+            dense_launch.alloc_lse(q, varlen, return_lse))
 
 
 def _no_backward_setup(ctx, inputs, output):

@@ -14,7 +14,7 @@ def _qkv(device, B=1, S=16, H=2, D=64, dtype=torch.float16):
 
 BAD = [
     ("rank", lambda q, k, v: (q[0], k, v), ValueError, "q must have 4 dims"),
-    ("dtype", lambda q, k, v: (q.float(), k.float(), v.float()), TypeError, "float16 or bfloat16"),
+    ("dtype", lambda q, k, v: (q.float(), k.float(), v.float()), TypeError, "must be float16, bfloat16"),
     ("mixed", lambda q, k, v: (q, k.to(torch.bfloat16), v), TypeError, "share one dtype"),
     ("heads", lambda q, k, v: (torch.cat([q, q[:, :, :1]], 2), k, v), ValueError, "multiple of the number"),
     ("headdim", lambda q, k, v: (q[..., :36], k[..., :36], v), ValueError, "multiple of 8"),

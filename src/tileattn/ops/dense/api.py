@@ -5,16 +5,18 @@ import warnings
 import torch
 
 from ... import custom_ops
-from . import checks, plans
+from . import checks, fp8, plans
 
 
-def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False):
+def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Attention forward over padded batches.
 
     Args:
-        q: [B, Sq, Hq, D]; k: [B, Sk, Hkv, D]; v: [B, Sk, Hkv, Dv]. float16 or bfloat16, one dtype, one
-            device. Any strides with a contiguous last dim (no copies are made). D and Dv: multiples of 8 in
-            [32, 256], Dv may differ from D.
+        q: [B, Sq, Hq, D]; k: [B, Sk, Hkv, D]; v: [B, Sk, Hkv, Dv]. float16, bfloat16, float8_e4m3fn or
+            float8_e5m2, one dtype, one device. Any strides with a contiguous last dim (no copies are made;
+            fp8 v may instead have a contiguous sequence dim, or be an `Fp8V`, see below). D and Dv:
+            multiples of 8 in [32, 256], Dv may differ from D.
         causal: query i sees key j iff j <= i + Sk - Sq (aligned bottom-right, as FlashAttention >= 2.1;
             with Sq > Sk the first Sq - Sk query rows see nothing).
         scale: multiplier of q.k; default D ** -0.5.
@@ -22,23 +24,42 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0
             that side unbounded. With causal=True the right bound is clipped to 0.
         softcap: if > 0, scores s become softcap * tanh(s / softcap) (s already scaled).
         return_lse: also return the log-sum-exp of the (scaled, capped) scores.
+        q_descale, k_descale, v_descale: fp8 only. The real value of an element is its stored value times
+            its descale: None (1), a positive number, or a float32 tensor of shape [B, Hkv] or one element
+            (read on the device, no sync). `quantize_fp8` makes such tensors and descales.
+        out_dtype: fp8 only: torch.bfloat16 (default) or torch.float16.
 
     GQA/MQA: Hq must be a multiple of Hkv; query head h uses key/value head h // (Hq // Hkv).
 
+    fp8: scores are q.k * q_descale * k_descale * scale, in float32; the probabilities P are rounded to V's
+    fp8 dtype (after a scaling by 2 ** 8, which keeps small ones out of the subnormal range) for the P V
+    product, as FlashAttention-3 does. The fast V is an `Fp8V` (`fp8_v_layout(v)`: sequence-major, keys in
+    the register order of the P operand; e.g. an fp8 KV cache kept that way): attention reads it without a
+    copy. Any other fp8 V is re-laid out inside each call on Hopper, a read and a write of V that costs 4-8%
+    of the call at D = 128, N = 4K-16K on an H100 (bench/results/h100/fp8.json, rows tileattn-e4m3-vrow).
+    An fp8 k/v with a float16/bfloat16 q is refused (quantize q as well, `quantize_fp8`).
+
     Returns:
-        out [B, Sq, Hq, Dv] in q's dtype; with return_lse, (out, lse) with lse [B, Hq, Sq] float32
-        (natural log). A row that sees no key gets out = 0 and lse = -inf.
+        out [B, Sq, Hq, Dv] in q's dtype (fp8: out_dtype); with return_lse, (out, lse) with lse [B, Hq, Sq]
+        float32 (natural log). A row that sees no key gets out = 0 and lse = -inf.
     """
-    if _plain_eager(q, k, v):
+    if q_descale is None and k_descale is None and v_descale is None and out_dtype is None \
+            and getattr(q, "dtype", None) not in fp8.FP8_DTYPES and _plain_eager(q, k, v):
         return plans.attention_eager(q, k, v, causal, scale, window, softcap, True, return_lse)
+    v_packed = isinstance(v, fp8.Fp8V)
+    if v_packed:
+        v = v.view()  # the sequence-major view the kernels take (keys in packed order)
     checks.check_inputs(q, k, v, varlen=False)
     checks.check_options(causal, scale, window, softcap)
+    fp8.check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, q.shape[0])
     checks.check_device(q, k, v)
-    return _run(q, k, v, None, None, 0, 0, causal, scale, window, softcap, True, return_lse)
+    return _run(q, k, v, None, None, 0, 0, causal, scale, window, softcap, True, return_lse,
+                (q_descale, k_descale, v_descale), out_dtype, v_packed)
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                     scale=None, window=(-1, -1), softcap=0.0, return_lse=False):
+                     scale=None, window=(-1, -1), softcap=0.0, return_lse=False, q_descale=None,
+                     k_descale=None, v_descale=None, out_dtype=None):
     """Attention forward over packed variable-length sequences.
 
     Args:
@@ -50,16 +71,21 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence (they size the launch grid).
         causal, scale, window, softcap, return_lse: as in `attention`, per sequence (causal aligned
             bottom-right within each sequence).
+        q_descale, k_descale, v_descale, out_dtype: fp8 as in `attention`, descale tensors of shape
+            [B, Hkv] with B = len(cu_seqlens_q) - 1 (or one element). fp8 varlen runs on the portable
+            kernel (any V layout, no transpose).
 
     Returns:
-        out [total_q, Hq, Dv] in q's dtype; with return_lse, (out, lse) with lse [Hq, total_q] float32.
+        out [total_q, Hq, Dv] in q's dtype (fp8: out_dtype); with return_lse, (out, lse) with lse
+        [Hq, total_q] float32.
     """
     checks.check_inputs(q, k, v, varlen=True)
     checks.check_options(causal, scale, window, softcap)
     checks.check_cu_seqlens_meta(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    fp8.check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, cu_seqlens_q.shape[0] - 1)
     checks.check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
-                softcap, True, return_lse)
+                softcap, True, return_lse, (q_descale, k_descale, v_descale), out_dtype)
 
 
 def _plain_eager(q, k, v):
@@ -71,11 +97,15 @@ def _plain_eager(q, k, v):
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
 
 
-def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bottom_right, return_lse):
+def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bottom_right, return_lse,
+         descales=(None, None, None), out_dtype=None, v_packed=False):
     left, right = checks.effective_window(causal, window)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    args = (q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale, left, right, float(softcap), bottom_right,
-            bool(return_lse))
+    qk_factor, out_scale, dtensors = fp8.split_descales(*descales)  # numbers fold into the scales
+    if q.dtype in fp8.FP8_DTYPES:
+        out_dtype = out_dtype or torch.bfloat16
+    args = (q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale * qk_factor, left, right, float(softcap),
+            bottom_right, bool(return_lse), *dtensors, out_scale, out_dtype, v_packed)
     # The registered op is what torch.compile traces and what autograd sees; an eager call with no gradient
     # to track (varlen, tensor subclasses; plain batched calls never get here) skips the op dispatcher.
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad

@@ -8,8 +8,9 @@ import math
 import torch
 
 from ... import hw
+from .fp8 import FP8_DTYPES, is_fp8, is_seq_major
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16) + FP8_DTYPES
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 
 
@@ -19,9 +20,10 @@ def _check_tensor(name, t, ndim, layout):
     if t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dims {layout}, got shape {tuple(t.shape)}")
     if t.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name} must have a contiguous last dimension (stride(-1) == 1), got "
+        raise TypeError(f"{name} must be float16, bfloat16, float8_e4m3fn or float8_e5m2, got {t.dtype}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1 and not (name == "v" and is_fp8(t.dtype) and is_seq_major(t)):
+        extra = " or, for fp8, a contiguous sequence dimension (tileattn.fp8_v_layout)" if name == "v" else ""
+        raise ValueError(f"{name} must have a contiguous last dimension (stride(-1) == 1){extra}, got "
                          f"strides {t.stride()}")
 
 
@@ -61,6 +63,10 @@ def check_sdpa_inputs(query, key, value, enable_gqa):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-dim tensor [B, H, S, D], got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if is_fp8(t.dtype):
+            raise TypeError(f"scaled_dot_product_attention takes float16 or bfloat16 ({name} is {t.dtype}); "
+                            f"for fp8 use tileattn.attention, which takes descales")
     if query.shape[1] != key.shape[1] and not enable_gqa:
         raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass enable_gqa=True for "
                          f"grouped-query attention")
@@ -76,7 +82,11 @@ def check_inputs(q, k, v, *, varlen):
     _check_tensor("k", k, ndim, lay_k)
     _check_tensor("v", v, ndim, lay_v)
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        hint = ""
+        if any(is_fp8(t.dtype) for t in (q, k, v)):
+            hint = (" (fp8 attention takes q, k and v in one fp8 dtype; with an fp8 KV cache, quantize q too: "
+                    "tileattn.quantize_fp8)")
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}{hint}")
     if not varlen and not (q.shape[0] == k.shape[0] == v.shape[0]):
         raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
     if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:

@@ -22,6 +22,12 @@ none of its rows can see is computed fully masked: p = 0, at most one such block
 Tensors are [B, S, H, D] with any strides whose bytes are 16-byte aligned (TMA); rows beyond a sequence are
 zero-filled on load and clipped on store by the copy engine. Scores are kept raw (q.k) and the scale (times
 log2 e) is folded into the exp2 argument, one FFMA per element.
+
+fp8 (fp8.py): q, k, v in one fp8 dtype; V_SEQ_MAJOR: V's descriptor is over the packed layout
+[B, Hkv, D, Sk'] of fp8.Fp8V (fp8 wgmma operands must be K-major, and the P V product's K is the key index;
+keys in the order P's registers hold them, see _p_operand); P is rounded
+to V's dtype after a scaling by 2 ** P_SHIFT folded into exp2's argument; HAS_DESCALE reads per-(batch, kv
+head) descales; the output (another dtype) is staged in its own buffers instead of the Q slot.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -76,7 +82,7 @@ def _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexp
 def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
             num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right,
             BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
     kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
     j = 0  # tiles started so far: Q slot and phase
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
@@ -84,14 +90,14 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_
         if valid:
             j, kv = _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag,
-                               left, right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT)
+                               left, right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, V_SEQ_MAJOR)
 
 
 @gluon.jit
 def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right,
                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
     """The loads of one tile: Q into slot j % 2, then its K/V blocks into the ring from position kv."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     i_b = i_bh // num_heads
@@ -114,14 +120,19 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
+        if V_SEQ_MAJOR:
+            tma.async_copy_global_to_shared(v_desc, [i_b, i_hk, 0, n0], v_ready.index(s), v_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
     return j + 1, kv + n_blocks
 
 
 @gluon.jit
-def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
-                   softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
-    """One block of the online softmax: returns (p, alpha, m, l) for raw scores qk [BLOCK_M, BLOCK_N]."""
+def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale,
+                   softcap_scale, softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                   HAS_SOFTCAP: gl.constexpr, P_SHIFT: gl.constexpr):
+    """One block of the online softmax: returns (p, alpha, m, l) for raw scores qk [BLOCK_M, BLOCK_N]. p and l
+    carry a factor 2 ** P_SHIFT (fp8), which out = acc / l cancels."""
     if HAS_SOFTCAP:
         qk = _tanh(qk * softcap_scale) * softcap_out
     if MASKED:
@@ -130,10 +141,34 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
     m_new = gl.maximum(m_i, gl.max(qk, 1))
     # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
-    p = gl.exp2(qk * sm_scale - m_shift[:, None])
+    if P_SHIFT != 0:
+        p = gl.exp2(qk * sm_scale - (m_shift - P_SHIFT)[:, None])
+    else:
+        p = gl.exp2(qk * sm_scale - m_shift[:, None])
     alpha = gl.exp2(m_i * sm_scale - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
+    """P [BLOCK_M, BLOCK_N] as the A operand of the p.v wgmma. PACKED_KEYS (fp8): in each group of 16 columns,
+    column 8g + 2c + b goes to 4c + 2g + b, which is where the accumulator layout has it in the operand's
+    register order (no exchange between threads); V's keys are stored in that order (fp8.Fp8V)."""
+    if PACKED_KEYS:
+        M: gl.constexpr = p.shape[0]
+        N: gl.constexpr = p.shape[1]
+        p = gl.reshape(gl.permute(gl.reshape(p, [M, N // 16, 2, 4, 2]), (0, 1, 3, 2, 4)), [M, N])
+    return gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
+def _v_operand(v_bufs, s, V_SEQ_MAJOR: gl.constexpr):
+    """Ring buffer s of V as the [BLOCK_N, DV] B operand of p.v (a transposed view of a sequence-major tile)."""
+    if V_SEQ_MAJOR:
+        return v_bufs.index(s).reshape([v_bufs.shape[3], v_bufs.shape[4]]).permute((1, 0))
+    else:
+        return v_bufs.index(s).reshape([v_bufs.shape[2], v_bufs.shape[4]])
 
 
 @gluon.jit
@@ -141,7 +176,8 @@ def _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b_start, b_end, o_m, o_n, q_
                      v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out,
                      MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                     o_layout: gl.constexpr):
+                     o_layout: gl.constexpr, p_layout: gl.constexpr, P_SHIFT: gl.constexpr,
+                     V_SEQ_MAJOR: gl.constexpr):
     """Steady-state iterations b in [b_start, b_end): q.k of block b and p.v of block b - 1 go to the tensor
     cores together; the softmax of b waits only for the first. p_op holds P of block b - 1; block b sits in
     ring buffer (kv + b) % STAGES.
@@ -151,9 +187,7 @@ def _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b_start, b_end, o_m, o_n, q_
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     D: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
-    DV: gl.constexpr = v_bufs.shape[4]
-    dtype: gl.constexpr = q_smem.dtype
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    dtype: gl.constexpr = v_bufs.dtype
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     for it in range(b_start, b_end):
@@ -163,16 +197,16 @@ def _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b_start, b_end, o_m, o_n, q_
         qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False,
                            is_async=True)
         mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_bufs.index(sp).reshape([BLOCK_N, DV]), acc, is_async=True)
+        acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo + it * BLOCK_N, o_m, o_n, MASKED, seqlen_k,
                                             off_diag, left, right, sm_scale, softcap_scale, softcap_out, HAS_LEFT,
-                                            HAS_RIGHT, HAS_SOFTCAP)
+                                            HAS_RIGHT, HAS_SOFTCAP, P_SHIFT)
         # P of this block overwrites the registers the p.v wgmma in flight reads: convert only after its wait.
         # (ptxas 12.x still schedules this wait ahead of most of the softmax; see bench/NOTES.md.)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(sp))
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        p_op = _p_operand(p, dtype, p_layout, V_SEQ_MAJOR)
         acc = acc * gl.convert_layout(alpha, o_row)[:, None]
     return acc, m_i, l_i, p_op
 
@@ -181,15 +215,17 @@ def _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b_start, b_end, o_m, o_n, q_
 def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs, v_bufs,
                        k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
                        softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                       STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+                       STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                       P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
     """All the CTA's key blocks, software-pipelined (FlashAttention-3's intra-warpgroup overlap): block 0's
     scores, then masked / unmasked / masked steady-state ranges, then the p.v of the last block."""
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     D: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
-    DV: gl.constexpr = v_bufs.shape[4]
-    dtype: gl.constexpr = q_smem.dtype
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    dtype: gl.constexpr = v_bufs.dtype
+    # P in registers as the A operand of the p.v wgmma: 32 bits of k per thread (2 fp16 or 4 fp8 values)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                 k_width=32 // dtype.primitive_bitwidth)
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
     if n_blocks > 0:
@@ -199,67 +235,88 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         # block 0 is masked whichever range it is in (the rule holds trivially on a fully visible block)
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo, o_m, o_n, True, seqlen_k, off_diag, left, right,
-                                            sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
+                                            sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                            P_SHIFT)
+        p_op = _p_operand(p, dtype, p_layout, V_SEQ_MAJOR)
     b1 = gl.maximum(b_full_lo, 1)
     b2 = gl.maximum(b_full_hi, b1)
     acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs,
                                            k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
                                            softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                           STAGES, s_layout, o_layout)
+                                           STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
     acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs,
                                            k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
                                            softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                           STAGES, s_layout, o_layout)
+                                           STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
     acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b2, n_blocks, o_m, o_n, q_smem, k_bufs,
                                            v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
                                            sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
-                                           HAS_SOFTCAP, STAGES, s_layout, o_layout)
+                                           HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
     if n_blocks > 0:
         sp = (kv + n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_bufs.index(sp).reshape([BLOCK_N, DV]), acc, is_async=True)
+        acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(sp))
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _consumer(o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr, stride_lb,
-              stride_lh, num_tiles, num_m, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
-              sm_scale, softcap_scale, softcap_out,
+def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+              stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+              stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
+              right, sm_scale, softcap_scale, softcap_out, out_scale,
               WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-              RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr):
+              RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr,
+              V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr):
     j = 0  # tiles done so far: Q slot and phase
     kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
         valid, i_m, i_bh = _tile_of(r, num_m, num_tiles, REVERSE_M)
         if valid:
-            j, kv = _consume_tile(o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                                  lse_ptr, stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q, seqlen_k,
-                                  off_diag, left, right, sm_scale, softcap_scale, softcap_out, WG, BLOCK_M, STAGES,
-                                  NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE)
+            i_b = i_bh // num_heads
+            i_hk = (i_bh % num_heads) // group_size
+            tile_scale = sm_scale
+            tile_cap_scale = softcap_scale
+            tile_out_scale = out_scale
+            if HAS_DESCALE:  # fp8: the scores carry q_descale * k_descale, the output v_descale
+                qk_descale = gl.load(qd_ptr + i_b * stride_qdb + i_hk * stride_qdh) * gl.load(
+                    kd_ptr + i_b * stride_kdb + i_hk * stride_kdh)
+                tile_out_scale = out_scale * gl.load(vd_ptr + i_b * stride_vdb + i_hk * stride_vdh)
+                if HAS_SOFTCAP:
+                    tile_cap_scale = softcap_scale * qk_descale
+                else:
+                    tile_scale = sm_scale * qk_descale
+            j, kv = _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                                  kv_empty, lse_ptr, stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q,
+                                  seqlen_k, off_diag, left, right, tile_scale, tile_cap_scale, softcap_out,
+                                  tile_out_scale, WG, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT,
+                                  HAS_SOFTCAP, RETURN_LSE, P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)
 
 
 @gluon.jit
-def _consume_tile(o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
                   stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
-                  sm_scale, softcap_scale, softcap_out,
+                  sm_scale, softcap_scale, softcap_out, out_scale,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                  RETURN_LSE: gl.constexpr):
-    """This warpgroup's rows of one tile: Q from slot j % 2, K/V blocks from ring position kv; O is stored
-    through the Q slot, which is then handed back to the loader."""
+                  RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+                  SEPARATE_O: gl.constexpr):
+    """This warpgroup's rows of one tile: Q from slot j % 2, K/V blocks from ring position kv. O is stored
+    through the Q slot (then handed back to the loader), or through this warpgroup's O buffer (SEPARATE_O)."""
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
-    DV: gl.constexpr = v_bufs.shape[4]
+    DV: gl.constexpr = o_desc.block_type.shape[3]
     dtype: gl.constexpr = q_bufs.dtype
-    gl.static_assert(DV == D, "O is staged in the Q slot: Dv must equal D")
+    # the K of one wgmma instruction: 256 bits of each operand row (16 fp16 or 32 fp8 values)
+    INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
+    if not SEPARATE_O:
+        gl.static_assert(DV == D, "O is staged in the Q slot: Dv must equal D")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_N, 16])
+                                                        instr_shape=[16, BLOCK_N, INSTR_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DV, 16])
+                                                        instr_shape=[16, DV, INSTR_K])
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     i_b = i_bh // num_heads
@@ -288,41 +345,50 @@ def _consume_tile(o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_r
     acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
                                        k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
                                        right, sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT,
-                                       HAS_SOFTCAP, STAGES, s_layout, o_layout)
+                                       HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, V_SEQ_MAJOR)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
-    out = acc / gl.convert_layout(l_safe, o_row)[:, None]
-    # the Q tile is no longer read (its last wgmma was waited on): stage O there for the TMA store
-    q_smem.store(out.to(dtype))
+    if SEPARATE_O:
+        mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
+        out = acc * gl.convert_layout(out_scale / l_safe, o_row)[:, None]
+        o_buf = o_bufs.index(WG)
+    else:
+        out = acc / gl.convert_layout(l_safe, o_row)[:, None]
+        o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
+    o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [i_b, m0, i_h, 0], q_bufs.index(slot * NUM_CONSUMERS + WG))
+    tma.async_copy_shared_to_global(o_desc, [i_b, m0, i_h, 0], o_buf)
     if RETURN_LSE:
-        lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe)) * LN2, float("-inf"))
+        lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe) - P_SHIFT) * LN2, float("-inf"))
         gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,
                  mask=o_m < seqlen_q)
-    tma.store_wait(pendings=0)  # the store has read the slot: the loader may refill it
-    mbarrier.arrive(q_empty.index(slot))
+    tma.store_wait(pendings=0)  # the store has read the buffer: it may be written again
+    if not SEPARATE_O:
+        mbarrier.arrive(q_empty.index(slot))
     return j + 1, kv + n_blocks
 
 
 @gluon.jit
 def attn_fwd_sm90_kernel(
-    q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
+    q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh,
+    stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seqlen_q, seqlen_k, num_heads, group_size, num_bh,
-    sm_scale, softcap_scale, softcap_out, left, right,
+    sm_scale, softcap_scale, softcap_out, out_scale, left, right,
     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+    HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
 ):
     """Grid: (programs,), any number up to the tile count cdiv(Sq, 2 * BLOCK_M) * num_bh (one per SM makes it
     persistent; one per tile is a plain grid); num_warps = 4 (the first consumer warpgroup).
 
-    Descriptors: q/o over [B, Sq, Hq, D] with block [1, BLOCK_M, 1, D], k/v over [B, Sk, Hkv, D] with block
-    [1, BLOCK_N, 1, D]. num_bh = B * Hq.
-    sm_scale: scale * log2 e (1 with HAS_SOFTCAP, whose softcap_out already carries log2 e). lse [B, Hq, Sq]
-    float32 (natural log) when RETURN_LSE.
+    Descriptors: q/o over [B, Sq, Hq, D] with block [1, BLOCK_M, 1, D], k over [B, Sk, Hkv, D] with block
+    [1, BLOCK_N, 1, D], v the same, or over [B, Hkv, D, Sk] with block [1, 1, D, BLOCK_N] (V_SEQ_MAJOR).
+    num_bh = B * Hq. sm_scale: scale * log2 e (1 with HAS_SOFTCAP, whose softcap_out already carries log2 e).
+    lse [B, Hq, Sq] float32 (natural log) when RETURN_LSE. fp8: descales [B, Hkv] (strides 0 broadcast one
+    value) with HAS_DESCALE; out = (P V / l) * out_scale (* v descale) staged in SEPARATE_O buffers.
     """
     NUM_CONSUMERS: gl.constexpr = 2
     num_m = gl.cdiv(seqlen_q, NUM_CONSUMERS * BLOCK_M)
@@ -332,11 +398,15 @@ def attn_fwd_sm90_kernel(
     else:
         off_diag = 0
 
-    # two Q slots per consumer (slot-major), STAGES K/V buffers
+    # two Q slots per consumer (slot-major), STAGES K/V buffers, one O buffer per consumer when O has its own
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if SEPARATE_O:
+        o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
+    else:
+        o_bufs = q_bufs
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -351,15 +421,19 @@ def attn_fwd_sm90_kernel(
         mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
 
     gl.warp_specialize([
-        (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
-                     stride_lb, stride_lh, num_tiles, num_m, num_heads, seqlen_q, seqlen_k,
-                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, 0, BLOCK_M, STAGES,
-                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M)),
-        (_consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
-                     stride_lb, stride_lh, num_tiles, num_m, num_heads, seqlen_q, seqlen_k,
-                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, 1, BLOCK_M, STAGES,
-                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M)),
+        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 0, BLOCK_M, STAGES,
+                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
+        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 1, BLOCK_M, STAGES,
+                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
         (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                    num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
-                   right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
+                   right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -17,6 +17,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ... import hw
 from .checks import check_cu_seqlens, effective_window  # noqa: F401  (effective_window: for scripts/)
 from .configs import AttnConfig, candidates, seq_bucket
+from .fp8 import P_SHIFT, descale_strides, is_fp8
 from .kernels import LOG2E, attn_fwd_kernel
 
 
@@ -94,6 +95,8 @@ def choose_config(q, v, causal, seqlen_q, variant, run, smem_of):
     if cfg is not None:
         return cfg
     cands = candidates(info.arch, bd, bdv, causal, q.element_size(), info.smem_per_block, seqlen_q)
+    if is_fp8(q.dtype):  # fp8 tensor-core products take 32 keys at a time
+        cands = [c for c in cands if c.block_n >= 32] or [AttnConfig(32, 32, 4, 1)]
     on_gpu = q.device.type == "cuda"
     fits = (lambda c: smem_of(c) <= info.smem_per_block) if on_gpu else (lambda c: True)
     if not autotune_enabled() or not on_gpu:
@@ -162,10 +165,11 @@ def _out_shape_strides(q, v_head_dim, varlen):
     return shape, tuple(strides)
 
 
-def alloc_out(q, v_head_dim, varlen):
-    """Output in q's layout family: [B, Sq, Hq, Dv] (see _out_layout for head-major inputs)."""
+def alloc_out(q, v_head_dim, varlen, dtype=None):
+    """Output in q's layout family: [B, Sq, Hq, Dv] (see _out_layout for head-major inputs), in `dtype`
+    (default q's)."""
     shape, head_major = _out_layout(q, v_head_dim, varlen)
-    out = torch.empty(shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(shape, dtype=dtype or q.dtype, device=q.device)
     return out.transpose(1, 2) if head_major else out
 
 
@@ -190,19 +194,24 @@ MAX_GRID_Y = 65535
 
 
 def _kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
-                 window_right, softcap, align_bottom_right, return_lse, cfg):
-    """(grid, args, kwargs) of attn_fwd_kernel for these tensors, options and config."""
+                 window_right, softcap, align_bottom_right, return_lse, cfg, descales=(None, None, None),
+                 out_scale=1.0, v_packed=False):
+    """(grid, args, kwargs) of attn_fwd_kernel for these tensors, options and config. descales: fp8 q/k/v
+    descale tensors ([B, Hkv] or one element) or Nones; out_scale: the output factor (fp8 v descale);
+    v_packed: v is the view of an fp8.Fp8V (keys in packed order)."""
     varlen = cu_seqlens_q is not None
     batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
     hq, hkv, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     bd, bdv = _pow2(d), _pow2(dv)
     if varlen:
         sq, sk, sv, so = ((0,) + tuple(t.stride()) for t in (q, k, v, out))
+        stride_vd = v.stride(2)
         sl = (0, lse.stride(0)) if return_lse else (0, 0)
     else:
         sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
+        stride_vd = v.stride(3)
         sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
-    use_tma = cfg.use_tma and tma_ok(k) and tma_ok(v)
+    use_tma = cfg.use_tma and tma_ok(k) and tma_ok(v) and stride_vd == 1
     if use_tma:
         k_arg = _descriptor(k, cfg.block_n, bd, varlen)
         v_arg = _descriptor(v, cfg.block_n, bdv, varlen)
@@ -211,17 +220,23 @@ def _kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen
     qk_scale, softcap_scale, softcap_out = _scales(scale, softcap)
     num_bh = batch * hq
     grid = (triton.cdiv(max(seqlen_q, 1), cfg.block_m), min(num_bh, MAX_GRID_Y), triton.cdiv(num_bh, MAX_GRID_Y))
-    args = (q, k_arg, v_arg, out, lse,
-            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2], sl[0], sl[1],
+    has_descale = any(d is not None for d in descales)
+    ds = [d if d is not None else lse for d in descales]  # unread placeholders without descales
+    dstr = [s for d in descales for s in descale_strides(d)]
+    args = (q, k_arg, v_arg, out, lse, *ds,
+            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], stride_vd, so[0], so[1], so[2],
+            sl[0], sl[1], *dstr,
             cu_seqlens_q, cu_seqlens_k,
             seqlen_q, seqlen_k, hq, hq // hkv, num_bh,
-            qk_scale, softcap_scale, softcap_out, window_left, window_right)
+            qk_scale, softcap_scale, softcap_out, float(out_scale), window_left, window_right)
     kwargs = dict(
         D=d, DV=dv, BLOCK_D=bd, BLOCK_DV=bdv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen,
         RETURN_LSE=return_lse, USE_TMA=use_tma, WARP_SPECIALIZE=cfg.warp_specialize and use_tma,
         REVERSE_M=window_right >= 0, PIPELINE_QK=cfg.pipeline_qk and not cfg.warp_specialize,
+        HAS_DESCALE=has_descale, P_SHIFT=P_SHIFT if is_fp8(v.dtype) else 0,
+        ROUND_P=is_fp8(v.dtype) and hw.interpreter_enabled(), V_PACKED=v_packed,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.num_ctas != 1:  # only passed when used: the interpreter and older GPUs know no clusters
@@ -231,7 +246,7 @@ def _kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen
 
 # the kernel parameters that change between calls of one plan (KernelLauncher's `varying`), in the order
 # plans._forward passes them; everything else is fixed by the plan key
-_VARYING = ("Q", "K", "V", "O", "LSE", "qk_scale", "softcap_scale", "softcap_out")
+_VARYING = ("Q", "K", "V", "O", "LSE", "QD", "KD", "VD", "qk_scale", "softcap_scale", "softcap_out", "out_scale")
 _VARYING_VARLEN = _VARYING + ("cu_seqlens_q", "cu_seqlens_k")
 
 
@@ -267,14 +282,15 @@ def _seqlens(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
 
 
 def _choose(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left,
-            window_right, softcap, align_bottom_right, return_lse):
+            window_right, softcap, align_bottom_right, return_lse, descales=(None, None, None), out_scale=1.0,
+            v_packed=False):
     """(run, cfg): the config for this problem (choose_config) and run(cfg, compile_only=False)."""
     seqlen_q, seqlen_k = _seqlens(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
 
     def run(cfg, compile_only=False):
         grid, args, kwargs = _kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                                           scale, window_left, window_right, softcap, align_bottom_right,
-                                          return_lse, cfg)
+                                          return_lse, cfg, descales, out_scale, v_packed)
         if compile_only:
             return attn_fwd_kernel.warmup(*args, grid=grid, **kwargs)
         return attn_fwd_kernel[grid](*args, **kwargs)

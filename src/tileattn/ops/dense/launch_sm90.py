@@ -3,7 +3,8 @@
 `supports(...)` says whether the kernel serves a problem, `kernel_call(...)` gives its grid and arguments
 (plans.py replays them), `launch(...)` runs it through Triton's normal path. Problems it does not serve
 (other GPUs or triton versions, the interpreter, varlen, head dims other than 64 / 128, Dv != D,
-TMA-unaligned tensors) go to the portable Triton kernel (plans.use_sm90).
+TMA-unaligned tensors) go to the portable Triton kernel (plans.use_sm90). fp8 V must be the view of an
+fp8.Fp8V; plans.py packs any other V once per call (fp8.fp8_v_layout).
 """
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ import torch
 import triton
 
 from ... import hw
+from .fp8 import P_SHIFT, descale_strides, is_fp8, packed_pitch
 from .kernels import LOG2E
 from .launch import tma_ok
 
@@ -37,6 +39,11 @@ _CONFIGS = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
     128: Sm90Config(block_m=64, block_n=128, stages=2, consumer_regs=240),
 }
+# fp8 (1-byte Q/K/V tiles, a bf16/fp16 O buffer per consumer): the same tiles, more stages in flight
+_FP8_CONFIGS = {
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+    128: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+}
 
 _GL_DTYPES = {}
 _LAYOUTS = {}
@@ -59,12 +66,14 @@ def supports(q, k, v, out, varlen, interpret, scale, softcap) -> bool:
     if varlen or interpret or q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
     d, dv = q.shape[-1], v.shape[-1]
-    if d not in _CONFIGS or dv != d or q.dtype not in (torch.float16, torch.bfloat16):
+    if d not in _CONFIGS or dv != d or q.dtype not in (torch.float16, torch.bfloat16) and not is_fp8(q.dtype):
         return False
     if softcap <= 0 and scale <= 0:  # the kernel folds a positive scale into exp2 after the row max
         return False
     if min(q.shape[1], k.shape[1]) == 0:
         return False
+    if is_fp8(q.dtype):  # V is packed (fp8.Fp8V, TMA-ready by construction) when it is not already
+        return all(tma_ok(t) for t in (q, k, out)) and available()
     return all(tma_ok(t) for t in (q, k, v, out)) and available()
 
 
@@ -73,7 +82,8 @@ def _layout(block, dtype):
     key = (tuple(block), dtype)
     lay = _LAYOUTS.get(key)
     if lay is None:
-        gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+        gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float8_e4m3fn: gl.float8e4nv,
+               torch.float8_e5m2: gl.float8e5}[dtype]
         lay = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(list(block), gdt)
     return lay
 
@@ -83,14 +93,16 @@ def _desc(t, block):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(block, t.dtype))
 
 
-def config_for(d: int) -> Sm90Config:
-    return _CONFIGS[d]
+def config_for(d: int, dtype=torch.float16) -> Sm90Config:
+    return (_FP8_CONFIGS if is_fp8(dtype) else _CONFIGS)[d]
 
 
-def smem_bytes(cfg: Sm90Config, d: int, dv: int, elem_bytes: int) -> int:
-    """Shared memory of the kernel: 4 Q tiles, `stages` K and V tiles, 1 KB for barriers and alignment
-    (matches the compiled kernel's figure within that KB, scripts/inspect_sm90.py)."""
-    return (4 * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + 1024
+def smem_bytes(cfg: Sm90Config, d: int, dv: int, elem_bytes: int, out_bytes: int = None) -> int:
+    """Shared memory of the kernel: 4 Q tiles, `stages` K and V tiles, 2 O tiles when the output dtype is
+    wider than the input (fp8), 1 KB for barriers and alignment (matches the compiled kernel's figure within
+    that KB, scripts/inspect_sm90.py)."""
+    o = 2 * cfg.block_m * dv * out_bytes if out_bytes and out_bytes != elem_bytes else 0
+    return (4 * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + o + 1024
 
 
 def grid_for(cfg: Sm90Config, seqlen_q, num_bh, num_sms):
@@ -107,30 +119,44 @@ def scales(scale, softcap):
 
 
 # the kernel parameters that change between calls of one launch plan (launcher.KernelLauncher's `varying`)
-VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "sm_scale", "softcap_scale", "softcap_out")
+VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "qd_ptr", "kd_ptr", "vd_ptr", "sm_scale",
+           "softcap_scale", "softcap_out", "out_scale")
 
 
 def kernel_call(q, k, v, out, lse, scale, window_left, window_right, softcap, align_bottom_right, return_lse,
-                cfg: Sm90Config = None, programs: int = None):
-    """(kernel, grid, args, kwargs) of the Gluon kernel for validated, supported inputs. `programs` overrides
-    the number of CTAs (tests: few CTAs walking many tiles)."""
+                cfg: Sm90Config = None, programs: int = None, descales=(None, None, None), out_scale=1.0):
+    """(kernel, grid, args, kwargs) of the Gluon kernel for validated, supported inputs (fp8: V ready, see
+    v_ready). `programs` overrides the number of CTAs (tests: few CTAs walking many tiles). descales: fp8
+    descale tensors or Nones; out_scale: the output factor (fp8 v descale as a number)."""
     from .gluon_sm90 import attn_fwd_sm90_kernel
-    cfg = cfg or _CONFIGS[q.shape[-1]]
+    cfg = cfg or config_for(q.shape[-1], q.dtype)
     batch, seqlen_q, hq, d = q.shape
     seqlen_k, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     grid = grid_for(cfg, seqlen_q, batch * hq, hw.device_info(q.device).num_sms)
     if programs is not None:
         grid = (max(1, min(programs, grid[0])),)
+    fp8 = is_fp8(q.dtype)
+    if fp8:  # v: the view of an Fp8V; the descriptor is over its whole [B, Hkv, Dv, Sk'] buffer
+        vt = v.permute(0, 2, 3, 1)
+        vt = vt.as_strided(vt.shape[:3] + (packed_pitch(v),), vt.stride())
+        v_desc = _desc(vt, [1, 1, dv, cfg.block_n])
+    else:
+        v_desc = _desc(v, [1, cfg.block_n, 1, dv])
+    ds = [d_ if d_ is not None else lse for d_ in descales]  # placeholders, never read without descales
     args = (
-        _desc(q, [1, cfg.block_m, 1, d]), _desc(k, [1, cfg.block_n, 1, d]), _desc(v, [1, cfg.block_n, 1, dv]),
-        _desc(out, [1, cfg.block_m, 1, dv]), lse, sl[0], sl[1],
-        seqlen_q, seqlen_k, hq, hq // hkv, batch * hq, *scales(scale, softcap), window_left, window_right,
+        _desc(q, [1, cfg.block_m, 1, d]), _desc(k, [1, cfg.block_n, 1, d]), v_desc,
+        _desc(out, [1, cfg.block_m, 1, dv]), lse, *ds, sl[0], sl[1],
+        *[st for d_ in descales for st in descale_strides(d_)],
+        seqlen_q, seqlen_k, hq, hq // hkv, batch * hq, *scales(scale, softcap), float(out_scale), window_left,
+        window_right,
     )
     kwargs = dict(
         BLOCK_M=cfg.block_m, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right,
         HAS_SOFTCAP=softcap > 0, RETURN_LSE=return_lse, REVERSE_M=window_right >= 0,
+        HAS_DESCALE=any(d_ is not None for d_ in descales), P_SHIFT=P_SHIFT if fp8 else 0, V_SEQ_MAJOR=fp8,
+        SEPARATE_O=out.dtype != q.dtype,
         num_warps=4,
     )
     return attn_fwd_sm90_kernel, grid, args, kwargs

@@ -26,11 +26,13 @@ def visibility_mask(seqlen_q, seqlen_k, causal, window, align_bottom_right=True,
 
 
 def attention_ref(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                  align_bottom_right=True, dtype=torch.float32):
+                  align_bottom_right=True, dtype=torch.float32, quantize_p=None):
     """Reference for q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv].
 
     Returns (out [B, Sq, Hq, Dv] in `dtype`, lse [B, Hq, Sq] in `dtype`). Pass dtype=q.dtype to get the
-    same computation in the input precision (the `ref_lp` of the tolerance rule).
+    same computation in the input precision (the `ref_lp` of the tolerance rule). For fp8 inputs pass the
+    dequantized values, and quantize_p=<fp8 dtype> for the `ref_lp` of fp8 attention: the probabilities
+    are rounded to that dtype as the kernels round them (scaled by 2 ** P_SHIFT first, see ops/dense/fp8.py).
     """
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -47,6 +49,9 @@ def attention_ref(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap
     lse = torch.logsumexp(s.float(), dim=-1)  # [B, Hq, Sq]
     seen = vis.any(dim=-1)  # [Sq]
     p = torch.exp(s.float() - torch.where(seen, lse, torch.zeros_like(lse))[..., None]).to(dtype)
+    if quantize_p is not None:
+        from .fp8 import P_SHIFT
+        p = (p * 2.0 ** P_SHIFT).to(quantize_p).to(dtype) * 2.0 ** -P_SHIFT
     out = torch.matmul(p, vf)  # [B, Hq, Sq, Dv]
     out = out.transpose(1, 2).contiguous()
     lse = torch.where(seen, lse, torch.full_like(lse, -math.inf))

@@ -1,0 +1,86 @@
+"""Compile the Hopper Gluon kernel for sm90 on a machine without a GPU (no launch): registers, spills and
+shared memory of each variant, from ptxas, before spending device time.
+
+    python scripts/compile_sm90_cpu.py [--dtype fp16|e4m3|e5m2] [--d 128] [--causal] [--vrow]
+
+Triton compiles through its bundled ptxas; a stand-in driver answers the device queries (sm90, 132 SMs).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+
+class _FakeDriver:
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dtype", default="e4m3")
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--softcap", type=float, default=0.0)
+    p.add_argument("--lse", action="store_true")
+    p.add_argument("--descale", action="store_true")
+    p.add_argument("--cfg", default=None, help="BM:BN:ST:REGS")
+    args = p.parse_args()
+    from triton.runtime import driver
+    driver.set_active(_FakeDriver())
+    from tileattn import hw
+    from tileattn.ops.dense import launch_sm90
+    from tileattn.ops.dense.fp8 import fp8_v_layout
+    hw.device_info = lambda dev: type("I", (), {"num_sms": 132, "smem_per_block": 232448})()
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
+          "e5m2": torch.float8_e5m2}[args.dtype]
+    B, N, H, D = 1, 1024, 2, args.d
+    q, k, v = (torch.randn(B, N, H, D).to(dt) for _ in range(3))
+    fp8 = dt.itemsize == 1
+    if fp8:
+        os.environ.setdefault("TRITON_INTERPRET", "0")
+        v = torch.empty(B, H, D, N, dtype=dt).permute(0, 3, 1, 2)  # sequence-major
+    out = torch.empty(B, N, H, D, dtype=torch.bfloat16 if fp8 else dt)
+    lse = torch.empty(B, H, N, dtype=torch.float32)
+    cfg = launch_sm90.config_for(D, dt)
+    if args.cfg:
+        bm, bn, st, regs = (int(x) for x in args.cfg.split(":"))
+        cfg = launch_sm90.Sm90Config(bm, bn, st, regs)
+    ds = (torch.ones(B, H), torch.ones(B, H), torch.ones(B, H)) if args.descale else (None, None, None)
+    kernel, grid, a, kw = launch_sm90.kernel_call(q, k, v, out, lse, D ** -0.5, -1, 0 if args.causal else -1,
+                                                  args.softcap, True, args.lse, cfg, programs=132,
+                                                  descales=ds)
+    ck = kernel.warmup(*a, grid=grid, **kw)
+    print("shared", ck.metadata.shared)
+    cubin = "/tmp/sm90_cpu.cubin"
+    with open(cubin, "wb") as f:
+        f.write(ck.asm["cubin"])
+    from triton.backends.nvidia import compiler as nvc
+    tool = os.path.join(os.path.dirname(nvc.__file__), "bin", "cuobjdump")
+    res = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
+    print(re.sub(r"\s+", " ", res.split("Function")[-1])[:300])
+    sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+    for op in ("HGMMA", "QGMMA", "MUFU.EX2", "STL", "LDL", "SHFL", "PRMT", "F2FP", "BAR.SYNC"):
+        print(f"{op:10s} {len(re.findall(op, sass))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""`tileattn bench fp8`: the dense forward grid with fp8 inputs against tileattn fp16, cuDNN fp16 and flex fp8.
+
+Grid (targets.md): B=4, H=32, D in {64, 128}, causal F/T, N in 1K..16K. Each case draws fresh fp16 values
+([B, S, H, D]) and quantizes them per (batch, head) with tileattn.quantize_fp8; every provider sees those
+values in its own layout: tileattn [B, S, H, D] (fp8 V once in tileattn.fp8_v_layout, or row-major for
+`-vrow`, whose transpose inside the call is timed), the torch peers [B, H, S, D] (flex gets its column-major
+fp8 V, made outside the timed region, and no descales: it does less work than we do). Before timing, each
+tileattn output is checked on a slice (batch 0, two heads) against the float32 reference of the dequantized
+inputs (fp16: dense.check_case); a provider that fails is reported and gets no throughput. `case.dtype` is
+the dtype of the source values.
+"""
+import torch
+
+from ..ops.dense.reference import attention_ref
+from ..tolerance import allowed_error
+from . import dense
+from .common import attn_tflops, do_bench, fmt, geomean, max_abs, results_header, write_json
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+PROVIDERS = ("tileattn-e4m3", "tileattn-e4m3-vrow", "tileattn-e5m2", "tileattn-fp16", "cudnn-fp16",
+             "flex-e4m3")
+SEQLENS = (1024, 2048, 4096, 8192, 16384)
+ROUNDS = 2
+NOT_TIMED = "output check failed: not timed"
+
+
+def _err(e):
+    return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def _dequant(x8, descale):
+    """float32 values of the check slice (batch 0, heads 0-1) of an fp8 [B, S, H, D] tensor."""
+    return x8[:1, :, :2].float() * descale[:1, None, :2, None]
+
+
+def _reference(q8, k8, v8, qd, kd, vd, causal):
+    """float32 reference of the slice and the rule's allowed error (ref_lp: P rounded to the inputs' fp8)."""
+    qs, ks, vs = _dequant(q8, qd), _dequant(k8, kd), _dequant(v8, vd)
+    ref, _ = attention_ref(qs, ks, vs, causal=causal)
+    ref_lp, _ = attention_ref(qs, ks, vs, causal=causal, quantize_p=q8.dtype)
+    return ref, allowed_error(max_abs(ref_lp, ref), ref, torch.bfloat16)
+
+
+def _check(fn, ref, tol):
+    """Tolerance rule on the slice; a call that raises fails the check."""
+    try:
+        out = fn()
+    except Exception as e:
+        return False, {"error": _err(e)}
+    err = max_abs(out[:1, :, :2], ref)
+    finite = bool(torch.isfinite(out).all())
+    return finite and err <= tol, {"err_vs_fp32": err, "allowed": tol, "finite": finite}
+
+
+def _fp8_providers(name, q16, k16, v16, causal, N):
+    """Quantized inputs of one fp8 dtype: ({provider: fn to time (flex: maker of it)}, {provider: check})."""
+    import tileattn
+    (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=FP8[name]) for t in (q16, k16, v16))
+    ref, tol = _reference(q8, k8, v8, qd, kd, vd, causal)
+
+    def call(v):
+        return lambda: tileattn.attention(q8, k8, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    fns = {f"tileattn-{name}": call(tileattn.fp8_v_layout(v8))}  # fast V layout made once, untimed
+    if name == "e4m3":
+        fns["tileattn-e4m3-vrow"] = call(v8)
+    checks = {p: _check(fn, ref, tol) for p, fn in fns.items()}
+    if name == "e4m3":
+        qb, kb = (t.transpose(1, 2).contiguous() for t in (q8, k8))
+        vb = v8.permute(0, 2, 3, 1).contiguous().transpose(2, 3)  # [B, H, S, D] column-major, flex's fp8 V
+        fns["flex-e4m3"] = lambda: dense._flex(qb, kb, vb, causal, N)
+    return fns, checks
+
+
+def _time(fns, providers, errors):
+    """Min over ROUNDS of each provider's median, providers interleaved as in dense.run."""
+    times = {p: [] for p in providers}
+    for _ in range(ROUNDS):
+        for p in providers:
+            if p in errors:
+                continue
+            try:
+                times[p].append(do_bench(fns[p]() if p.startswith("flex") else fns[p]))
+            except Exception as e:  # a peer that refuses a shape (or fp8) is reported, not fatal
+                errors[p] = _err(e)
+    return times
+
+
+def _run_case(case, providers, fp8_dtypes, log):
+    """Rows of one case and its number of failed checks; its tensors are freed on return."""
+    import tileattn
+    B, H, N, D, causal = (case[k] for k in ("B", "H", "N", "D", "causal"))
+    q16, k16, v16 = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q16, k16, v16))  # the torch peers' layout
+    cudnn = dense._sdpa("cudnn")
+    fns = {"tileattn-fp16": lambda: tileattn.attention(q16, k16, v16, causal=causal),
+           "cudnn-fp16": lambda: cudnn(qt, kt, vt, causal)}
+    fp16_check = dense.check_case(fns["tileattn-fp16"](), fns["cudnn-fp16"](), qt, kt, vt, causal)
+    checks = {"tileattn-fp16": fp16_check}
+    for name in fp8_dtypes:
+        more_fns, more_checks = _fp8_providers(name, q16, k16, v16, causal, N)
+        fns.update(more_fns)
+        checks.update(more_checks)
+    failed = [p for p, (ok, _) in checks.items() if not ok]
+    for p in failed:
+        log(f"CHECK FAILED {p} {case}: {checks[p][1]}")
+    errors = {p: NOT_TIMED for p in failed}
+    times = _time(fns, providers, errors)
+    rows = []
+    for p in providers:
+        ms = min(times[p]) if times[p] and p not in errors else None
+        row = {"case": case, "provider": p, "ms": ms,
+               "tflops": attn_tflops(B, H, N, N, D, D, causal, ms) if ms else None, "gbps": None}
+        if p in checks:
+            row["check"] = checks[p][1]
+        if p in errors:
+            row["error"] = errors[p]
+        rows.append(row)
+    return rows, len(failed)
+
+
+def run(fp8_dtypes=("e4m3", "e5m2"), head_dims=(64, 128), seqlens=None, batch=4, heads=32, out_json=None,
+        log=print):
+    providers = [p for p in PROVIDERS if p.split("-")[1] not in FP8 or p.split("-")[1] in fp8_dtypes]
+    doc = results_header("fp8")
+    rows, failures = [], 0
+    for D in head_dims:
+        for causal in (False, True):
+            for N in seqlens or SEQLENS:
+                case = {"B": batch, "H": heads, "N": N, "D": D, "causal": causal, "dtype": "float16"}
+                new, failed = _run_case(case, providers, fp8_dtypes, log)
+                torch.cuda.empty_cache()
+                rows += new
+                failures += failed
+                log(f"  D={D:<4} causal={int(causal)} N={N:<6} " +
+                    " ".join(f"{r['provider']}={fmt(r['tflops'])}" for r in new))
+    doc["rows"] = rows
+    doc["summary"] = summarize(rows)
+    doc["summary"]["check_failures"] = failures
+    print_tables(rows, log)
+    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
+                                for k, v in doc["summary"].items()))
+    if out_json:
+        write_json(out_json, doc)
+    return doc
+
+
+def _row(rows, case, p):
+    return next((r for r in rows if r["case"] == case and r["provider"] == p), None)
+
+
+def _cases(rows):
+    return [r["case"] for r in rows if r["provider"] == "tileattn-fp16"]
+
+
+def _ratios(rows, num, den, where=lambda c: True):
+    """num/den TFLOPS per case; a missing tileattn figure is a miss (None), a peer's refusal is skipped."""
+    out = []
+    for c in filter(where, _cases(rows)):
+        a, b = _row(rows, c, num), _row(rows, c, den)
+        if a is None or b is None or (b["tflops"] is None and not den.startswith("tileattn")):
+            continue  # provider not run, or a peer without a figure
+        out.append(a["tflops"] / b["tflops"] if a["tflops"] and b["tflops"] else None)
+    return out
+
+
+def _agg(f, xs):
+    return None if not xs or None in xs else f(xs)
+
+
+def _big(c):
+    return c["D"] == 128 and c["N"] >= 4096
+
+
+def summarize(rows):
+    """fp8/fp16 ratios (min at D=128, N >= 4K and geomean over the grid), and fp8 against the peers."""
+    e4, f16 = "tileattn-e4m3", "tileattn-fp16"
+    return {"fp8_vs_fp16_min_d128_n4k": _agg(min, _ratios(rows, e4, f16, _big)),
+            "fp8_vs_fp16_geomean": _agg(geomean, _ratios(rows, e4, f16)),
+            "fp8_vrow_vs_fp16_min_d128_n4k": _agg(min, _ratios(rows, "tileattn-e4m3-vrow", f16, _big)),
+            "fp8_vs_cudnn_fp16_geomean": _agg(geomean, _ratios(rows, e4, "cudnn-fp16")),
+            "e5m2_vs_fp16_geomean": _agg(geomean, _ratios(rows, "tileattn-e5m2", f16)),
+            "fp8_vs_flex_fp8_geomean": _agg(geomean, _ratios(rows, e4, "flex-e4m3"))}
+
+
+def print_tables(rows, log=print):
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    w = {p: max(len(p), 7) for p in providers}
+    for D, causal in sorted({(c["D"], c["causal"]) for c in _cases(rows)}):
+        log(f"\nD={D} causal={causal}  TFLOPS (ratio = tileattn-e4m3 / tileattn-fp16)")
+        log(f"{'N':>7} " + " ".join(f"{p:>{w[p]}}" for p in providers) + f" {'ratio':>7}")
+        ratios = []
+        for c in [c for c in _cases(rows) if c["D"] == D and c["causal"] == causal]:
+            tf = {p: _row(rows, c, p)["tflops"] for p in providers}
+            e4, f16 = tf.get("tileattn-e4m3"), tf["tileattn-fp16"]
+            ratio = e4 / f16 if e4 and f16 else None
+            if ratio:
+                ratios.append(ratio)
+            log(f"{c['N']:>7} " + " ".join(f"{fmt(tf[p]):>{w[p]}}" for p in providers) +
+                f" {fmt(ratio, '{:.2f}'):>7}")
+        log(f"{'geomean':>7} " + " ".join(" " * w[p] for p in providers) +
+            f" {fmt(geomean(ratios), '{:.3f}'):>7}")

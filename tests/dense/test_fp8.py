@@ -1,0 +1,203 @@
+"""fp8 attention forward (q, k, v in float8_e4m3fn / float8_e5m2 with descales) against the float32 reference
+of the dequantized inputs.
+
+Tolerance (the rule of engineering.md, with FlashAttention-3's fp8 reference): `ref` is the float32 reference
+on the dequantized inputs; `ref_lp` is the same computation with the probabilities P rounded to V's fp8 dtype
+as the kernels round them (attention_ref(quantize_p=...)): out must be within 2 * max|ref_lp - ref| plus the
+rounding floor of the output dtype. The log-sum-exp has no fp8 rounding in it (scores are exact fp8 products
+summed in float32, up to the tensor cores' fp8 accumulation); it is held to the error of the same scores
+computed in bfloat16 (the output dtype).
+"""
+import pytest
+import torch
+
+import tileattn
+from tileattn.ops.dense import plans
+from tileattn.ops.dense.fp8 import fp8_v_layout, quantize_fp8
+from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
+from tests.helpers import assert_close, randn
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _quant(x, dtype, kind, group=1):
+    """(x_fp8, the descale argument of that kind, the dequantized float32 x); group: heads per descale."""
+    x8, d = quantize_fp8(x, dtype, group)
+    deq = x8.float() * d.repeat_interleave(group, dim=1)[:, None, :, None]
+    if kind == "tensor":
+        return x8, d, deq
+    x8 = (x.float() / 2.5).to(dtype)  # one scale for the whole tensor
+    deq = x8.float() * 2.5
+    if kind == "number":
+        return x8, 2.5, deq
+    if kind == "scalar":
+        return x8, torch.tensor(2.5, device=x.device), deq
+    x8 = x.float().to(dtype)  # "none": descale 1
+    return x8, None, x8.float()
+
+
+def _check(q, k, v, dtype, kind, v_layout, out_dtype=None, **kw):
+    q8, qd, qf = _quant(q, dtype, kind, q.shape[2] // k.shape[2])  # q's descale is per kv head
+    k8, kd, kf = _quant(k, dtype, kind)
+    v8, vd, vf = _quant(v, dtype, kind)
+    if v_layout == "packed":
+        v8 = fp8_v_layout(v8)
+    elif v_layout == "seq":  # sequence-major, not packed
+        v8 = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    out, lse = tileattn.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, out_dtype=out_dtype,
+                                  return_lse=True, **kw)
+    ref, lse_ref = attention_ref(qf, kf, vf, **kw)
+    ref_lp, _ = attention_ref(qf, kf, vf, quantize_p=dtype, **kw)
+    _, lse_lp = attention_ref(qf, kf, vf, dtype=torch.bfloat16, **kw)
+    assert out.dtype == (out_dtype or torch.bfloat16) and out.shape == ref.shape
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, lse_ref, lse_lp)
+
+
+# (B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, dtype, descale kind, V layout)
+CPU_CASES = [
+    (1, 70, 70, 2, 2, 64, True, (-1, -1), 0.0, E4M3, "tensor", "row"),
+    (1, 70, 70, 2, 2, 64, True, (-1, -1), 0.0, E4M3, "tensor", "packed"),
+    (2, 33, 57, 4, 2, 64, False, (-1, -1), 0.0, E5M2, "scalar", "row"),  # GQA 2, Sq < Sk
+    (1, 127, 40, 4, 1, 32, True, (-1, -1), 0.0, E4M3, "number", "packed"),  # MQA, first rows see nothing
+    (1, 50, 50, 2, 2, 64, True, (-1, -1), 20.0, E4M3, "tensor", "row"),  # softcap
+    (1, 90, 90, 2, 2, 64, False, (16, 8), 0.0, E5M2, "tensor", "packed"),  # window
+    (1, 17, 17, 2, 2, 96, False, (-1, -1), 0.0, E4M3, "none", "seq"),  # padded head dim, no descale
+]
+
+
+def _id(c):
+    B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, dt, kind, lay = c
+    s = f"B{B}-Sq{Sq}-Sk{Sk}-H{Hq}-Hkv{Hkv}-D{D}-{'e4m3' if dt == E4M3 else 'e5m2'}-{kind}-v{lay}"
+    s += "-causal" if causal else ""
+    s += f"-win{window[0]}_{window[1]}" if window != (-1, -1) else ""
+    return s + (f"-cap{softcap:g}" if softcap else "")
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=_id)
+def test_fp8(case, device):
+    B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, dt, kind, lay = case
+    q, k, v = (randn(B, s, h, D, dtype=torch.float32, device=device) for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
+    _check(q, k, v, dt, kind, lay, causal=causal, window=window, softcap=softcap)
+
+
+def test_fp8_out_dtype_fp16(device):
+    q, k, v = (randn(1, 40, 2, 64, dtype=torch.float32, device=device) for _ in range(3))
+    _check(q, k, v, E4M3, "tensor", "row", out_dtype=torch.float16, causal=True)
+
+
+def test_fp8_varlen(device):
+    lens_q, lens_k = [5, 0, 40], [9, 3, 40]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    q = randn(sum(lens_q), 4, 64, dtype=torch.float32, device=device)
+    k, v = (randn(sum(lens_k), 2, 64, dtype=torch.float32, device=device) for _ in range(2))
+    q8, k8, v8 = ((t / 2.0).to(E4M3) for t in (q, k, v))
+    qd = torch.full((3, 2), 2.0, device=device)  # [B, Hkv]
+    out = tileattn.varlen_attention(q8, k8, v8, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                    q_descale=qd, k_descale=2.0, v_descale=torch.tensor([2.0], device=device))
+    qf, kf, vf = (t.float() * 2.0 for t in (q8, k8, v8))
+    ref, _ = varlen_attention_ref(qf, kf, vf, cu_q, cu_k, causal=True)
+    ref_lp, _ = varlen_attention_ref(qf, kf, vf, cu_q, cu_k, causal=True, quantize_p=E4M3)
+    assert_close("out", out, ref, ref_lp)
+
+
+def test_quantize_fp8_and_v_layout(device):
+    x = randn(2, 37, 3, 64, dtype=torch.float32, device=device)
+    for dt in (E4M3, E5M2):
+        x8, d = quantize_fp8(x, dt)
+        assert x8.dtype == dt and d.shape == (2, 3) and d.dtype == torch.float32
+        rel = 2.0 ** -(3 if dt == E4M3 else 2)  # half an ulp of the mantissa, relative
+        assert ((x8.float() * d[:, None, :, None] - x).abs() <= rel * x.abs() + d.max() * 2.0 ** -9).all()
+        v = fp8_v_layout(x8)
+        assert isinstance(v, tileattn.Fp8V) and v.shape == x8.shape and v.dtype == dt
+        assert v.data.shape == (2, 3, 64, 64) and v.view().stride(1) == 1
+        assert torch.equal(v.unpack().float(), x8.float())
+        j = torch.arange(37, 64, device=device)  # the keys past Sk are zeros
+        pos = (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)
+        assert (v.data[..., pos].float() == 0).all()
+        assert fp8_v_layout(v) is v
+        assert not torch.equal(v.view().float(), x8.float())  # keys are reordered within groups of 16
+    q8, qd = quantize_fp8(randn(1, 5, 8, 32, dtype=torch.float32, device=device), group=4)
+    assert qd.shape == (1, 2)
+
+
+def test_fp8_bad_inputs(device):
+    q, k, v = (randn(2, 16, 4, 64, dtype=torch.float32, device=device).to(E4M3) for _ in range(3))
+    with pytest.raises(ValueError, match=r"q_descale must have shape \[B, Hkv\] = \[2, 4\]"):
+        tileattn.attention(q, k, v, q_descale=torch.ones(4, device=device))
+    with pytest.raises(TypeError, match="k_descale must be float32"):
+        tileattn.attention(q, k, v, k_descale=torch.ones(2, 4, dtype=torch.float16, device=device))
+    with pytest.raises(ValueError, match="v_descale must be a finite positive number"):
+        tileattn.attention(q, k, v, v_descale=-1.0)
+    with pytest.raises(TypeError, match="out_dtype must be torch.float16 or torch.bfloat16"):
+        tileattn.attention(q, k, v, out_dtype=torch.float32)
+    with pytest.raises(TypeError, match="fp8 attention takes q, k and v in one fp8 dtype"):
+        tileattn.attention(q.float().half(), k, v)
+    with pytest.raises(TypeError, match="q, k, v must share one dtype"):
+        tileattn.attention(q, k, v.float().to(E5M2))
+    h = q.float().half()
+    with pytest.raises(ValueError, match="q_descale only applies to fp8 inputs"):
+        tileattn.attention(h, h, h, q_descale=1.0)
+    with pytest.raises(ValueError, match="out_dtype only applies to fp8 inputs"):
+        tileattn.attention(h, h, h, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="v must have a contiguous last dimension"):
+        tileattn.attention(q, k, v.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1))  # H contiguous
+    with pytest.raises(TypeError, match="scaled_dot_product_attention takes float16 or bfloat16"):
+        tileattn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU: the Hopper Gluon kernel (D = 64 / 128) and the portable one (other head dims, varlen)
+# ---------------------------------------------------------------------------------------------------------
+GPU_SHAPES = [(2, 127, 127, 4, 4), (1, 1, 300, 8, 2), (1, 1024, 1024, 4, 1), (2, 300, 1000, 4, 2),
+              (1, 1000, 300, 2, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128, 96])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "B{}-Sq{}-Sk{}-H{}-Hkv{}".format(*s))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", ["e4m3-tensor-packed", "e4m3-number-row", "e5m2-tensor-row", "e4m3-none-seq"])
+def test_gpu_fp8_matrix(D, shape, causal, variant):
+    B, Sq, Sk, Hq, Hkv = shape
+    name, kind, lay = variant.split("-")
+    q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
+    _check(q, k, v, E4M3 if name == "e4m3" else E5M2, kind, lay, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts", [dict(softcap=30.0, causal=True), dict(window=(100, 0)),
+                                  dict(window=(64, 64), softcap=10.0)], ids=["softcap", "window", "both"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_fp8_options(D, opts):
+    q, k, v = (randn(2, 517, 4, D, dtype=torch.float32, device="cuda") for _ in range(3))
+    _check(q, k, v, E4M3, "tensor", "packed", **opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_fp8_takes_sm90_kernel(D):
+    """On an H100 both V layouts run the Gluon kernel (row-major V through the per-call transpose)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm90 only")
+    q, k, v = (randn(1, 256, 2, D, dtype=torch.float32, device="cuda").to(E4M3) for _ in range(3))
+    out = torch.empty(1, 256, 2, D, dtype=torch.bfloat16, device="cuda")
+    assert plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    a = tileattn.attention(q, k, v, causal=True)
+    b = tileattn.attention(q, k, fp8_v_layout(v), causal=True)
+    assert torch.equal(a, b)  # the same kernel on the same values
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_compile():
+    """torch.compile traces fp8 calls (descale tensors, out_dtype) through the registered op."""
+    q, k, v = (randn(2, 200, 4, 128, dtype=torch.float32, device="cuda") for _ in range(3))
+    (q8, qd), (k8, kd), (v8, vd) = (quantize_fp8(t) for t in (q, k, v))
+
+    def f(q8, k8, v8, qd, kd, vd):
+        return tileattn.attention(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                                  out_dtype=torch.float16)
+    eager = f(q8, k8, v8, qd, kd, vd)
+    compiled = torch.compile(f, fullgraph=True)(q8, k8, v8, qd, kd, vd)
+    assert compiled.dtype == torch.float16 and torch.equal(compiled, eager)
