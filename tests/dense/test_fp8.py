@@ -13,7 +13,7 @@ import torch
 
 import tileattn
 from tileattn.ops.dense import plans
-from tileattn.ops.dense.fp8 import fp8_v_layout, quantize_fp8
+from tileattn.ops.dense.fp8 import fp8_v_layout, packed_key_pos, quantize_fp8
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
 from tests.helpers import assert_close, randn
 
@@ -113,8 +113,7 @@ def test_quantize_fp8_and_v_layout(device):
         assert isinstance(v, tileattn.Fp8V) and v.shape == x8.shape and v.dtype == dt
         assert v.data.shape == (2, 3, 64, 64) and v.view().stride(1) == 1
         assert torch.equal(v.unpack().float(), x8.float())
-        j = torch.arange(37, 64, device=device)  # the keys past Sk are zeros
-        pos = (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)
+        pos = packed_key_pos(torch.arange(37, 64, device=device))  # the keys past Sk are zeros
         assert (v.data[..., pos].float() == 0).all()
         assert fp8_v_layout(v) is v
         assert not torch.equal(v.view().float(), x8.float())  # keys are reordered within groups of 16

@@ -21,6 +21,7 @@ import math
 
 import torch
 import triton
+import triton.language as tl  # noqa: F401  (the interpreter runs packed_key_pos with this module's globals)
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 P_SHIFT = 8  # log2 of the factor P is scaled by before its fp8 rounding
@@ -66,6 +67,14 @@ def quantize_fp8(x, dtype=torch.float8_e4m3fn, group=1):
     return x8, descale
 
 
+def packed_key_pos(j):
+    """Position of key j (an int or an integer tensor) in the packed fp8 V layout (Fp8V): within each group of
+    16 keys, key 8g + 2c + b sits at 4c + 2g + b, the order in which a thread holds the scores of the tensor
+    cores' accumulator and the order the fp8 P operand takes them in (so P goes from one to the other without
+    moving between threads). Also compiled into the kernels (kernels.packed_key_pos)."""
+    return (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)
+
+
 def is_seq_major(v) -> bool:
     """V [B, S, H, D] / [total, H, D] whose sequence dimension is contiguous."""
     return v.stride(-3) == 1 and v.stride(-1) != 1
@@ -77,7 +86,7 @@ class Fp8V:
 
     `data` is a [B, Hkv, Dv, S'] tensor, S' = Sk rounded up to 64: sequence-major (fp8 tensor-core operands
     must be K-major, and the K of the P V product is the key index), keys reordered within each group of 16
-    into the order the P operand's registers take them (kernels.packed_key_pos), zeros past Sk. Its values
+    into the order the P operand's registers take them (packed_key_pos), zeros past Sk. Its values
     are not V's in plain order: read V back with `unpack()`.
     """
     __slots__ = ("data", "seqlen")
@@ -104,8 +113,7 @@ class Fp8V:
 
     def unpack(self):
         """V as a plain [B, Sk, Hkv, Dv] tensor (keys in order)."""
-        j = torch.arange(self.seqlen, device=self.data.device)
-        pos = (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)
+        pos = packed_key_pos(torch.arange(self.seqlen, device=self.data.device))
         return self.data[..., pos].permute(0, 3, 1, 2).contiguous()
 
     def __repr__(self):

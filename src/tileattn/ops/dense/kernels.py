@@ -37,6 +37,8 @@ Constexpr options:
 import triton
 import triton.language as tl
 
+from . import fp8
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -81,12 +83,8 @@ def visible(o_m, o_j, seqlen_k, off_diag, left, right, HAS_LEFT: tl.constexpr, H
     return vis
 
 
-@triton.jit
-def packed_key_pos(j):
-    """Position of key j in the packed fp8 V layout (fp8.py): within each group of 16 keys, key 8g + 2c + b
-    sits at 4c + 2g + b, the order in which a thread holds the scores of the tensor cores' accumulator and the
-    order the fp8 P operand takes them in (so P goes from one to the other without moving between threads)."""
-    return (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)
+# the packed fp8 V layout's key order, written once in fp8.py (it also runs on torch tensors there)
+packed_key_pos = triton.jit(fp8.packed_key_pos)
 
 
 @triton.jit
@@ -110,7 +108,7 @@ def _load_kv_tile(src, stride_s, stride_d, i_b, i_h, row0, n0, o_n, o_d, seqlen_
         if PACKED:  # key j sits at packed_key_pos(j) (fp8.Fp8V; stride_s = 1)
             p_x = src + packed_key_pos(n0 + o_n).to(tl.int64)[:, None] + o_d[None, :] * stride_d
         else:
-            p_x = src + (n0 + o_n).to(tl.int64)[:, None] * stride_s + o_d[None, :] * stride_d  # [BLOCK_N, BLOCK_D]
+            p_x = src + (n0 + o_n).to(tl.int64)[:, None] * stride_s + o_d[None, :] * stride_d  # [N, D] tile
         if CHECK_N:
             b_x = tl.load(p_x, mask=((n0 + o_n) < seqlen_k)[:, None] & (o_d < D)[None, :], other=0.0)
         elif EVEN_D:

@@ -125,8 +125,8 @@ VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "qd_ptr", "kd_ptr"
 
 def kernel_call(q, k, v, out, lse, scale, window_left, window_right, softcap, align_bottom_right, return_lse,
                 cfg: Sm90Config = None, programs: int = None, descales=(None, None, None), out_scale=1.0):
-    """(kernel, grid, args, kwargs) of the Gluon kernel for validated, supported inputs (fp8: V ready, see
-    v_ready). `programs` overrides the number of CTAs (tests: few CTAs walking many tiles). descales: fp8
+    """(kernel, grid, args, kwargs) of the Gluon kernel for validated, supported inputs (fp8: v is the view of
+    an fp8.Fp8V). `programs` overrides the number of CTAs (tests: few CTAs walking many tiles). descales: fp8
     descale tensors or Nones; out_scale: the output factor (fp8 v descale as a number)."""
     from .gluon_sm90 import attn_fwd_sm90_kernel
     cfg = cfg or config_for(q.shape[-1], q.dtype)
