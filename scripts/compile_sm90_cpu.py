@@ -42,7 +42,7 @@ def main():
     p.add_argument("--softcap", type=float, default=0.0)
     p.add_argument("--lse", action="store_true")
     p.add_argument("--descale", action="store_true")
-    p.add_argument("--cfg", default=None, help="BM:BN:ST:REGS")
+    p.add_argument("--cfg", default=None, help="BM:BN:ST:REGS[:CONSUMERS]")
     args = p.parse_args()
     from triton.runtime import driver
     driver.set_active(_FakeDriver())
@@ -62,13 +62,15 @@ def main():
     lse = torch.empty(B, H, N, dtype=torch.float32)
     cfg = launch_sm90.config_for(D, dt)
     if args.cfg:
-        bm, bn, st, regs = (int(x) for x in args.cfg.split(":"))
-        cfg = launch_sm90.Sm90Config(bm, bn, st, regs)
+        bm, bn, st, regs, *nc = (int(x) for x in args.cfg.split(":"))
+        cfg = launch_sm90.Sm90Config(bm, bn, st, regs, consumers=nc[0] if nc else 2)
     ds = (torch.ones(B, H), torch.ones(B, H), torch.ones(B, H)) if args.descale else (None, None, None)
     kernel, grid, a, kw = launch_sm90.kernel_call(q, k, v, out, lse, D ** -0.5, -1, 0 if args.causal else -1,
                                                   args.softcap, True, args.lse, cfg, programs=132,
                                                   descales=ds)
     ck = kernel.warmup(*a, grid=grid, **kw)
+    open("/tmp/sm90_cpu.llir", "w").write(ck.asm["llir"])
+    open("/tmp/sm90_cpu.ptx", "w").write(ck.asm["ptx"])
     print("shared", ck.metadata.shared)
     cubin = "/tmp/sm90_cpu.cubin"
     with open(cubin, "wb") as f:
@@ -78,7 +80,7 @@ def main():
     res = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
     print(re.sub(r"\s+", " ", res.split("Function")[-1])[:300])
     sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
-    for op in ("HGMMA", "QGMMA", "MUFU.EX2", "STL", "LDL", "SHFL", "PRMT", "F2FP", "BAR.SYNC"):
+    for op in ("HGMMA", "QGMMA", "MUFU.EX2", "STL", "LDL", "SHFL", "PRMT", "LOP3", "SHF", "F2FP", "BAR.SYNC"):
         print(f"{op:10s} {len(re.findall(op, sass))}")
 
 

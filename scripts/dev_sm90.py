@@ -1,6 +1,6 @@
 """Check and time the Hopper Gluon forward kernel directly (before and besides its wiring into the API).
 
-    python scripts/dev_sm90.py [--quick] [--cfg D:BM:BN:STAGES:REGS[:PERSISTENT] ...]
+    python scripts/dev_sm90.py [--quick] [--cfg D:BM:BN:STAGES:REGS[:PERSISTENT[:CONSUMERS]] ...]
 
 1. correctness of launch_sm90.launch against the float32 reference (tolerance rule) over edge cases;
 2. the dense grid (B=4, H=32, fp16): Gluon kernel vs the portable Triton kernel vs cuDNN, outputs checked
@@ -111,7 +111,7 @@ def _variant(q, k, v, causal, cfg, old=False):
     scales = mod.scales(scale, 0.0)
 
     def f():
-        run(grid, q, k, v, out, lse, *scales)
+        run(grid, q, k, v, out, lse, lse, lse, lse, *scales, 1.0)  # no descales: placeholders, out_scale 1
         return out
     return f
 
@@ -157,7 +157,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS[:PERSISTENT 0/1]")
+    ap.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS[:PERSISTENT 0/1[:CONSUMERS]]")
     ap.add_argument("--old", action="store_true",
                     help="also time another revision's kernel (scripts/snapshot_sm90.sh REV puts it in "
                          "scripts/scratch_old)")
@@ -165,7 +165,8 @@ def main():
     cfgs, variants = {}, {}
     for s in a.cfg:
         d, bm, bn, st, regs, *rest = (int(x) for x in s.split(":"))
-        cfg = launch_sm90.Sm90Config(bm, bn, st, regs, bool(rest[0]) if rest else True)
+        cfg = launch_sm90.Sm90Config(bm, bn, st, regs, bool(rest[0]) if rest else True,
+                                     consumers=rest[1] if len(rest) > 1 else 2)
         cfgs.setdefault(d, []).append(cfg)
         variants[s] = (d, dict(cfg=cfg))
     if a.old:

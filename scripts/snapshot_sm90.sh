@@ -11,7 +11,7 @@ mkdir -p "$dir"
 git show "$rev:src/tileattn/ops/dense/gluon_sm90.py" \
   | sed 's/^from \. import kernels/from tileattn.ops.dense import kernels/' > "$dir/gluon_sm90.py"
 git show "$rev:src/tileattn/ops/dense/launch_sm90.py" \
-  | sed 's/^from \.\.\. import hw/from tileattn import hw/; s/^from \.kernels import/from tileattn.ops.dense.kernels import/; s/^from \.launch import/from tileattn.ops.dense.launch import/; s/from \.gluon_sm90 import/from scripts.scratch_old.gluon_sm90 import/' \
+  | sed 's/^from \.\.\. import hw/from tileattn import hw/; s/^from \.kernels import/from tileattn.ops.dense.kernels import/; s/^from \.launch import/from tileattn.ops.dense.launch import/; s/^from \.fp8 import/from tileattn.ops.dense.fp8 import/; s/from \.gluon_sm90 import/from scripts.scratch_old.gluon_sm90 import/' \
   > "$dir/launch_sm90.py"
 echo "$rev" > "$dir/REVISION"
 echo "wrote $dir from $rev"

@@ -163,6 +163,28 @@ def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.c
 
 
 @gluon.jit
+def _p_carry(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
+    """P as the pipelined loop carries it to the next iteration's p.v: float32 for fp8 (converted in the block
+    that issues the wgmma, _p_from_carry), else the 16-bit operand itself. An fp8 operand carried around the
+    loop is one byte per register across the back edge, and packing those bytes for the wgmma cost ~100 PRMT
+    per thread and block (bench/NOTES.md); 16-bit operands carried as they are measured ~1% faster than float32
+    (scripts/dev_sm90.py --old, 2026-11-21)."""
+    if dtype.primitive_bitwidth == 8:
+        return p
+    else:
+        return _p_operand(p, dtype, p_layout, PACKED_KEYS)
+
+
+@gluon.jit
+def _p_from_carry(p_carry, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
+    """The p.v A operand from what _p_carry returned."""
+    if dtype.primitive_bitwidth == 8:
+        return _p_operand(p_carry, dtype, p_layout, PACKED_KEYS)
+    else:
+        return p_carry
+
+
+@gluon.jit
 def _v_operand(v_bufs, s, V_SEQ_MAJOR: gl.constexpr):
     """Ring buffer s of V as the [BLOCK_N, DV] B operand of p.v (a transposed view of a sequence-major tile)."""
     if V_SEQ_MAJOR:
@@ -172,15 +194,15 @@ def _v_operand(v_bufs, s, V_SEQ_MAJOR: gl.constexpr):
 
 
 @gluon.jit
-def _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
+def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
                      v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out,
                      MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                      o_layout: gl.constexpr, p_layout: gl.constexpr, P_SHIFT: gl.constexpr,
                      V_SEQ_MAJOR: gl.constexpr):
     """Steady-state iterations b in [b_start, b_end): q.k of block b and p.v of block b - 1 go to the tensor
-    cores together; the softmax of b waits only for the first. p_op holds P of block b - 1; block b sits in
-    ring buffer (kv + b) % STAGES.
+    cores together; the softmax of b waits only for the first. p_carry holds P of block b - 1 (_p_carry);
+    block b sits in ring buffer (kv + b) % STAGES.
 
     No data-dependent branch inside the loop (MASKED is a constexpr): the assembler keeps a wgmma in flight
     only across straight-line code, and waits for all of them at a join."""
@@ -196,19 +218,20 @@ def _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b_start, b_end, o_m, o_n, q_
         mbarrier.wait(k_ready.index(s), ((kv + it) // STAGES) & 1)
         qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False,
                            is_async=True)
+        p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
         mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo + it * BLOCK_N, o_m, o_n, MASKED, seqlen_k,
                                             off_diag, left, right, sm_scale, softcap_scale, softcap_out, HAS_LEFT,
                                             HAS_RIGHT, HAS_SOFTCAP, P_SHIFT)
-        # P of this block overwrites the registers the p.v wgmma in flight reads: convert only after its wait.
-        # (ptxas 12.x still schedules this wait ahead of most of the softmax; see bench/NOTES.md.)
+        # a 16-bit P of this block overwrites the registers the p.v wgmma in flight reads: convert only after its
+        # wait. (ptxas 12.x still schedules this wait ahead of most of the softmax; see bench/NOTES.md.)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(sp))
-        p_op = _p_operand(p, dtype, p_layout, V_SEQ_MAJOR)
+        p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
         acc = acc * gl.convert_layout(alpha, o_row)[:, None]
-    return acc, m_i, l_i, p_op
+    return acc, m_i, l_i, p_carry
 
 
 @gluon.jit
@@ -227,7 +250,7 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=32 // dtype.primitive_bitwidth)
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+    p_carry = _p_carry(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), dtype, p_layout, V_SEQ_MAJOR)
     if n_blocks > 0:
         mbarrier.wait(k_ready.index(kv % STAGES), (kv // STAGES) & 1)
         qk = warpgroup_mma(q_smem, k_bufs.index(kv % STAGES).reshape([BLOCK_N, D]).permute((1, 0)),
@@ -237,25 +260,26 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo, o_m, o_n, True, seqlen_k, off_diag, left, right,
                                             sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                             P_SHIFT)
-        p_op = _p_operand(p, dtype, p_layout, V_SEQ_MAJOR)
+        p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
     b1 = gl.maximum(b_full_lo, 1)
     b2 = gl.maximum(b_full_hi, b1)
-    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs,
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs,
                                            k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
                                            softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                            STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
-    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs,
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs,
                                            k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
                                            softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                            STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
-    acc, m_i, l_i, p_op = _pipelined_steps(acc, m_i, l_i, p_op, kv, n_lo, b2, n_blocks, o_m, o_n, q_smem, k_bufs,
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b2, n_blocks, o_m, o_n, q_smem, k_bufs,
                                            v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
                                            sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
                                            HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
     if n_blocks > 0:
         sp = (kv + n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+        acc = warpgroup_mma(_p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR),
+                            _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(sp))
     return acc, m_i, l_i
@@ -376,12 +400,12 @@ def attn_fwd_sm90_kernel(
     stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     sm_scale, softcap_scale, softcap_out, out_scale, left, right,
-    BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    BLOCK_M: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
     HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
 ):
-    """Grid: (programs,), any number up to the tile count cdiv(Sq, 2 * BLOCK_M) * num_bh (one per SM makes it
+    """Grid: (programs,), any number up to the tile count cdiv(Sq, NUM_CONSUMERS * BLOCK_M) * num_bh (one per SM makes it
     persistent; one per tile is a plain grid); num_warps = 4 (the first consumer warpgroup).
 
     Descriptors: q/o over [B, Sq, Hq, D] with block [1, BLOCK_M, 1, D], k over [B, Sk, Hkv, D] with block
@@ -390,7 +414,6 @@ def attn_fwd_sm90_kernel(
     lse [B, Hq, Sq] float32 (natural log) when RETURN_LSE. fp8: descales [B, Hkv] (strides 0 broadcast one
     value) with HAS_DESCALE; out = (P V / l) * out_scale (* v descale) staged in SEPARATE_O buffers.
     """
-    NUM_CONSUMERS: gl.constexpr = 2
     num_m = gl.cdiv(seqlen_q, NUM_CONSUMERS * BLOCK_M)
     num_tiles = num_m * num_bh
     if ALIGN_BOTTOM_RIGHT:
@@ -420,20 +443,48 @@ def attn_fwd_sm90_kernel(
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
 
-    gl.warp_specialize([
-        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
-                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
-                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
-                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 0, BLOCK_M, STAGES,
-                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+    # the partitions' (function, args) entries are written out in each call: Gluon takes them only inline, and
+    # drops the constexpr-ness of values in a tuple built by concatenation
+    if NUM_CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 0, BLOCK_M,
+                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
                      P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
-        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
-                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
-                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
-                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 1, BLOCK_M, STAGES,
-                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 1, BLOCK_M,
+                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
                      P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
-        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
-                   right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
+                   STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.static_assert(NUM_CONSUMERS == 3, "2 or 3 consumer warpgroups")
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 0, BLOCK_M,
+                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 1, BLOCK_M,
+                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 2, BLOCK_M,
+                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
+                   STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
