@@ -1,6 +1,7 @@
 """Check and time the Hopper Gluon forward kernel directly (before and besides its wiring into the API).
 
-    python scripts/dev_sm90.py [--quick] [--cfg D:BM:BN:STAGES:REGS[:PERSISTENT[:CONSUMERS]] ...]
+    python scripts/dev_sm90.py [--quick] [--dims 64,128]
+        [--cfg D:BM:BN:STAGES:REGS[:PERSISTENT[:CONSUMERS[:Q_SLOTS]]] ...]
 
 1. correctness of launch_sm90.launch against the float32 reference (tolerance rule) over edge cases;
 2. the dense grid (B=4, H=32, fp16): Gluon kernel vs the portable Triton kernel vs cuDNN, outputs checked
@@ -29,7 +30,7 @@ def run_gluon(q, k, v, causal=False, window=(-1, -1), softcap=0.0, return_lse=Fa
     left, right = launch.effective_window(causal, window)
     out = torch.full(q.shape[:-1] + (v.shape[-1],), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
-    assert launch_sm90.supports(q, k, v, out, False, False, scale, softcap)
+    assert launch_sm90.supports(q, k, v, out, False, False, scale, softcap)  # the shape (masks: any)
     launch_sm90.launch(q, k, v, out, lse, scale, left, right, softcap, bottom_right, return_lse, cfg=cfg,
                        programs=programs)
     return out, lse
@@ -56,7 +57,7 @@ def correctness(cfgs):
     fails = 0
     f16, bf16 = torch.float16, torch.bfloat16
     cases = []
-    for d in (64, 128):
+    for d in sorted(launch_sm90._CONFIGS):
         for (sq, sk) in ((1, 1), (17, 17), (127, 127), (1000, 1000), (128, 1000), (1000, 128), (17, 300),
                          (300, 17), (256, 256), (2048, 2048)):
             for causal in (False, True):
@@ -86,7 +87,7 @@ def correctness(cfgs):
     v = rand(2, 4, 444, 128, dtype=f16).transpose(1, 2)
     fails += not check("head-major strides D128 causal", q, k, v, causal=True)
     # persistent grid: few CTAs walk many tiles of unequal length (barrier phases carried across tiles)
-    for d in (64, 128):
+    for d in sorted(launch_sm90._CONFIGS):
         for programs in (1, 3, 37, None):
             for kw in (dict(causal=True), dict(window=(100, 20)), dict()):
                 q = rand(3, 333, 16, d, dtype=f16)
@@ -116,12 +117,12 @@ def _variant(q, k, v, causal, cfg, old=False):
     return f
 
 
-def bench(quick, variants):
+def bench(quick, variants, dims=(64, 128)):
     """variants: {name: (D or None, kwargs of _variant)}; tileattn's default plan and cuDNN always run."""
     torch.manual_seed(0)
     rows = {}
     ns = (1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384)
-    for d in (64, 128):
+    for d in dims:
         for causal in (False, True):
             for n in ns:
                 B, H = 4, 32
@@ -157,7 +158,9 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS[:PERSISTENT 0/1[:CONSUMERS]]")
+    ap.add_argument("--dims", default="64,128", help="head dims of the benchmark grid")
+    ap.add_argument("--cfg", action="append", default=[],
+                    help="D:BM:BN:STAGES:REGS[:PERSISTENT 0/1[:CONSUMERS[:Q_SLOTS]]]")
     ap.add_argument("--old", action="store_true",
                     help="also time another revision's kernel (scripts/snapshot_sm90.sh REV puts it in "
                          "scripts/scratch_old)")
@@ -166,7 +169,8 @@ def main():
     for s in a.cfg:
         d, bm, bn, st, regs, *rest = (int(x) for x in s.split(":"))
         cfg = launch_sm90.Sm90Config(bm, bn, st, regs, bool(rest[0]) if rest else True,
-                                     consumers=rest[1] if len(rest) > 1 else 2)
+                                     consumers=rest[1] if len(rest) > 1 else 2,
+                                     q_slots=rest[2] if len(rest) > 2 else 2)
         cfgs.setdefault(d, []).append(cfg)
         variants[s] = (d, dict(cfg=cfg))
     if a.old:
@@ -174,7 +178,7 @@ def main():
     fails = 0 if a.no_check else correctness(cfgs)
     print(f"CHECK failures: {fails}", flush=True)
     if not a.no_bench:
-        bench(a.quick, variants)
+        bench(a.quick, variants, tuple(int(x) for x in a.dims.split(",")))
     sys.exit(1 if fails else 0)
 
 

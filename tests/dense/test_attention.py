@@ -201,9 +201,10 @@ def test_gpu_varlen(dtype, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_sm90_dispatch(D, device, monkeypatch):
-    """On an H100, D = 64 / 128 go to the Gluon kernel; TILEATTN_SM90=0 and a smaller budget send them to the
+    """On an H100, D = 64 / 128 go to the Gluon kernel, D = 256 when there is no right bound (causal D = 256
+    stays on the portable kernel, launch_sm90._CONFIGS); TILEATTN_SM90=0 and a smaller budget send them to the
     portable one; both agree with the reference."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
@@ -212,9 +213,11 @@ def test_gpu_sm90_dispatch(D, device, monkeypatch):
     v = randn(2, 1100, 2, D, dtype=torch.float16, device=device)
     out = torch.empty_like(q)
     assert plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    assert plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0, causal=True) == (D != 256)
     assert not plans.use_sm90(q, k, v, out, False, -1.0, 0.0)  # the kernel needs a positive scale
     assert not plans.use_sm90(q[:, :, :, : D - 8], k[:, :, :, : D - 8], v, out, False, 0.1, 0.0)
     _check(q, k, v, causal=True)
+    _check(q, k, v)
     monkeypatch.setenv("TILEATTN_SM90", "0")
     assert not plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
     plans.clear_plans()
@@ -226,12 +229,13 @@ def test_gpu_sm90_dispatch(D, device, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("opts", [dict(causal=True), dict(window=(100, 20)), dict(causal=True, softcap=30.0)],
-                         ids=["causal", "window", "causal-softcap"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("opts", [dict(), dict(causal=True), dict(window=(100, 20)), dict(causal=True, softcap=30.0)],
+                         ids=["full", "causal", "window", "causal-softcap"])
 def test_gpu_sm90_persistent(D, opts, device):
     """The Gluon kernel's CTAs walk many tiles of unequal length (barrier phases and Q slots carried across
-    tiles): through the API (more tiles than SMs) and with 1 and 7 CTAs for the whole problem."""
+    tiles; D = 256 has one Q slot): through the API (more tiles than SMs) and with 1 and 7 CTAs for the whole
+    problem, launched directly (masks the API sends elsewhere included)."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
     from tileattn.ops.dense import launch_sm90

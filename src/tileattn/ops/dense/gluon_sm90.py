@@ -3,9 +3,9 @@
 A tile is NUM_CONSUMERS * BLOCK_M query rows of one (batch, query head). The grid may be persistent: each
 CTA walks one tile per round (`_tile_of`: heaviest causal query blocks first, dealt out in a snake), and its
 partitions keep their barrier phases running across tiles:
-  - a loader partition (one warp) loads a tile's Q into one of two Q slots (the next tile's Q arrives while
-    the current tile runs), then streams its K and V tiles through a ring of STAGES shared-memory buffers
-    with TMA, signalling `k_ready` / `v_ready` barriers per buffer;
+  - a loader partition (one warp) loads a tile's Q into one of Q_SLOTS Q slots (with two, the next tile's Q
+    arrives while the current tile runs; D = 256 has room for one), then streams its K and V tiles through a
+    ring of STAGES shared-memory buffers with TMA, signalling `k_ready` / `v_ready` barriers per buffer;
   - NUM_CONSUMERS consumer warpgroups (4 warps each) own BLOCK_M rows each: S = Q K^T by wgmma from shared
     memory, the online softmax in registers, O += P V with P from registers. They read the same K/V
     buffers; a buffer is handed back to the loader when every consumer has arrived on its `empty` barrier.
@@ -98,16 +98,17 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
                j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right,
                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
                HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
-    """The loads of one tile: Q into slot j % 2, then its K/V blocks into the ring from position kv."""
+    """The loads of one tile: Q into slot j % Q_SLOTS, then its K/V blocks into the ring from position kv."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
     i_hk = i_h // group_size
     m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right,
                                     NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    slot = j % 2
+    Q_SLOTS: gl.constexpr = q_ready.shape[0]
+    slot = j % Q_SLOTS
     # slots and buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh one)
-    mbarrier.wait(q_empty.index(slot), ((j // 2) & 1) ^ 1)
+    mbarrier.wait(q_empty.index(slot), ((j // Q_SLOTS) & 1) ^ 1)
     mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(NUM_CONSUMERS):
         tma.async_copy_global_to_shared(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
@@ -327,7 +328,7 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                   RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
                   SEPARATE_O: gl.constexpr):
-    """This warpgroup's rows of one tile: Q from slot j % 2, K/V blocks from ring position kv. O is stored
+    """This warpgroup's rows of one tile: Q from slot j % Q_SLOTS, K/V blocks from ring position kv. O is stored
     through the Q slot (then handed back to the loader), or through this warpgroup's O buffer (SEPARATE_O)."""
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
@@ -359,13 +360,14 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
         b_full_lo = 0
         b_full_hi = 0
 
-    slot = j % 2
+    Q_SLOTS: gl.constexpr = q_ready.shape[0]
+    slot = j % Q_SLOTS
     q_smem = q_bufs.index(slot * NUM_CONSUMERS + WG).reshape([BLOCK_M, D])
     o_m = m0 + gl.arange(0, BLOCK_M, layout=s_row)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
     acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
-    mbarrier.wait(q_ready.index(slot), (j // 2) & 1)
+    mbarrier.wait(q_ready.index(slot), (j // Q_SLOTS) & 1)
     acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
                                        k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
                                        right, sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT,
@@ -400,7 +402,8 @@ def attn_fwd_sm90_kernel(
     stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     sm_scale, softcap_scale, softcap_out, out_scale, left, right,
-    BLOCK_M: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    BLOCK_M: gl.constexpr, NUM_CONSUMERS: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
     HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
@@ -421,8 +424,9 @@ def attn_fwd_sm90_kernel(
     else:
         off_diag = 0
 
-    # two Q slots per consumer (slot-major), STAGES K/V buffers, one O buffer per consumer when O has its own
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape,
+    # Q_SLOTS Q slots of one tile per consumer (slot-major), STAGES K/V buffers, one O buffer per consumer
+    # when O has its own dtype
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS * NUM_CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
@@ -430,12 +434,12 @@ def attn_fwd_sm90_kernel(
         o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     else:
         o_bufs = q_bufs
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(2):
+    for s in gl.static_range(Q_SLOTS):
         mbarrier.init(q_ready.index(s), count=1)
         mbarrier.init(q_empty.index(s), count=NUM_CONSUMERS)
     for s in gl.static_range(STAGES):

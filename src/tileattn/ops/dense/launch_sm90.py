@@ -2,9 +2,9 @@
 
 `supports(...)` says whether the kernel serves a problem, `kernel_call(...)` gives its grid and arguments
 (plans.py replays them), `launch(...)` runs it through Triton's normal path. Problems it does not serve
-(other GPUs or triton versions, the interpreter, varlen, head dims other than 64 / 128, Dv != D,
-TMA-unaligned tensors) go to the portable Triton kernel (plans.use_sm90). fp8 V must be the view of an
-fp8.Fp8V; plans.py packs any other V once per call (fp8.fp8_v_layout).
+(other GPUs or triton versions, the interpreter, varlen, head dims other than 64 / 128 / 256 (fp8: 64 / 128),
+Dv != D, TMA-unaligned tensors) go to the portable Triton kernel (plans.use_sm90). fp8 V must be the view of
+an fp8.Fp8V; plans.py packs any other V once per call (fp8.fp8_v_layout).
 """
 from dataclasses import dataclass
 
@@ -25,10 +25,12 @@ class Sm90Config:
     consumer_regs: int  # registers per thread of the worker consumer warpgroups (setmaxnreg)
     persistent: bool = True  # one CTA per SM looping over tiles (else one CTA per tile)
     consumers: int = 2  # consumer warpgroups (2 or 3)
+    q_slots: int = 2  # Q tiles in flight per consumer (2: the next tile's Q loads during this one)
+    serves_causal: bool = True  # False: problems with a right bound (causal) go to the portable kernel
 
 
-# Per padded head dim. Shared memory: 4 Q tiles (two slots of 2) + stages x (K + V) tiles, within the 227 KB
-# of an H100.
+# Per head dim. Shared memory: q_slots x consumers Q tiles + stages x (K + V) tiles, within the 227 KB of an
+# H100.
 # Chosen from the compiled kernel's registers (no spills in the key loop) and shared memory (inspect_sm90.py);
 # timing sweeps are in bench/NOTES.md.
 # The pipelined loop (FA3's intra-warpgroup overlap) won over a plain one at N >= 4K on the H100 (2026-11-21,
@@ -39,6 +41,12 @@ class Sm90Config:
 _CONFIGS = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
     128: Sm90Config(block_m=64, block_n=128, stages=2, consumer_regs=240),
+    # D = 256: one Q slot (64 KB) and two stages of 64-key K/V tiles (128 KB); a 64 x 256 float32 accumulator
+    # is 128 registers per thread. Against the portable kernel on the H100 (2026-11-21, tileattn bench dense
+    # with TILEATTN_SM90=1/0): non-causal +4-6% (B=1, H=48, N=8K: 509 vs 481 TFLOPS; B=1, H=8, N=16K: 508 vs
+    # 488), causal -2% (H=48, 8K) to -32% (H=8, 16K): causal stays on the portable kernel. 32-key tiles with 4
+    # stages and one CTA per tile were no better (scripts/dev_sm90.py --dims 256).
+    256: Sm90Config(block_m=64, block_n=64, stages=2, consumer_regs=240, q_slots=1, serves_causal=False),
 }
 # fp8 (1-byte Q/K/V tiles, a bf16/fp16 O buffer per consumer): the same tiles, more stages in flight
 _FP8_CONFIGS = {
@@ -62,12 +70,16 @@ def available() -> bool:
         return False
 
 
-def supports(q, k, v, out, varlen, interpret, scale, softcap) -> bool:
-    """Whether the Gluon kernel serves this problem (else the portable kernel does)."""
+def supports(q, k, v, out, varlen, interpret, scale, softcap, causal=False) -> bool:
+    """Whether the Gluon kernel serves this problem (else the portable kernel does). causal: the mask has a
+    right bound."""
     if varlen or interpret or q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
     d, dv = q.shape[-1], v.shape[-1]
-    if d not in _CONFIGS or dv != d or q.dtype not in (torch.float16, torch.bfloat16) and not is_fp8(q.dtype):
+    if q.dtype not in (torch.float16, torch.bfloat16) and not is_fp8(q.dtype):
+        return False
+    cfg = (_FP8_CONFIGS if is_fp8(q.dtype) else _CONFIGS).get(d)
+    if cfg is None or dv != d or causal and not cfg.serves_causal:
         return False
     if softcap <= 0 and scale <= 0:  # the kernel folds a positive scale into exp2 after the row max
         return False
@@ -99,11 +111,11 @@ def config_for(d: int, dtype=torch.float16) -> Sm90Config:
 
 
 def smem_bytes(cfg: Sm90Config, d: int, dv: int, elem_bytes: int, out_bytes: int = None) -> int:
-    """Shared memory of the kernel: 2 Q tiles per consumer, `stages` K and V tiles, 2 O tiles when the output dtype is
-    wider than the input (fp8), 1 KB for barriers and alignment (matches the compiled kernel's figure within
-    that KB, scripts/inspect_sm90.py)."""
+    """Shared memory of the kernel: q_slots Q tiles per consumer, `stages` K and V tiles, one O tile per
+    consumer when the output dtype is wider than the input (fp8), 1 KB for barriers and alignment (matches the
+    compiled kernel's figure within that KB, scripts/inspect_sm90.py)."""
     o = cfg.consumers * cfg.block_m * dv * out_bytes if out_bytes and out_bytes != elem_bytes else 0
-    return (2 * cfg.consumers * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + o + 1024
+    return (cfg.q_slots * cfg.consumers * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + o + 1024
 
 
 def grid_for(cfg: Sm90Config, seqlen_q, num_bh, num_sms):
@@ -153,7 +165,8 @@ def kernel_call(q, k, v, out, lse, scale, window_left, window_right, softcap, al
         window_right,
     )
     kwargs = dict(
-        BLOCK_M=cfg.block_m, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        BLOCK_M=cfg.block_m, NUM_CONSUMERS=cfg.consumers, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages,
+        CONSUMER_REGS=cfg.consumer_regs,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right,
         HAS_SOFTCAP=softcap > 0, RETURN_LSE=return_lse, REVERSE_M=window_right >= 0,
         HAS_DESCALE=any(d_ is not None for d_ in descales), P_SHIFT=P_SHIFT if fp8 else 0, V_SEQ_MAJOR=fp8,

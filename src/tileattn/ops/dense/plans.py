@@ -221,7 +221,7 @@ def _new_plan(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, s
         return _Plan(fill, "no keys")
     if lse is None:
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
-    if use_sm90(q, k, v, out, varlen, scale, softcap):
+    if use_sm90(q, k, v, out, varlen, scale, softcap, right >= 0):
         v_prep = None
         if is_fp8(v.dtype) and not v_packed:  # packed once per call (fp8.py)
             v_prep = _pack_v
@@ -244,13 +244,13 @@ def _pack_v(v):
     return fp8_v_layout(v).view()
 
 
-def use_sm90(q, k, v, out, varlen, scale, softcap):
+def use_sm90(q, k, v, out, varlen, scale, softcap, causal=False):
     """Whether the Hopper Gluon kernel (launch_sm90.py) serves this problem: on an sm90 GPU, for the shapes it
     supports, unless a Triton config is forced (force_config) or TILEATTN_SM90=0 asks for the portable
     kernel everywhere."""
     if _forced.cfg is not None or os.environ.get("TILEATTN_SM90", "1") in ("", "0"):
         return False
-    if not launch_sm90.supports(q, k, v, out, varlen, hw.interpreter_enabled(), scale, softcap):
+    if not launch_sm90.supports(q, k, v, out, varlen, hw.interpreter_enabled(), scale, softcap, causal):
         return False
     # an emulated smaller budget (TILEATTN_SMEM_BUDGET) rules it out like a smaller GPU would
     cfg = launch_sm90.config_for(q.shape[-1], q.dtype)
