@@ -98,7 +98,11 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
                j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right,
                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
                HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
-    """The loads of one tile: Q into slot j % Q_SLOTS, then its K/V blocks into the ring from position kv."""
+    """The loads of one tile: Q into slot j % Q_SLOTS and its K/V blocks into the ring from position kv.
+
+    With two Q slots Q goes first (its slot was freed a tile ago). With one, the slot frees only when the
+    previous tile's O is stored: the first STAGES K/V blocks go before it (their buffers are freed by the
+    previous tile's consumers, which need nothing more from the loader), so the ring is full when Q lands."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
@@ -106,6 +110,12 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right,
                                     NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     Q_SLOTS: gl.constexpr = q_ready.shape[0]
+    if Q_SLOTS == 1:
+        first = gl.minimum(n_blocks, STAGES)
+    else:
+        first = 0
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, 0, first, n_lo, i_b, i_hk, STAGES,
+             V_SEQ_MAJOR)
     slot = j % Q_SLOTS
     # slots and buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh one)
     mbarrier.wait(q_empty.index(slot), ((j // Q_SLOTS) & 1) ^ 1)
@@ -113,7 +123,17 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     for c in gl.static_range(NUM_CONSUMERS):
         tma.async_copy_global_to_shared(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
                                         q_bufs.index(slot * NUM_CONSUMERS + c))
-    for it in range(n_blocks):
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, i_b, i_hk,
+             STAGES, V_SEQ_MAJOR)
+    return j + 1, kv + n_blocks
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_lo, it_hi, n_lo, i_b, i_hk,
+             STAGES: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
+    """K/V blocks it_lo..it_hi - 1 of a tile (keys from n_lo) into ring positions kv + it."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    for it in range(it_lo, it_hi):
         s = (kv + it) % STAGES
         phase = ((kv + it) // STAGES) & 1
         n0 = n_lo + it * BLOCK_N
@@ -125,7 +145,6 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
             tma.async_copy_global_to_shared(v_desc, [i_b, i_hk, 0, n0], v_ready.index(s), v_bufs.index(s))
         else:
             tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
-    return j + 1, kv + n_blocks
 
 
 @gluon.jit
