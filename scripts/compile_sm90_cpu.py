@@ -42,7 +42,7 @@ def main():
     p.add_argument("--softcap", type=float, default=0.0)
     p.add_argument("--lse", action="store_true")
     p.add_argument("--descale", action="store_true")
-    p.add_argument("--cfg", default=None, help="BM:BN:ST:REGS[:CONSUMERS]")
+    p.add_argument("--cfg", default=None, help="BM:BN:ST:REGS[:Q_SLOTS]")
     args = p.parse_args()
     from triton.runtime import driver
     driver.set_active(_FakeDriver())
@@ -62,8 +62,8 @@ def main():
     lse = torch.empty(B, H, N, dtype=torch.float32)
     cfg = launch_sm90.config_for(D, dt)
     if args.cfg:
-        bm, bn, st, regs, *nc = (int(x) for x in args.cfg.split(":"))
-        cfg = launch_sm90.Sm90Config(bm, bn, st, regs, consumers=nc[0] if nc else 2)
+        bm, bn, st, regs, *slots = (int(x) for x in args.cfg.split(":"))
+        cfg = launch_sm90.Sm90Config(bm, bn, st, regs, q_slots=slots[0] if slots else 2)
     ds = (torch.ones(B, H), torch.ones(B, H), torch.ones(B, H)) if args.descale else (None, None, None)
     kernel, grid, a, kw = launch_sm90.kernel_call(q, k, v, out, lse, D ** -0.5, -1, 0 if args.causal else -1,
                                                   args.softcap, True, args.lse, cfg, programs=132,

@@ -1,6 +1,6 @@
 """Time tileattn fp8 (e4m3, V in the fast layout) against tileattn fp16 on a few dense shapes (B=4, H=32).
 
-    python scripts/dev_fp8.py [--shapes D:N:causal,...] [--check] [--cfg D:BM:BN:STAGES:REGS[:CONSUMERS] ...]
+    python scripts/dev_fp8.py [--shapes D:N:causal,...] [--check] [--cfg D:BM:BN:STAGES:REGS ...]
 """
 import argparse
 import os
@@ -15,13 +15,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="64:4096:0,64:4096:1,128:4096:0,128:4096:1,128:16384:0,128:16384:1")
     p.add_argument("--check", action="store_true")
-    p.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS[:CONSUMERS], the fp8 Gluon config of D")
+    p.add_argument("--cfg", action="append", default=[], help="D:BM:BN:STAGES:REGS, the fp8 Gluon config of D")
     args = p.parse_args()
     import tileattn
     from tileattn.ops.dense import launch_sm90
     for c in args.cfg:
-        d, bm, bn, st, regs, *nc = (int(x) for x in c.split(":"))
-        launch_sm90._FP8_CONFIGS[d] = launch_sm90.Sm90Config(bm, bn, st, regs, consumers=nc[0] if nc else 2)
+        d, bm, bn, st, regs = (int(x) for x in c.split(":"))
+        launch_sm90._FP8_CONFIGS[d] = launch_sm90.Sm90Config(bm, bn, st, regs)
         print("config", d, launch_sm90._FP8_CONFIGS[d])
     from tileattn.bench.common import attn_tflops, do_bench
     for spec in args.shapes.split(","):

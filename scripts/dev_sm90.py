@@ -1,7 +1,7 @@
 """Check and time the Hopper Gluon forward kernel directly (before and besides its wiring into the API).
 
     python scripts/dev_sm90.py [--quick] [--dims 64,128]
-        [--cfg D:BM:BN:STAGES:REGS[:PERSISTENT[:CONSUMERS[:Q_SLOTS]]] ...]
+        [--cfg D:BM:BN:STAGES:REGS[:PERSISTENT[:Q_SLOTS]] ...]
 
 1. correctness of launch_sm90.launch against the float32 reference (tolerance rule) over edge cases;
 2. the dense grid (B=4, H=32, fp16): Gluon kernel vs the portable Triton kernel vs cuDNN, outputs checked
@@ -160,7 +160,7 @@ def main():
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--dims", default="64,128", help="head dims of the benchmark grid")
     ap.add_argument("--cfg", action="append", default=[],
-                    help="D:BM:BN:STAGES:REGS[:PERSISTENT 0/1[:CONSUMERS[:Q_SLOTS]]]")
+                    help="D:BM:BN:STAGES:REGS[:PERSISTENT 0/1[:Q_SLOTS]]")
     ap.add_argument("--old", action="store_true",
                     help="also time another revision's kernel (scripts/snapshot_sm90.sh REV puts it in "
                          "scripts/scratch_old)")
@@ -169,8 +169,7 @@ def main():
     for s in a.cfg:
         d, bm, bn, st, regs, *rest = (int(x) for x in s.split(":"))
         cfg = launch_sm90.Sm90Config(bm, bn, st, regs, bool(rest[0]) if rest else True,
-                                     consumers=rest[1] if len(rest) > 1 else 2,
-                                     q_slots=rest[2] if len(rest) > 2 else 2)
+                                     q_slots=rest[1] if len(rest) > 1 else 2)
         cfgs.setdefault(d, []).append(cfg)
         variants[s] = (d, dict(cfg=cfg))
     if a.old:

@@ -4,7 +4,8 @@ A config table is a list of candidates per key, best first; the first candidate 
 shared-memory budget is used (hw.py; TILEATTN_SMEM_BUDGET emulates smaller GPUs). Autotuning (opt-in, see
 launch.py) times every candidate that fits instead of taking the first.
 
-Keys: (arch family, padded head dim of Q/K/V, causal (any right bound), sequence-length bucket). Table entries say which measurement chose them.
+Keys: (arch family, padded head dim of Q/K/V, causal (any right bound), sequence-length bucket). Table entries
+say which measurement chose them.
 """
 from dataclasses import dataclass
 

@@ -283,18 +283,21 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
     b1 = gl.maximum(b_full_lo, 1)
     b2 = gl.maximum(b_full_hi, b1)
-    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs,
-                                           k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
-                                           softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                           STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
-    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs,
-                                           k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale,
-                                           softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                           STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs,
+                                              v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
+                                              sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
+                                              HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
+                                              V_SEQ_MAJOR)
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs,
+                                              v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
+                                              sm_scale, softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT,
+                                              HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
+                                              V_SEQ_MAJOR)
     acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b2, n_blocks, o_m, o_n, q_smem, k_bufs,
-                                           v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
-                                           sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
-                                           HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR)
+                                              v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
+                                              sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
+                                              HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
+                                              V_SEQ_MAJOR)
     if n_blocks > 0:
         sp = (kv + n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
@@ -421,13 +424,12 @@ def attn_fwd_sm90_kernel(
     stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     sm_scale, softcap_scale, softcap_out, out_scale, left, right,
-    BLOCK_M: gl.constexpr, NUM_CONSUMERS: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
+    BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
     HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
 ):
-    """Grid: (programs,), any number up to the tile count cdiv(Sq, NUM_CONSUMERS * BLOCK_M) * num_bh (one per SM makes it
+    """Grid: (programs,), any number up to the tile count cdiv(Sq, 2 * BLOCK_M) * num_bh (one per SM makes it
     persistent; one per tile is a plain grid); num_warps = 4 (the first consumer warpgroup).
 
     Descriptors: q/o over [B, Sq, Hq, D] with block [1, BLOCK_M, 1, D], k over [B, Sk, Hkv, D] with block
@@ -436,6 +438,7 @@ def attn_fwd_sm90_kernel(
     lse [B, Hq, Sq] float32 (natural log) when RETURN_LSE. fp8: descales [B, Hkv] (strides 0 broadcast one
     value) with HAS_DESCALE; out = (P V / l) * out_scale (* v descale) staged in SEPARATE_O buffers.
     """
+    NUM_CONSUMERS: gl.constexpr = 2
     num_m = gl.cdiv(seqlen_q, NUM_CONSUMERS * BLOCK_M)
     num_tiles = num_m * num_bh
     if ALIGN_BOTTOM_RIGHT:
@@ -466,48 +469,20 @@ def attn_fwd_sm90_kernel(
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
 
-    # the partitions' (function, args) entries are written out in each call: Gluon takes them only inline, and
-    # drops the constexpr-ness of values in a tuple built by concatenation
-    if NUM_CONSUMERS == 2:
-        gl.warp_specialize([
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 0, BLOCK_M,
-                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+    gl.warp_specialize([
+        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 0, BLOCK_M, STAGES,
+                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
                      P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 1, BLOCK_M,
-                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 1, BLOCK_M, STAGES,
+                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
                      P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
-            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
-                   STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR)),
-        ], [4, 1], [CONSUMER_REGS, 24])
-    else:
-        gl.static_assert(NUM_CONSUMERS == 3, "2 or 3 consumer warpgroups")
-        gl.warp_specialize([
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 0, BLOCK_M,
-                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 1, BLOCK_M,
-                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                     lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                     stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                     seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 2, BLOCK_M,
-                     STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
-            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
-                   STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
+                   right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR)),
+    ], [4, 1], [CONSUMER_REGS, 24])

@@ -203,8 +203,9 @@ def _attn_key_range(b_acc, b_l, b_m, b_q, k_src, v_src, stride_ks, stride_vs, st
             if MASKED:
                 b_vis = visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
                 b_s = tl.where(b_vis, b_s, float("-inf"))
+            # [BLOCK_N, BLOCK_DV]
             b_v = _load_kv_tile(v_src, stride_vs, stride_vd, i_b, i_hk, k_row0, n0, o_n, o_dv, seqlen_k,
-                                DV, BLOCK_N, BLOCK_DV, EVEN_DV, MASKED, USE_TMA, IS_VARLEN, V_PACKED)  # [BLOCK_N, BLOCK_DV]
+                                DV, BLOCK_N, BLOCK_DV, EVEN_DV, MASKED, USE_TMA, IS_VARLEN, V_PACKED)
             b_acc, b_l, b_m = _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, MASKED, P_SHIFT, ROUND_P)
     return b_acc, b_l, b_m
 

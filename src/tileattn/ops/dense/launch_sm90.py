@@ -19,17 +19,16 @@ from .launch import tma_ok
 
 @dataclass(frozen=True)
 class Sm90Config:
-    block_m: int  # query rows per consumer warpgroup (the CTA computes consumers * block_m)
+    block_m: int  # query rows per consumer warpgroup (the CTA computes 2 * block_m)
     block_n: int  # keys per K/V tile
     stages: int  # K/V tiles in flight (shared-memory ring)
-    consumer_regs: int  # registers per thread of the worker consumer warpgroups (setmaxnreg)
+    consumer_regs: int  # registers per thread of the second consumer warpgroup (setmaxnreg)
     persistent: bool = True  # one CTA per SM looping over tiles (else one CTA per tile)
-    consumers: int = 2  # consumer warpgroups (2 or 3)
     q_slots: int = 2  # Q tiles in flight per consumer (2: the next tile's Q loads during this one)
     serves_causal: bool = True  # False: problems with a right bound (causal) go to the portable kernel
 
 
-# Per head dim. Shared memory: q_slots x consumers Q tiles + stages x (K + V) tiles, within the 227 KB of an
+# Per head dim. Shared memory: 2 x q_slots Q tiles + stages x (K + V) tiles, within the 227 KB of an
 # H100.
 # Chosen from the compiled kernel's registers (no spills in the key loop) and shared memory (inspect_sm90.py);
 # timing sweeps are in bench/NOTES.md.
@@ -114,12 +113,12 @@ def smem_bytes(cfg: Sm90Config, d: int, dv: int, elem_bytes: int, out_bytes: int
     """Shared memory of the kernel: q_slots Q tiles per consumer, `stages` K and V tiles, one O tile per
     consumer when the output dtype is wider than the input (fp8), 1 KB for barriers and alignment (matches the
     compiled kernel's figure within that KB, scripts/inspect_sm90.py)."""
-    o = cfg.consumers * cfg.block_m * dv * out_bytes if out_bytes and out_bytes != elem_bytes else 0
-    return (cfg.q_slots * cfg.consumers * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + o + 1024
+    o = 2 * cfg.block_m * dv * out_bytes if out_bytes and out_bytes != elem_bytes else 0
+    return (2 * cfg.q_slots * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + o + 1024
 
 
 def grid_for(cfg: Sm90Config, seqlen_q, num_bh, num_sms):
-    tiles = triton.cdiv(seqlen_q, cfg.consumers * cfg.block_m) * num_bh
+    tiles = triton.cdiv(seqlen_q, 2 * cfg.block_m) * num_bh
     return (min(tiles, num_sms) if cfg.persistent else tiles,)
 
 
@@ -165,8 +164,7 @@ def kernel_call(q, k, v, out, lse, scale, window_left, window_right, softcap, al
         window_right,
     )
     kwargs = dict(
-        BLOCK_M=cfg.block_m, NUM_CONSUMERS=cfg.consumers, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages,
-        CONSUMER_REGS=cfg.consumer_regs,
+        BLOCK_M=cfg.block_m, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right,
         HAS_SOFTCAP=softcap > 0, RETURN_LSE=return_lse, REVERSE_M=window_right >= 0,
         HAS_DESCALE=any(d_ is not None for d_ in descales), P_SHIFT=P_SHIFT if fp8 else 0, V_SEQ_MAJOR=fp8,
