@@ -2,6 +2,7 @@
 shared memory of each variant, from ptxas, before spending device time.
 
     python scripts/compile_sm90_cpu.py [--dtype fp16|e4m3|e5m2] [--d 128] [--causal] [--vrow]
+    python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--mla-cfg BN:ST:REGS] [--hq 64] [--sq 1]
 
 Triton compiles through its bundled ptxas; a stand-in driver answers the device queries (sm90, 132 SMs).
 """
@@ -43,13 +44,19 @@ def main():
     p.add_argument("--lse", action="store_true")
     p.add_argument("--descale", action="store_true")
     p.add_argument("--cfg", default=None, help="BM:BN:ST:REGS[:Q_SLOTS]")
+    p.add_argument("--mla", action="store_true", help="the MLA decode split kernel")
+    p.add_argument("--mla-cfg", default="32:4:240", help="BN:ST:REGS")
+    p.add_argument("--hq", type=int, default=64)
+    p.add_argument("--sq", type=int, default=1)
     args = p.parse_args()
     from triton.runtime import driver
     driver.set_active(_FakeDriver())
     from tileattn import hw
+    hw.device_info = lambda dev: type("I", (), {"num_sms": 132, "smem_per_block": 232448})()
+    if args.mla:
+        return report(compile_mla(args))
     from tileattn.ops.dense import launch_sm90
     from tileattn.ops.dense.fp8 import fp8_v_layout
-    hw.device_info = lambda dev: type("I", (), {"num_sms": 132, "smem_per_block": 232448})()
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
           "e5m2": torch.float8_e5m2}[args.dtype]
     B, N, H, D = 1, 1024, 2, args.d
@@ -68,7 +75,32 @@ def main():
     kernel, grid, a, kw = launch_sm90.kernel_call(q, k, v, out, lse, D ** -0.5, -1, 0 if args.causal else -1,
                                                   args.softcap, True, args.lse, cfg, programs=132,
                                                   descales=ds)
-    ck = kernel.warmup(*a, grid=grid, **kw)
+    report(kernel.warmup(*a, grid=grid, **kw))
+
+
+def compile_mla(args):
+    from tileattn.ops.mla import launch_sm90, plan as mla_plan
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype if args.dtype in ("fp16", "bf16") else "bf16"]
+    bn, st, regs = (int(x) for x in args.mla_cfg.split(":"))
+    launch_sm90.config_for = lambda *a: None
+    B, P, DC, DR = 4, 64, 512, 64
+    seqlens = torch.full((B,), 1000, dtype=torch.int32)
+    plan = mla_plan.MLADecodePlan.__new__(mla_plan.MLADecodePlan)
+    plan.sm90 = plan.config = launch_sm90.MLASm90Config(bn, st, regs)
+    plan.dc, plan.dr, plan.num_heads, plan.q_len, plan.page_size, plan.causal = DC, DR, args.hq, args.sq, P, True
+    plan.row_blocks, plan.capacity, plan.scale = launch_sm90.row_blocks(args.hq * args.sq), 140, 0.07
+    plan.seqlens, plan.work = seqlens, torch.zeros(140, 4, dtype=torch.int32)
+    plan.o_part, plan.lse_part = torch.empty(132, args.hq * args.sq, DC), torch.empty(132, args.hq * args.sq)
+    qn = torch.randn(B, args.sq, args.hq, DC).to(dt)
+    qp = torch.randn(B, args.sq, args.hq, DR).to(dt)
+    ckv, kpe = torch.randn(64, P, DC).to(dt), torch.randn(64, P, DR).to(dt)
+    bt = torch.zeros(B, 16, dtype=torch.int32)
+    out, lse = torch.empty_like(qn), torch.empty(B, args.hq, args.sq)
+    kernel, grid, a, kw = launch_sm90.kernel_call(plan, qn, qp, ckv, kpe, bt, out, lse, True)
+    return kernel.warmup(*a, grid=grid, **kw)
+
+
+def report(ck):
     open("/tmp/sm90_cpu.llir", "w").write(ck.asm["llir"])
     open("/tmp/sm90_cpu.ptx", "w").write(ck.asm["ptx"])
     print("shared", ck.metadata.shared)

@@ -34,14 +34,20 @@ def make_cache(lens, page_size, dc, dr, dtype, device, spare_pages=3):
     return ckv, kpe, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
 
 
-def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=None, plan_form=False):
-    """Checks one problem; returns the plan when plan_form."""
+def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=None, plan_form=False,
+             portable=False):
+    """Checks one problem; returns the plan when plan_form (portable: the plan gets the portable kernel's
+    config, so the Hopper kernel is not used)."""
     ckv, kpe, table, seqlens = make_cache(lens, page_size, dc, dr, dtype, device)
     qn = randn(len(lens), sq, hq, dc, dtype=dtype, device=device)
     qp = randn(len(lens), sq, hq, dr, dtype=dtype, device=device)
     if plan_form:
+        config = None
+        if portable:
+            from tileattn.ops.mla.plan import candidates
+            config = candidates(64)[0]
         plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, head_dim_ckv=dc, head_dim_kpe=dr,
-                                      page_size=page_size, dtype=dtype, causal=causal, scale=scale)
+                                      page_size=page_size, dtype=dtype, causal=causal, scale=scale, config=config)
         plan.out.fill_(float("nan"))
         plan.lse.fill_(float("nan"))
         out, lse = plan.run(qn, qp, ckv, kpe, table, return_lse=True)
@@ -143,6 +149,25 @@ def test_mla_bad_inputs(device):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_mla(page_size, hq, sq, dtype, device):
     run_case([1, 63, 64, 65, 0, 1000, 4097, 17], page_size, hq, sq, 512, 64, dtype, device)
+
+
+def _sm90(device):
+    from tileattn.ops.mla import launch_sm90
+    return launch_sm90.config_for(device, 64, 512, 64, 64, torch.bfloat16) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [64, 128])
+@pytest.mark.parametrize("hq,sq", [(64, 1), (32, 2), (20, 3), (128, 2)])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_mla_sm90(page_size, hq, sq, causal, device):
+    """The Hopper kernel (when the GPU has it) and the portable one on the same problems: lengths around the
+    step and page sizes, an empty sequence, a sequence split over many work items, rows past Sq * Hq in a tile.
+    """
+    for force_portable in (False, True):
+        plan = run_case([1, 63, 64, 65, 0, 129, 5000, 191], page_size, hq, sq, 512, 64, torch.bfloat16, device,
+                        causal=causal, plan_form=True, portable=force_portable)
+        assert (plan.sm90 is not None) == (_sm90(device) and not force_portable), plan
 
 
 @pytest.mark.gpu

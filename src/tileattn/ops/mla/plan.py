@@ -14,6 +14,7 @@ import torch
 import triton
 
 from ... import hw
+from . import launch_sm90
 from .checks import check_plan_args, check_run_args, check_seqlens
 from .kernels import LOG2E, mla_combine_kernel, mla_split_kernel
 
@@ -134,11 +135,19 @@ class MLADecodePlan:
         self.scale = (head_dim_ckv + head_dim_kpe) ** -0.5 if scale is None else float(scale)
         self.max_pages_per_seq = max_pages_per_seq
         self.rows = q_len * num_heads
-        self.block_m = _block_m(self.rows)
+        if isinstance(config, launch_sm90.MLASm90Config):  # a forced Gluon config (sweeps)
+            self.sm90, config = config, None
+        else:
+            self.sm90 = None if config is not None else launch_sm90.config_for(self.device, self.rows, head_dim_ckv,
+                                                                                  head_dim_kpe, page_size, dtype)
+        # the Gluon kernel's tiles are 64 rows; the portable kernel's fit the rows (16..64)
+        self.block_m = launch_sm90.BLOCK_M if self.sm90 else _block_m(self.rows)
         self.row_blocks = triton.cdiv(self.rows, self.block_m)
-        self.config = config or self._choose_config()
+        # the portable kernel's config: the plan's own, or the fallback for runs whose tensors do not suit TMA
+        self.portable = config or self._choose_config()
+        self.config = self.sm90 or self.portable
         info = hw.device_info(self.device)
-        programs_per_item = self.row_blocks * self.config.out_split
+        programs_per_item = self.row_blocks * (1 if self.sm90 else self.portable.out_split)
         self.target_items = max(1, -(-_WAVES * info.num_sms // programs_per_item))
         self.capacity = self.target_items + self.batch  # work items can never exceed this (choose_chunk)
         self.slot_capacity = self.target_items
@@ -200,18 +209,23 @@ class MLADecodePlan:
         check_run_args(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse)
         out = self.out if out is None else out
         lse = self.lse if lse is None else lse
-        cfg = self.config
-        self.compiled = mla_split_kernel[(self.row_blocks, self.capacity, cfg.out_split)](
-            q_nope, q_pe, ckv_cache, kpe_cache, block_table, self.seqlens, self.work, out, lse, self.o_part,
-            self.lse_part,
-            *q_nope.stride()[:3], *q_pe.stride()[:3],
-            ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1), block_table.stride(0),
-            *out.stride()[:3], lse.stride(0), lse.stride(1),
-            self.num_heads, self.q_len, ckv_cache.shape[0], self.scale * LOG2E,
-            DC=self.dc, DR=self.dr, PAGE=self.page_size, BLOCK_M=self.block_m, BLOCK_N=cfg.block_n,
-            OUT_SPLIT=cfg.out_split, CAUSAL=self.causal, RETURN_LSE=return_lse,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        if self.sm90 and launch_sm90.tensors_ok(q_nope, q_pe, ckv_cache, kpe_cache):
+            kernel, grid, args, kwargs = launch_sm90.kernel_call(self, q_nope, q_pe, ckv_cache, kpe_cache,
+                                                                 block_table, out, lse, return_lse)
+            self.compiled = kernel[grid](*args, **kwargs)
+        else:
+            cfg = self.portable
+            self.compiled = mla_split_kernel[(self.row_blocks, self.capacity, cfg.out_split)](
+                q_nope, q_pe, ckv_cache, kpe_cache, block_table, self.seqlens, self.work, out, lse, self.o_part,
+                self.lse_part,
+                *q_nope.stride()[:3], *q_pe.stride()[:3],
+                ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
+                block_table.stride(0), *out.stride()[:3], lse.stride(0), lse.stride(1),
+                self.num_heads, self.q_len, ckv_cache.shape[0], self.scale * LOG2E,
+                DC=self.dc, DR=self.dr, PAGE=self.page_size, BLOCK_M=self.block_m, BLOCK_N=cfg.block_n,
+                OUT_SPLIT=cfg.out_split, CAUSAL=self.causal, RETURN_LSE=return_lse,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
         block_r = max(1, min(self.block_m, 16384 // self.dc))
         mla_combine_kernel[(triton.cdiv(self.rows, block_r), self.batch)](
             self.o_part, self.lse_part, self.splits, out, lse,

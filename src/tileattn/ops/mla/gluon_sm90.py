@@ -1,0 +1,325 @@
+"""Hopper (sm90) MLA decode split kernel in Gluon: warp-specialized, the 512-wide output split over two
+warpgroups.
+
+The work items and the masking model are those of kernels.py (see its docstring); this kernel computes the
+same partial (or final) outputs, for the plans whose pages hold whole BLOCK_N-token steps (page_size a
+multiple of BLOCK_N), so that a step of the cache is one TMA box per operand.
+
+A tile is 64 query rows (r = t * Hq + h) of one work item. The grid is persistent: CTA p takes tiles p,
+p + nprog, ... (the plan sorts items longest first; the row tiles of one item are neighbours, so they read
+its cache from L2 together). Partitions:
+  - a loader (one warp) loads a tile's Q (the nope part in two DC / 2 halves, and the rope part) into one Q
+    slot, then streams the item's cache steps through a ring of STAGES buffers with TMA: ckv in two halves
+    and kpe, one `kv_ready` barrier per buffer. A step's page id comes from the block table; the next one is
+    read while the loader waits for a free buffer.
+  - two consumer warpgroups, each owning DC / 2 output columns (a 64 x 256 float32 accumulator at DC = 512:
+    one warpgroup cannot hold all 512). Each computes the full scores S = Q K^T by wgmma from shared memory
+    (the 1.5x recompute of Q K^T buys independent warpgroups: no exchange of S between them, and the
+    softmax of one overlaps the other's wgmma), keeps the online softmax in registers (both get the same
+    S, so the same P and row sums), and O += P V with P from registers and V = its half of the ckv buffer.
+    Within a warpgroup, the scores of step i and the P V of step i - 1 go to the tensor cores together
+    (FlashAttention-3's intra-warpgroup pipeline).
+
+Rows of the cache past a sequence's end (the tail of its last page) may hold anything, NaN included: the
+scores are masked with a select, and before the P V of a step that crosses the end each warpgroup zeroes
+those rows of its half of V in shared memory (0 * NaN would poison the accumulator).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _tile_of(r, row_blocks, num_tiles):
+    """(valid, row block, work item) of this CTA in round r of the persistent grid."""
+    t = r * gl.num_programs(0) + gl.program_id(0)
+    return t < num_tiles, t % row_blocks, t // row_blocks
+
+
+@gluon.jit
+def _page_of(bt_row, n0, num_pages, PAGE: gl.constexpr):
+    """Page id of token n0 (clamped into the cache: a bad id reads wrong rows, never outside)."""
+    page = gl.load(bt_row + n0 // PAGE)
+    return gl.minimum(gl.maximum(page, 0), num_pages - 1)
+
+
+@gluon.jit
+def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
+            kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks,
+            PAGE: gl.constexpr, STAGES: gl.constexpr):
+    BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
+    DH: gl.constexpr = ckv_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
+    kv = 0  # cache steps loaded so far by this CTA: ring slot and phase
+    j = 0  # tiles started so far: phase of the Q slot
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        valid, i_r, w = _tile_of(r, row_blocks, num_tiles)
+        b = -1
+        if valid:
+            b = gl.load(WORK + w * 4)
+        if b >= 0:
+            start = gl.load(WORK + w * 4 + 1)
+            end = gl.load(WORK + w * 4 + 2)
+            n_blocks = gl.cdiv(end - start, BLOCK_N)
+            bt_row = BT + b.to(gl.int64) * stride_bt
+            # the Q slot frees only when the previous tile is done: its first STAGES steps go first (their
+            # buffers are freed by the previous tile's consumers, which need nothing more from the loader)
+            first = gl.minimum(n_blocks, STAGES)
+            _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, 0, first, start, bt_row,
+                        num_pages, PAGE, STAGES)
+            mbarrier.wait(q_empty.index(0), (j & 1) ^ 1)
+            mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
+            for h in gl.static_range(2):
+                tma.async_copy_global_to_shared(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0),
+                                                qn_bufs.index(h))
+            tma.async_copy_global_to_shared(qp_desc, [b, i_r * BLOCK_M, 0], q_ready.index(0), qp_buf.index(0))
+            _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, first, n_blocks, start, bt_row,
+                        num_pages, PAGE, STAGES)
+            j += 1
+            kv += n_blocks
+
+
+@gluon.jit
+def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row,
+                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr):
+    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it."""
+    DH: gl.constexpr = ckv_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
+    nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
+    page = _page_of(bt_row, start + it_lo * BLOCK_N, num_pages, PAGE)
+    for it in range(it_lo, it_hi):
+        s = (kv + it) % STAGES
+        n0 = start + it * BLOCK_N
+        # the next step's page id is read while this one waits for its buffer
+        next_page = _page_of(bt_row, gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N), num_pages, PAGE)
+        mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
+        mbarrier.expect(kv_ready.index(s), nbytes)
+        slot = n0 % PAGE
+        for h in gl.static_range(2):
+            tma.async_copy_global_to_shared(ckv_desc, [page, slot, h * DH], kv_ready.index(s),
+                                            c_bufs.index(2 * s + h))
+        tma.async_copy_global_to_shared(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
+        page = next_page
+
+
+@gluon.jit
+def _buf(bufs, i):
+    """Buffer i of a ring allocated in its descriptor's [1, rows, cols] block shape, as a [rows, cols] view."""
+    return bufs.index(i).reshape([bufs.shape[2], bufs.shape[3]])
+
+
+@gluon.jit
+def _zero_tail(v_smem, n0, seqlen):
+    """Zero the rows of a [BLOCK_N, DH] V buffer at tokens >= seqlen (whatever the cache holds there), for
+    this warpgroup's wgmma to read next."""
+    BLOCK_N: gl.constexpr = v_smem.shape[0]
+    DH: gl.constexpr = v_smem.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    x = v_smem.load(layout)
+    v_smem.store(gl.where((rows < seqlen)[:, None], x, gl.zeros([BLOCK_N, DH], x.dtype, layout)))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_bufs, qp_buf, c_bufs, p_bufs,
+           kv_ready, kv_empty, sm_scale, WG: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr,
+           s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Steps b in [b_start, b_end): S of step b and P V of step b - 1 go to the tensor cores together; p_op
+    holds P of step b - 1. MASKED: scores at tokens >= limit (per row) are masked and V rows past the sequence
+    zeroed. The branch for the latter sits where no wgmma is in flight."""
+    BLOCK_M: gl.constexpr = qp_buf.shape[2]
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    for it in range(b_start, b_end):
+        s = (kv + it) % STAGES
+        sp = (kv + it - 1) % STAGES
+        n0 = start + it * BLOCK_N
+        mbarrier.wait(kv_ready.index(s), ((kv + it) // STAGES) & 1)
+        if MASKED:
+            if n0 + BLOCK_N > seqlen:
+                _zero_tail(_buf(c_bufs, 2 * s + WG), n0, seqlen)
+        qk = warpgroup_mma(_buf(qn_bufs, 0), _buf(c_bufs, 2 * s).permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)
+        qk = warpgroup_mma(_buf(qn_bufs, 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
+        qk = warpgroup_mma(_buf(qp_buf, 0), _buf(p_bufs, s).permute((1, 0)), qk, is_async=True)
+        acc = warpgroup_mma(p_op, _buf(c_bufs, 2 * sp + WG), acc, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+        if MASKED:
+            qk = gl.where((n0 + o_n)[None, :] < limit[:, None], qk, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
+        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+        p = gl.exp2(qk * sm_scale - m_shift[:, None])
+        alpha = gl.exp2(m_i * sm_scale - m_shift)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        # P of this step overwrites the registers the P V wgmma in flight reads: convert after its wait
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(sp))
+        p_op = gl.convert_layout(p.to(c_bufs.dtype), p_layout)
+        acc = acc * gl.convert_layout(alpha, o_row)[:, None]
+    return acc, m_i, l_i, p_op
+
+
+@gluon.jit
+def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE, OP,
+              LSEP, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
+              sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+    BLOCK_M: gl.constexpr = qp_buf.shape[2]
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    DH: gl.constexpr = c_bufs.shape[3]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DH, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    rows = q_len * num_heads
+    kv = 0  # cache steps consumed so far (the loader's count): ring slot and phase
+    j = 0  # tiles done so far: phase of the Q slot
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        valid, i_r, w = _tile_of(r, row_blocks, num_tiles)
+        b = -1
+        if valid:
+            b = gl.load(WORK + w * 4)
+        if b >= 0:
+            start = gl.load(WORK + w * 4 + 1)
+            end = gl.load(WORK + w * 4 + 2)
+            out_slot = gl.load(WORK + w * 4 + 3)
+            seqlen = gl.load(SEQLENS + b)
+            n_blocks = gl.cdiv(end - start, BLOCK_N)
+            r0 = i_r * BLOCK_M
+            o_m = r0 + gl.arange(0, BLOCK_M, layout=s_row)
+            if CAUSAL:  # tokens < limit are visible to the row; the tile's first query token sees the fewest
+                limit = gl.minimum(seqlen - q_len + o_m // num_heads + 1, end)
+                full_end = gl.minimum(seqlen - q_len + r0 // num_heads + 1, end)
+            else:
+                limit = gl.zeros([BLOCK_M], gl.int32, s_row) + end
+                full_end = end
+            # steps [0, b_full) need no mask, steps [b_full, n_blocks) do (at least the last one, which may
+            # cross the sequence's end)
+            b_full = gl.minimum(gl.maximum((full_end - start) // BLOCK_N, 0), n_blocks - 1)
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row)
+            l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
+            acc = gl.zeros([BLOCK_M, DH], gl.float32, layout=o_layout)
+            mbarrier.wait(q_ready.index(0), j & 1)
+            acc, m_i, l_i, p_op = _first_step(acc, m_i, l_i, kv, start, seqlen, limit, b_full, qn_bufs, qp_buf,
+                                              c_bufs, p_bufs, kv_ready, sm_scale, WG, STAGES, s_layout, o_layout,
+                                              p_layout)
+            acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, 1, b_full, qn_bufs,
+                                         qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, sm_scale, WG, False, STAGES,
+                                         s_layout, o_layout, p_layout)
+            acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, gl.maximum(b_full, 1),
+                                         n_blocks, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, sm_scale,
+                                         WG, True, STAGES, s_layout, o_layout, p_layout)
+            mbarrier.arrive(q_empty.index(0))  # every S wgmma of the tile was waited on
+            sp = (kv + n_blocks - 1) % STAGES
+            acc = warpgroup_mma(p_op, _buf(c_bufs, 2 * sp + WG), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_empty.index(sp))
+
+            # rows that saw no token: l = 0, acc = 0 -> out 0, lse -inf
+            seen = l_i > 0.0
+            l_safe = gl.where(seen, l_i, 1.0)
+            out = acc / gl.convert_layout(l_safe, o_row)[:, None]
+            om = r0 + gl.arange(0, BLOCK_M, layout=o_row)
+            oc = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
+            row_ok = (om < rows)[:, None]
+            b64 = b.to(gl.int64)
+            lse2 = gl.where(seen, m_i * sm_scale + gl.log2(l_safe), float("-inf"))
+            if out_slot < 0:
+                t = om // num_heads
+                h = om % num_heads
+                o_ptr = O + b64 * stride_ob + t.to(gl.int64) * stride_os + h.to(gl.int64) * stride_oh
+                gl.store(o_ptr[:, None] + oc[None, :], out.to(O.dtype.element_ty), mask=row_ok)
+                if RETURN_LSE and WG == 0:
+                    gl.store(LSE + b64 * stride_lb + (o_m % num_heads).to(gl.int64) * stride_lh + o_m // num_heads,
+                             lse2 * LN2, mask=o_m < rows)
+            else:
+                base = out_slot.to(gl.int64) * rows
+                gl.store(OP + ((base + om) * (2 * DH))[:, None] + oc[None, :], out, mask=row_ok)
+                if WG == 0:
+                    gl.store(LSEP + base + o_m, lse2, mask=o_m < rows)
+            j += 1
+            kv += n_blocks
+
+
+@gluon.jit
+def _first_step(acc, m_i, l_i, kv, start, seqlen, limit, b_full, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready,
+                sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                p_layout: gl.constexpr):
+    """Step 0 of a tile: its scores and softmax (masked: the rule holds trivially on a fully visible step), no
+    P V yet (the pipelined steps issue it with step 1's scores)."""
+    BLOCK_M: gl.constexpr = qp_buf.shape[2]
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    s = kv % STAGES
+    mbarrier.wait(kv_ready.index(s), (kv // STAGES) & 1)
+    if start + BLOCK_N > seqlen:
+        _zero_tail(_buf(c_bufs, 2 * s + WG), start, seqlen)
+    qk = warpgroup_mma(_buf(qn_bufs, 0), _buf(c_bufs, 2 * s).permute((1, 0)),
+                       gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    qk = warpgroup_mma(_buf(qn_bufs, 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
+    qk = warpgroup_mma(_buf(qp_buf, 0), _buf(p_bufs, s).permute((1, 0)), qk, is_async=True)
+    qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    qk = gl.where((start + o_n)[None, :] < limit[:, None], qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+    p = gl.exp2(qk * sm_scale - m_shift[:, None])
+    l_i = gl.sum(p, 1)
+    return acc, m_new, l_i, gl.convert_layout(p.to(c_bufs.dtype), p_layout)
+
+
+@gluon.jit
+def mla_split_sm90_kernel(
+    qn_desc, qp_desc, ckv_desc, kpe_desc, BT, SEQLENS, WORK, O, LSE, OP, LSEP,
+    stride_bt, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+    num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
+    PAGE: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
+    RETURN_LSE: gl.constexpr,
+):
+    """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
+
+    Descriptors: qn over q_nope as [B, Sq * Hq, DC] with block [1, 64, DC / 2]; qp over q_pe as [B, Sq * Hq, DR]
+    with block [1, 64, DR]; ckv over [num_pages, page_size, DC] with block [1, BLOCK_N, DC / 2]; kpe over
+    [num_pages, page_size, DR] with block [1, BLOCK_N, DR]. WORK, O, LSE, OP, LSEP and sm_scale as in
+    kernels.mla_split_kernel.
+    """
+    # one Q slot (nope halves + rope), STAGES cache steps (ckv halves + kpe), in the descriptors' block shapes
+    qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
+    qp_buf = gl.allocate_shared_memory(qp_desc.dtype, [1] + qp_desc.block_type.shape, qp_desc.layout)
+    c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, ckv_desc.layout)
+    p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready.index(0), count=1)
+    mbarrier.init(q_empty.index(0), count=2)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=2)
+
+    gl.warp_specialize([
+        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE,
+                     OP, LSEP, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
+                     row_blocks, sm_scale, 0, STAGES, CAUSAL, RETURN_LSE)),
+        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE,
+                     OP, LSEP, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
+                     row_blocks, sm_scale, 1, STAGES, CAUSAL, RETURN_LSE)),
+        (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
+                   kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])
