@@ -96,7 +96,7 @@ def compile_mla(args):
     ckv, kpe = torch.randn(64, P, DC).to(dt), torch.randn(64, P, DR).to(dt)
     bt = torch.zeros(B, 16, dtype=torch.int32)
     out, lse = torch.empty_like(qn), torch.empty(B, args.hq, args.sq)
-    kernel, grid, a, kw = launch_sm90.kernel_call(plan, qn, qp, ckv, kpe, bt, out, lse, True)
+    kernel, grid, a, kw = launch_sm90.kernel_call(plan, qn, qp, ckv, kpe, bt, torch.ones(1), out, lse, True)
     return kernel.warmup(*a, grid=grid, **kw)
 
 

@@ -35,10 +35,12 @@ def make_cache(lens, page_size, dc, dr, dtype, device, spare_pages=3):
 
 
 def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=None, plan_form=False,
-             portable=False):
+             portable=False, cache_dtype=None, kv_scale=1.0):
     """Checks one problem; returns the plan when plan_form (portable: the plan gets the portable kernel's
-    config, so the Hopper kernel is not used)."""
+    config, so the Hopper kernel is not used). cache_dtype: an fp8 cache (the values quantized, NaN kept)."""
     ckv, kpe, table, seqlens = make_cache(lens, page_size, dc, dr, dtype, device)
+    if cache_dtype is not None:
+        ckv, kpe = ckv.to(cache_dtype), kpe.to(cache_dtype)
     qn = randn(len(lens), sq, hq, dc, dtype=dtype, device=device)
     qp = randn(len(lens), sq, hq, dr, dtype=dtype, device=device)
     if plan_form:
@@ -47,15 +49,18 @@ def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=
             from tileattn.ops.mla.plan import candidates
             config = candidates(64)[0]
         plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, head_dim_ckv=dc, head_dim_kpe=dr,
-                                      page_size=page_size, dtype=dtype, causal=causal, scale=scale, config=config)
+                                      page_size=page_size, dtype=dtype, causal=causal, scale=scale, config=config,
+                                      cache_dtype=cache_dtype)
         plan.out.fill_(float("nan"))
         plan.lse.fill_(float("nan"))
-        out, lse = plan.run(qn, qp, ckv, kpe, table, return_lse=True)
+        out, lse = plan.run(qn, qp, ckv, kpe, table, kv_scale=kv_scale, return_lse=True)
     else:
         out, lse = tileattn.mla_decode(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale,
-                                       return_lse=True)
-    ref, lse_ref = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale)
-    ref_lp, lse_lp = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale, dtype=dtype)
+                                       return_lse=True, kv_scale=kv_scale)
+    ks = float(kv_scale)
+    ref, lse_ref = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale, kv_scale=ks)
+    ref_lp, lse_lp = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale, dtype=dtype,
+                                    kv_scale=ks)
     assert out.shape == (len(lens), sq, hq, dc) and out.dtype == dtype
     assert_close("out", out, ref, ref_lp)
     assert_close("lse", lse, lse_ref, lse_lp.float())
@@ -76,6 +81,14 @@ CPU_CASES = [
 def test_mla_small(case, causal, device):
     lens, page, hq, sq = case
     run_case(lens, page, hq, sq, 64, 16, torch.float16, device, causal=causal)
+
+
+@pytest.mark.parametrize("plan_form", [False, True], ids=["function", "plan"])
+def test_mla_fp8_cache(plan_form, device):
+    """An e4m3 cache with a float32 scale (a number, or a tensor read in the kernel)."""
+    kv_scale = 0.37 if not plan_form else torch.tensor([0.37], device=device)
+    run_case([1, 40, 0, 65], 16, 4, 2, 64, 16, torch.float16, device, plan_form=plan_form,
+             cache_dtype=torch.float8_e4m3fn, kv_scale=kv_scale)
 
 
 def test_mla_plan_form_and_split(device, monkeypatch):
@@ -129,6 +142,15 @@ def test_mla_bad_inputs(device):
         tileattn.mla_decode(qn, qp, ckv[..., :32], kpe, table, seqlens)
     with pytest.raises(TypeError, match="ckv_cache"):
         tileattn.mla_decode(qn, qp, ckv.float(), kpe, table, seqlens)
+    with pytest.raises(TypeError, match="kpe_cache"):
+        tileattn.mla_decode(qn, qp, ckv.to(torch.float8_e4m3fn), kpe, table, seqlens)
+    with pytest.raises(ValueError, match="kv_scale"):
+        tileattn.mla_decode(qn, qp, ckv, kpe, table, seqlens, kv_scale=-1.0)
+    with pytest.raises(ValueError, match="kv_scale"):
+        tileattn.mla_decode(qn, qp, ckv, kpe, table, seqlens, kv_scale=torch.ones(2, device=device))
+    with pytest.raises(TypeError, match="cache_dtype"):
+        tileattn.MLADecodePlan(seqlens, num_heads=4, head_dim_ckv=64, head_dim_kpe=16, page_size=16,
+                               dtype=torch.float16, cache_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="num_heads"):
         tileattn.MLADecodePlan(seqlens, num_heads=129, head_dim_ckv=64, head_dim_kpe=16, page_size=16)
     with pytest.raises(ValueError, match="page_size"):
@@ -168,6 +190,16 @@ def test_gpu_mla_sm90(page_size, hq, sq, causal, device):
         plan = run_case([1, 63, 64, 65, 0, 129, 5000, 191], page_size, hq, sq, 512, 64, torch.bfloat16, device,
                         causal=causal, plan_form=True, portable=force_portable)
         assert (plan.sm90 is not None) == (_sm90(device) and not force_portable), plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("hq,sq", [(16, 1), (128, 2)])
+def test_gpu_mla_fp8_cache(page_size, hq, sq, device):
+    run_case([1, 63, 64, 65, 0, 1000, 4097], page_size, hq, sq, 512, 64, torch.bfloat16, device,
+             cache_dtype=torch.float8_e4m3fn, kv_scale=torch.tensor([0.05], device=device), plan_form=True)
+    run_case([3, 700], page_size, hq, sq, 512, 64, torch.bfloat16, device, cache_dtype=torch.float8_e4m3fn,
+             kv_scale=2.5)
 
 
 @pytest.mark.gpu

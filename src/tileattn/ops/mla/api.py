@@ -6,11 +6,13 @@ from .plan import MLADecodePlan
 
 
 def mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, *, scale=None, causal=True,
-               return_lse=False):
+               return_lse=False, kv_scale=1.0):
     """DeepSeek-style Multi-head Latent Attention decode over a paged compressed KV cache.
 
     q_nope [B, Sq, Hq, Dc], q_pe [B, Sq, Hq, Dr] (fp16 / bf16); ckv_cache [num_pages, page_size, Dc] (the
-    compressed keys, also used as values) and kpe_cache [num_pages, page_size, Dr] (rotary keys), same dtype;
+    compressed keys, also used as values) and kpe_cache [num_pages, page_size, Dr] (rotary keys), in q's dtype
+    or both float8_e4m3fn; kv_scale: the caches' values times it are the keys and values (an fp8 cache's
+    float32 scale; a number or a one-element float32 tensor);
     block_table [B, max_pages_per_seq] int32 page ids; cache_seqlens [B] int32 tokens in each sequence's
     cache, the Sq new ones included. Hq 1..128; Dc, Dr powers of two; page_size a power of two 1..128.
 
@@ -27,8 +29,9 @@ def mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, *
             raise ValueError(f"{name}: expected a {dims} tensor")
     plan = MLADecodePlan(cache_seqlens, num_heads=q_nope.shape[2], q_len=q_nope.shape[1],
                          head_dim_ckv=q_nope.shape[3], head_dim_kpe=q_pe.shape[3], page_size=ckv_cache.shape[1],
-                         dtype=q_nope.dtype, causal=causal, scale=scale)
+                         dtype=q_nope.dtype, causal=causal, scale=scale,
+                         cache_dtype=torch.float8_e4m3fn if ckv_cache.dtype == torch.float8_e4m3fn else None)
     # every shape / dtype / device rule of the plan first, then the page ids (a sync), then the launch
     check_run_args(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, None, None)
     check_pages(block_table, cache_seqlens, plan.page_size, ckv_cache.shape[0])
-    return plan.run(q_nope, q_pe, ckv_cache, kpe_cache, block_table, return_lse=return_lse)
+    return plan.run(q_nope, q_pe, ckv_cache, kpe_cache, block_table, kv_scale=kv_scale, return_lse=return_lse)

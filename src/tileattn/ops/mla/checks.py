@@ -4,6 +4,7 @@ import torch
 from ... import hw
 
 _DTYPES = (torch.float16, torch.bfloat16)
+_FP8 = torch.float8_e4m3fn
 
 
 def _pow2(x):
@@ -23,7 +24,7 @@ def check_seqlens(cache_seqlens, batch, device):
         raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is on {device}")
 
 
-def check_plan_args(cache_seqlens, num_heads, q_len, dc, dr, page_size, dtype, scale):
+def check_plan_args(cache_seqlens, num_heads, q_len, dc, dr, page_size, dtype, scale, cache_dtype=None):
     check_seqlens(cache_seqlens, None, None)
     hw.check_kernel_device(cache_seqlens.device, "cache_seqlens")
     if not 1 <= num_heads <= 128:
@@ -37,8 +38,21 @@ def check_plan_args(cache_seqlens, num_heads, q_len, dc, dr, page_size, dtype, s
         raise ValueError(f"page_size: expected a power of two in 1..128, got {page_size}")
     if dtype not in _DTYPES:
         raise TypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
+    if cache_dtype is not None and cache_dtype not in (dtype, _FP8):
+        raise TypeError(f"cache_dtype: expected {dtype} (q's dtype) or torch.float8_e4m3fn, got {cache_dtype}")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale: expected a positive number, got {scale}")
+
+
+def check_kv_scale(kv_scale, plan):
+    """kv_scale: a positive number, or a one-element float32 tensor on the plan's device (read in the kernel,
+    so a CUDA graph replays with its current value)."""
+    if isinstance(kv_scale, torch.Tensor):
+        if kv_scale.dtype != torch.float32 or kv_scale.numel() != 1 or kv_scale.device != plan.device:
+            raise ValueError(f"kv_scale: expected a one-element float32 tensor on {plan.device}, got "
+                             f"{kv_scale.dtype} of shape {tuple(kv_scale.shape)} on {kv_scale.device}")
+    elif not (isinstance(kv_scale, (int, float)) and kv_scale > 0 and kv_scale != float("inf")):
+        raise ValueError(f"kv_scale: expected a positive finite number or a float32 tensor, got {kv_scale!r}")
 
 
 def check_run_args(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse):
@@ -53,9 +67,11 @@ def check_run_args(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, l
         if tuple(t.shape) != shape:
             raise ValueError(f"{name}: expected shape [B, q_len, num_heads, D] = {list(shape)} for this plan, "
                              f"got {list(t.shape)}")
-    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
-        if t.dtype != plan.dtype:
-            raise TypeError(f"{name}: expected {plan.dtype} (the plan's dtype), got {t.dtype}")
+    for name, t, want in (("q_nope", q_nope, plan.dtype), ("q_pe", q_pe, plan.dtype),
+                          ("ckv_cache", ckv_cache, plan.cache_dtype), ("kpe_cache", kpe_cache, plan.cache_dtype)):
+        if t.dtype != want:
+            what = "dtype" if want == plan.dtype else "cache_dtype"
+            raise TypeError(f"{name}: expected {want} (the plan's {what}), got {t.dtype}")
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: the last dimension must be contiguous (stride 1)")
     for name, t, d in (("ckv_cache", ckv_cache, dc), ("kpe_cache", kpe_cache, dr)):

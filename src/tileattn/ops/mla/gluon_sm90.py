@@ -175,7 +175,7 @@ def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_buf
 
 @gluon.jit
 def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE, OP,
-              LSEP, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
+              LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
               sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
     BLOCK_M: gl.constexpr = qp_buf.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
@@ -188,6 +188,8 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_em
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     rows = q_len * num_heads
+    kv_scale = gl.load(KVS)
+    sm_scale = sm_scale * kv_scale
     kv = 0  # cache steps consumed so far (the loader's count): ring slot and phase
     j = 0  # tiles done so far: phase of the Q slot
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
@@ -234,7 +236,7 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_em
             # rows that saw no token: l = 0, acc = 0 -> out 0, lse -inf
             seen = l_i > 0.0
             l_safe = gl.where(seen, l_i, 1.0)
-            out = acc / gl.convert_layout(l_safe, o_row)[:, None]
+            out = acc * gl.convert_layout(kv_scale / l_safe, o_row)[:, None]
             om = r0 + gl.arange(0, BLOCK_M, layout=o_row)
             oc = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
             row_ok = (om < rows)[:, None]
@@ -285,7 +287,7 @@ def _first_step(acc, m_i, l_i, kv, start, seqlen, limit, b_full, qn_bufs, qp_buf
 
 @gluon.jit
 def mla_split_sm90_kernel(
-    qn_desc, qp_desc, ckv_desc, kpe_desc, BT, SEQLENS, WORK, O, LSE, OP, LSEP,
+    qn_desc, qp_desc, ckv_desc, kpe_desc, BT, SEQLENS, WORK, O, LSE, OP, LSEP, KVS,
     stride_bt, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
     PAGE: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
@@ -295,8 +297,8 @@ def mla_split_sm90_kernel(
 
     Descriptors: qn over q_nope as [B, Sq * Hq, DC] with block [1, 64, DC / 2]; qp over q_pe as [B, Sq * Hq, DR]
     with block [1, 64, DR]; ckv over [num_pages, page_size, DC] with block [1, BLOCK_N, DC / 2]; kpe over
-    [num_pages, page_size, DR] with block [1, BLOCK_N, DR]. WORK, O, LSE, OP, LSEP and sm_scale as in
-    kernels.mla_split_kernel.
+    [num_pages, page_size, DR] with block [1, BLOCK_N, DR]. WORK, O, LSE, OP, LSEP, KVS and sm_scale as in
+    kernels.mla_split_kernel (16-bit caches only).
     """
     # one Q slot (nope halves + rope), STAGES cache steps (ckv halves + kpe), in the descriptors' block shapes
     qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
@@ -315,10 +317,10 @@ def mla_split_sm90_kernel(
 
     gl.warp_specialize([
         (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE,
-                     OP, LSEP, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
+                     OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
                      row_blocks, sm_scale, 0, STAGES, CAUSAL, RETURN_LSE)),
         (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE,
-                     OP, LSEP, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
+                     OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
                      row_blocks, sm_scale, 1, STAGES, CAUSAL, RETURN_LSE)),
         (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
                    kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES)),

@@ -36,7 +36,7 @@ def _gather_rows(cache, stride_p, stride_s, pages, slots, cols, mask):
 
 @triton.jit
 def mla_split_kernel(
-    QN, QP, CKV, KPE, BT, SEQLENS, WORK, O, LSE, OP, LSEP,
+    QN, QP, CKV, KPE, BT, SEQLENS, WORK, O, LSE, OP, LSEP, KVS,
     stride_qnb, stride_qns, stride_qnh,
     stride_qpb, stride_qps, stride_qph,
     stride_cp, stride_cs, stride_kp, stride_ks, stride_bt,
@@ -47,7 +47,9 @@ def mla_split_kernel(
 ):
     """Work item w = program_id(1): WORK[w] = (b, start, end, slot), b < 0 for unused capacity, slot < 0 to
     write O [B, Sq, Hq, DC] (and LSE [B, Hq, Sq], natural log) directly, else OP [slots, Sq * Hq, DC] and
-    LSEP [slots, Sq * Hq] (log2) float32 at that slot. sm_scale: scale * log2 e."""
+    LSEP [slots, Sq * Hq] (log2) float32 at that slot. sm_scale: scale * log2 e. KVS: the cache's float32
+    scale (cache values times it are the keys and values; 1 for 16-bit caches): it multiplies the scores'
+    scale and the output; an fp8 cache is converted to q's dtype (exactly) for the dots."""
     pid_m = tl.program_id(0)
     w = tl.program_id(1)
     pid_o = tl.program_id(2)
@@ -59,6 +61,8 @@ def mla_split_kernel(
     slot = tl.load(WORK + w * 4 + 3)
     seqlen = tl.load(SEQLENS + b)
     BLOCK_O: tl.constexpr = DC // OUT_SPLIT
+    kv_scale = tl.load(KVS)
+    sm_scale = sm_scale * kv_scale
 
     r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows: r = t * num_heads + h
     row_ok = r < q_len * num_heads
@@ -87,8 +91,8 @@ def mla_split_kernel(
         page = tl.load(bt_row + tok // PAGE, mask=tok_ok, other=0)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
         slot_in_page = tok % PAGE
-        kn = _gather_rows(CKV, stride_cp, stride_cs, page, slot_in_page, o_c, tok_ok)  # [BLOCK_N, DC]
-        kp = _gather_rows(KPE, stride_kp, stride_ks, page, slot_in_page, o_r, tok_ok)  # [BLOCK_N, DR]
+        kn = _gather_rows(CKV, stride_cp, stride_cs, page, slot_in_page, o_c, tok_ok).to(qn.dtype)  # [BLOCK_N, DC]
+        kp = _gather_rows(KPE, stride_kp, stride_ks, page, slot_in_page, o_r, tok_ok).to(qn.dtype)  # [BLOCK_N, DR]
         s = tl.dot(qn, tl.trans(kn)) + tl.dot(qp, tl.trans(kp))
         s = tl.where(tok[None, :] < limit[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -100,12 +104,12 @@ def mla_split_kernel(
         if OUT_SPLIT == 1:
             v = kn
         else:
-            v = _gather_rows(CKV, stride_cp, stride_cs, page, slot_in_page, o_o, tok_ok)  # [BLOCK_N, BLOCK_O]
+            v = _gather_rows(CKV, stride_cp, stride_cs, page, slot_in_page, o_o, tok_ok).to(qn.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    out = acc * (kv_scale / l_safe)[:, None]
     lse2 = tl.where(seen, m_i * sm_scale + tl.log2(l_safe), float("-inf"))  # log2-sum-exp2 of scaled scores
     if slot < 0:
         o_ptr = O + b64 * stride_ob + t[:, None].to(tl.int64) * stride_os + h[:, None] * stride_oh + o_o[None, :]

@@ -92,7 +92,8 @@ def _desc(t, block):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), layout)
 
 
-def kernel_call(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse, return_lse, programs=None):
+def kernel_call(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, kv_scale, out, lse, return_lse,
+                programs=None):
     """(kernel, grid, args, kwargs) of the Gluon kernel for a plan's run on validated tensors."""
     from .gluon_sm90 import mla_split_sm90_kernel
     cfg = plan.config
@@ -102,7 +103,7 @@ def kernel_call(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse,
     args = (
         _desc(_rows_view(q_nope), [1, BLOCK_M, dh]), _desc(_rows_view(q_pe), [1, BLOCK_M, plan.dr]),
         _desc(ckv_cache, [1, cfg.block_n, dh]), _desc(kpe_cache, [1, cfg.block_n, plan.dr]),
-        block_table, plan.seqlens, plan.work, out, lse, plan.o_part, plan.lse_part,
+        block_table, plan.seqlens, plan.work, out, lse, plan.o_part, plan.lse_part, kv_scale,
         block_table.stride(0), *out.stride()[:3], lse.stride(0), lse.stride(1),
         plan.num_heads, plan.q_len, ckv_cache.shape[0], num_tiles, plan.row_blocks, plan.scale * LOG2E,
     )

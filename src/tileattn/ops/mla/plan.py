@@ -15,7 +15,7 @@ import triton
 
 from ... import hw
 from . import launch_sm90
-from .checks import check_plan_args, check_run_args, check_seqlens
+from .checks import check_kv_scale, check_plan_args, check_run_args, check_seqlens
 from .kernels import LOG2E, mla_combine_kernel, mla_split_kernel
 
 
@@ -114,7 +114,8 @@ class MLADecodePlan:
 
     cache_seqlens: int32 [B] on the GPU (tokens in each sequence's cache, the q_len new ones included); read
     once here (a device sync). num_heads (1..128), q_len (>= 1), head_dim_ckv (Dc) and head_dim_kpe (Dr),
-    powers of two >= 16; page_size: a power of two 1..128; dtype: float16 or bfloat16; causal: query t sees
+    powers of two >= 16; page_size: a power of two 1..128; dtype: float16 or bfloat16 (q and the output);
+    cache_dtype: the caches' dtype, `dtype` (the default) or float8_e4m3fn (with run's kv_scale); causal: query t sees
     cache positions < seqlen - q_len + t + 1 (else all seqlen); scale defaults to (Dc + Dr) ** -0.5.
     max_pages_per_seq: the block table's width, checked against the lengths when given.
 
@@ -126,8 +127,11 @@ class MLADecodePlan:
     """
 
     def __init__(self, cache_seqlens, *, num_heads, q_len=1, head_dim_ckv=512, head_dim_kpe=64, page_size=64,
-                 dtype=torch.bfloat16, causal=True, scale=None, max_pages_per_seq=None, config=None):
-        check_plan_args(cache_seqlens, num_heads, q_len, head_dim_ckv, head_dim_kpe, page_size, dtype, scale)
+                 dtype=torch.bfloat16, causal=True, scale=None, max_pages_per_seq=None, cache_dtype=None,
+                 config=None):
+        check_plan_args(cache_seqlens, num_heads, q_len, head_dim_ckv, head_dim_kpe, page_size, dtype, scale,
+                        cache_dtype)
+        self.cache_dtype = dtype if cache_dtype is None else cache_dtype
         self.device = cache_seqlens.device
         self.batch = cache_seqlens.shape[0]
         self.num_heads, self.q_len = num_heads, q_len
@@ -139,7 +143,8 @@ class MLADecodePlan:
             self.sm90, config = config, None
         else:
             self.sm90 = None if config is not None else launch_sm90.config_for(self.device, self.rows, head_dim_ckv,
-                                                                                  head_dim_kpe, page_size, dtype)
+                                                                                  head_dim_kpe, page_size,
+                                                                                  self.cache_dtype)
         # the Gluon kernel's tiles are 64 rows; the portable kernel's fit the rows (16..64)
         self.block_m = launch_sm90.BLOCK_M if self.sm90 else _block_m(self.rows)
         self.row_blocks = triton.cdiv(self.rows, self.block_m)
@@ -160,6 +165,7 @@ class MLADecodePlan:
         self.out = torch.empty(self.batch, q_len, num_heads, self.dc, dtype=dtype, device=dev)
         self.compiled = None  # the split kernel of the last run (its metadata.shared: the real shared memory)
         self.lse = torch.empty(self.batch, num_heads, q_len, dtype=torch.float32, device=dev)
+        self.kv_scale = torch.ones(1, dtype=torch.float32, device=dev)  # a number passed to run goes here
         self.update(cache_seqlens)
 
     def _choose_config(self):
@@ -202,22 +208,29 @@ class MLADecodePlan:
         self.num_items, self.num_slots, self.chunk = len(items), slots, chunk
         return self
 
-    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, *, out=None, lse=None, return_lse=False):
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, *, kv_scale=1.0, out=None, lse=None,
+            return_lse=False):
         """Attention of the plan's batch: q_nope [B, q_len, Hq, Dc], q_pe [B, q_len, Hq, Dr] over ckv_cache
-        [num_pages, page_size, Dc] and kpe_cache [num_pages, page_size, Dr] through block_table [B, max_pages]
-        int32. Returns out (and lse with return_lse); see the class docstring."""
+        [num_pages, page_size, Dc] and kpe_cache [num_pages, page_size, Dr] (the plan's cache_dtype) through
+        block_table [B, max_pages] int32. kv_scale: the caches' values times it are the keys and values (the
+        float32 scale of an fp8 cache), a number or a one-element float32 tensor (a captured graph reads the
+        tensor's current value). Returns out (and lse with return_lse); see the class docstring."""
         check_run_args(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse)
+        check_kv_scale(kv_scale, self)
+        if not isinstance(kv_scale, torch.Tensor):
+            self.kv_scale.fill_(float(kv_scale))
+            kv_scale = self.kv_scale
         out = self.out if out is None else out
         lse = self.lse if lse is None else lse
         if self.sm90 and launch_sm90.tensors_ok(q_nope, q_pe, ckv_cache, kpe_cache):
             kernel, grid, args, kwargs = launch_sm90.kernel_call(self, q_nope, q_pe, ckv_cache, kpe_cache,
-                                                                 block_table, out, lse, return_lse)
+                                                                 block_table, kv_scale, out, lse, return_lse)
             self.compiled = kernel[grid](*args, **kwargs)
         else:
             cfg = self.portable
             self.compiled = mla_split_kernel[(self.row_blocks, self.capacity, cfg.out_split)](
                 q_nope, q_pe, ckv_cache, kpe_cache, block_table, self.seqlens, self.work, out, lse, self.o_part,
-                self.lse_part,
+                self.lse_part, kv_scale,
                 *q_nope.stride()[:3], *q_pe.stride()[:3],
                 ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
                 block_table.stride(0), *out.stride()[:3], lse.stride(0), lse.stride(1),

@@ -15,8 +15,9 @@ def gather_cache(cache, block_table, b, seqlen):
 
 
 def mla_decode_ref(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, *, scale=None, causal=True,
-                   dtype=torch.float32):
-    """Reference for q_nope [B, Sq, Hq, Dc], q_pe [B, Sq, Hq, Dr] over the paged caches.
+                   dtype=torch.float32, kv_scale=1.0):
+    """Reference for q_nope [B, Sq, Hq, Dc], q_pe [B, Sq, Hq, Dr] over the paged caches (their values times
+    kv_scale are the keys and values).
 
     Returns (out [B, Sq, Hq, Dc], lse [B, Hq, Sq]) in `dtype` (pass q_nope.dtype for the input-precision
     computation of the tolerance rule)."""
@@ -29,8 +30,8 @@ def mla_decode_ref(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlen
         n = int(cache_seqlens[b])
         if n == 0:
             continue
-        ckv = gather_cache(ckv_cache, block_table, b, n).to(dtype)  # [n, Dc]
-        kpe = gather_cache(kpe_cache, block_table, b, n).to(dtype)  # [n, Dr]
+        ckv = gather_cache(ckv_cache, block_table, b, n).to(dtype) * kv_scale  # [n, Dc]
+        kpe = gather_cache(kpe_cache, block_table, b, n).to(dtype) * kv_scale  # [n, Dr]
         s = (q_nope[b].to(dtype) @ ckv.T + q_pe[b].to(dtype) @ kpe.T) * scale  # [Sq, Hq, n]
         if causal:
             t = torch.arange(Sq, device=s.device)[:, None, None]
