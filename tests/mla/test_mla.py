@@ -35,7 +35,7 @@ def make_cache(lens, page_size, dc, dr, dtype, device, spare_pages=3):
 
 
 def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=None, plan_form=False,
-             portable=False, cache_dtype=None, kv_scale=1.0):
+             portable=False, cache_dtype=None, kv_scale=1.0, programs=None):
     """Checks one problem; returns the plan when plan_form (portable: the plan gets the portable kernel's
     config, so the Hopper kernel is not used). cache_dtype: an fp8 cache (the values quantized, NaN kept)."""
     ckv, kpe, table, seqlens = make_cache(lens, page_size, dc, dr, dtype, device)
@@ -53,6 +53,7 @@ def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=
                                       cache_dtype=cache_dtype)
         plan.out.fill_(float("nan"))
         plan.lse.fill_(float("nan"))
+        plan.programs = programs
         out, lse = plan.run(qn, qp, ckv, kpe, table, kv_scale=kv_scale, return_lse=True)
     else:
         out, lse = tileattn.mla_decode(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale,
@@ -188,8 +189,34 @@ def test_gpu_mla_sm90(page_size, hq, sq, causal, device):
     """
     for force_portable in (False, True):
         plan = run_case([1, 63, 64, 65, 0, 129, 5000, 191], page_size, hq, sq, 512, 64, torch.bfloat16, device,
-                        causal=causal, plan_form=True, portable=force_portable)
+                        causal=causal, plan_form=True, portable=force_portable, kv_scale=0.75)
         assert (plan.sm90 is not None) == (_sm90(device) and not force_portable), plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [1, 3])
+def test_gpu_mla_sm90_few_ctas(programs, device):
+    """Few CTAs walking every tile of the persistent grid: the ring wraps inside tiles, tiles shorter than,
+    equal to and longer than the ring."""
+    run_case([1, 32, 64, 96, 128, 160, 0, 3000, 33, 4097], 64, 64, 2, 512, 64, torch.bfloat16, device,
+             plan_form=True, programs=programs)
+
+
+@pytest.mark.gpu
+def test_gpu_mla_sm90_fallback(device):
+    """A plan made for the Hopper kernel whose run gets tensors TMA cannot take (q head-major, rows not
+    mergeable) runs the portable kernel on the plan's schedule: split items whose ends are not multiples of
+    the portable kernel's step."""
+    lens = [6000, 100, 0]
+    ckv, kpe, table, seqlens = make_cache(lens, 64, 512, 64, torch.bfloat16, device)
+    qn = randn(len(lens), 64, 2, 512, dtype=torch.bfloat16, device=device).transpose(1, 2)
+    qp = randn(len(lens), 64, 2, 64, dtype=torch.bfloat16, device=device).transpose(1, 2)
+    plan = tileattn.MLADecodePlan(seqlens, num_heads=64, q_len=2, page_size=64)
+    out, lse = plan.run(qn, qp, ckv, kpe, table, return_lse=True)
+    ref, lse_ref = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens)
+    ref_lp, lse_lp = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, dtype=torch.bfloat16)
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, lse_ref, lse_lp.float())
 
 
 @pytest.mark.gpu

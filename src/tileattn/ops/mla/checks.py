@@ -46,7 +46,8 @@ def check_plan_args(cache_seqlens, num_heads, q_len, dc, dr, page_size, dtype, s
 
 def check_kv_scale(kv_scale, plan):
     """kv_scale: a positive number, or a one-element float32 tensor on the plan's device (read in the kernel,
-    so a CUDA graph replays with its current value)."""
+    so a CUDA graph replays with its current value; its value must be positive and finite, which is not
+    checked: that would need a sync)."""
     if isinstance(kv_scale, torch.Tensor):
         if kv_scale.dtype != torch.float32 or kv_scale.numel() != 1 or kv_scale.device != plan.device:
             raise ValueError(f"kv_scale: expected a one-element float32 tensor on {plan.device}, got "
@@ -95,8 +96,9 @@ def check_run_args(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, l
         raise ValueError(f"out: expected a {plan.dtype} [B, q_len, num_heads, Dc] = {[B, S, H, dc]} tensor with a "
                          f"contiguous last dimension on {plan.device}")
     if lse is not None and (tuple(lse.shape) != (B, H, S) or lse.dtype != torch.float32
-                            or lse.device != plan.device):
-        raise ValueError(f"lse: expected a float32 [B, num_heads, q_len] = {[B, H, S]} tensor on {plan.device}")
+                            or lse.device != plan.device or lse.stride(-1) != 1):
+        raise ValueError(f"lse: expected a float32 [B, num_heads, q_len] = {[B, H, S]} tensor with a contiguous "
+                         f"last dimension on {plan.device}")
 
 
 def check_pages(block_table, cache_seqlens, page_size, num_pages):

@@ -76,10 +76,11 @@ def mla_split_kernel(
                  + o_c[None, :], mask=row_ok[:, None], other=0.0)
     qp = tl.load(QP + b64 * stride_qpb + t[:, None].to(tl.int64) * stride_qps + h[:, None] * stride_qph
                  + o_r[None, :], mask=row_ok[:, None], other=0.0)
+    # tokens < limit are visible to the row; the item's end bounds it too (a step may run past the end)
     if CAUSAL:
-        limit = seqlen - q_len + t + 1  # tokens < limit are visible to the row
+        limit = tl.minimum(seqlen - q_len + t + 1, end)
     else:
-        limit = tl.zeros([BLOCK_M], tl.int32) + seqlen
+        limit = tl.zeros([BLOCK_M], tl.int32) + end
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)

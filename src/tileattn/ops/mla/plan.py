@@ -140,6 +140,10 @@ class MLADecodePlan:
         self.max_pages_per_seq = max_pages_per_seq
         self.rows = q_len * num_heads
         if isinstance(config, launch_sm90.MLASm90Config):  # a forced Gluon config (sweeps)
+            if page_size % config.block_n or launch_sm90.config_for(self.device, 64, head_dim_ckv, head_dim_kpe,
+                                                                    page_size, self.cache_dtype) is None:
+                raise ValueError(f"config: {config} does not serve this plan (pages of {page_size}, Dc="
+                                 f"{head_dim_ckv}, Dr={head_dim_kpe}, {self.cache_dtype}, this GPU)")
             self.sm90, config = config, None
         else:
             self.sm90 = None if config is not None else launch_sm90.config_for(self.device, self.rows, head_dim_ckv,
@@ -163,6 +167,7 @@ class MLADecodePlan:
         self.o_part = torch.empty(self.slot_capacity, self.rows, self.dc, dtype=torch.float32, device=dev)
         self.lse_part = torch.empty(self.slot_capacity, self.rows, dtype=torch.float32, device=dev)
         self.out = torch.empty(self.batch, q_len, num_heads, self.dc, dtype=dtype, device=dev)
+        self.programs = None  # CTAs of the Gluon kernel (None: one per SM; tests set fewer to walk many tiles)
         self.compiled = None  # the split kernel of the last run (its metadata.shared: the real shared memory)
         self.lse = torch.empty(self.batch, num_heads, q_len, dtype=torch.float32, device=dev)
         self.kv_scale = torch.ones(1, dtype=torch.float32, device=dev)  # a number passed to run goes here
@@ -224,7 +229,8 @@ class MLADecodePlan:
         lse = self.lse if lse is None else lse
         if self.sm90 and launch_sm90.tensors_ok(q_nope, q_pe, ckv_cache, kpe_cache):
             kernel, grid, args, kwargs = launch_sm90.kernel_call(self, q_nope, q_pe, ckv_cache, kpe_cache,
-                                                                 block_table, kv_scale, out, lse, return_lse)
+                                                                 block_table, kv_scale, out, lse, return_lse,
+                                                                 programs=self.programs)
             self.compiled = kernel[grid](*args, **kwargs)
         else:
             cfg = self.portable
