@@ -2,6 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
+#                                                        [flex-tests] [bench-flex]
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -59,6 +60,14 @@ for s in $steps; do
       timeout 400 python3 -m tileattn bench mla --out "$OUT/mla.json" > "$OUT/bench_mla.log" 2>&1; rc=$?
       summary+=("bench-mla rc=$rc: $(grep '^summary' "$OUT/bench_mla.log")")
       cat "$OUT/bench_mla.log" | head -40 ;;
+    flex-tests)
+      timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/flex > "$OUT/flex_tests.log" 2>&1; rc=$?
+      summary+=("flex-tests rc=$rc: $(tail -n 1 "$OUT/flex_tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/flex_tests.log" | head -10 ;;
+    bench-flex)
+      timeout 500 python3 -m tileattn bench flex --out "$OUT/flex.json" > "$OUT/bench_flex.log" 2>&1; rc=$?
+      summary+=("bench-flex rc=$rc: $(grep '^summary' "$OUT/bench_flex.log")")
+      grep -v Warn "$OUT/bench_flex.log" | head -30 ;;
     *) echo "unknown step $s"; continue ;;
   esac
   summary+=("  ($s took $(( $(date +%s) - t0 )) s)")

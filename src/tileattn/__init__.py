@@ -7,13 +7,15 @@ Public API:
     quantize_fp8(x, dtype), fp8_v_layout(v) -> Fp8V                          fp8 inputs of attention
     mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, ...)  MLA over a paged cache
     MLADecodePlan(cache_seqlens, num_heads=..., ...).run(...)                  the same, planned once
+    flex_attention(query, key, value, score_mod, block_mask, ...)             torch's FlexAttention model
+    mods                                                                       ready-made score / mask mods
 
 The kernels load on first use, so a tool (the `tileattn` command) can choose Triton's interpreter for a
 CPU-only machine before any kernel is defined.
 """
 __version__ = "0.1.0"
 __all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "quantize_fp8", "fp8_v_layout",
-           "Fp8V", "mla_decode", "MLADecodePlan", "__version__"]
+           "Fp8V", "mla_decode", "MLADecodePlan", "flex_attention", "FlexCompileError", "mods", "__version__"]
 
 
 def __getattr__(name):
@@ -29,6 +31,15 @@ def __getattr__(name):
     if name == "MLADecodePlan":
         from .ops.mla.plan import MLADecodePlan
         return MLADecodePlan
+    if name == "flex_attention":
+        from .ops.flex.api import flex_attention
+        return flex_attention
+    if name == "FlexCompileError":
+        from .ops.flex.trace import FlexCompileError
+        return FlexCompileError
+    if name == "mods":
+        from .ops.flex import mods
+        return mods
     raise AttributeError(f"module 'tileattn' has no attribute {name!r}")
 
 

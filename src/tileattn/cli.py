@@ -3,6 +3,7 @@
     tileattn bench [dense] [--dtype fp16|bf16] [--long] [--providers ...] [--out FILE] [--plot FILE]
     tileattn bench fp8 [--fp8-dtypes e4m3,e5m2] [--head-dims 64,128] [--seqlens ...] [--out FILE]
     tileattn bench mla [--dtype bf16|fp16] [--out FILE]
+    tileattn bench flex [--out FILE]
     tileattn info
 
 With no CUDA GPU, `bench` says so and runs a small correctness demo through the Triton interpreter.
@@ -11,7 +12,7 @@ import argparse
 import os
 import sys
 
-SUITES = ("dense", "fp8", "mla")
+SUITES = ("dense", "fp8", "mla", "flex")
 
 
 def _parser():
@@ -46,6 +47,11 @@ def main(argv=None):
         from .bench.dense import cpu_demo
         return 0 if cpu_demo() else 1
     out = args.out or os.path.join("bench", "results", f"{args.suite}.json")
+    if args.suite == "flex":
+        from .bench import flex
+        doc = flex.run(out_json=out)
+        print(f"\nwrote {out}")
+        return 1 if doc["summary"]["check_failures"] else 0
     if args.suite == "mla":
         from .bench import mla
         doc = mla.run(dtype=args.dtype or "bf16", out_json=out)

@@ -1,0 +1,132 @@
+"""`tileattn bench flex`: programmable attention (score / mask mods) against torch's flex_attention.
+
+The flex grid of targets.md: B=4, H=16, N in {2048, 8192}, D=128, bf16; mods causal, sliding window 1024,
+document mask, prefix-LM 1024, ALiBi + causal, tanh softcap 30 + causal. The same mod functions and the same
+torch BlockMask go to tileattn.flex_attention and to torch's flex_attention under torch.compile; plain causal
+also runs through SDPA's cuDNN backend and tileattn.attention's causal path. Every tileattn output is checked
+against torch's flex in float32 (tolerance rule, torch's bf16 output as the input-precision error) before it is
+timed. FLOPs count only the visible (query, key) pairs (the block mask's density times N^2, D and Dv each 2
+FLOPs per pair).
+"""
+import torch
+
+from ..ops.flex import mods
+from ..tolerance import allowed_error
+from .common import do_bench, fmt, geomean, results_header, write_json
+
+B, H, D = 4, 16, 128
+MODS = ("causal", "sliding_window", "document", "prefix_lm", "alibi_causal", "softcap_causal")
+
+
+def make_mods(N, device):
+    """name -> (score_mod, mask_mod). Documents: lengths drawn once (seeded) to sum to N, mean ~N/6."""
+    g = torch.Generator().manual_seed(0)
+    cuts = torch.randperm(N - 1, generator=g)[:5].sort().values + 1
+    lengths = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([N])]))
+    docs = mods.document_ids_from_lengths(lengths, device=device)
+    slopes = mods.alibi_slopes(H, device=device)
+    return {
+        "causal": (None, mods.causal),
+        "sliding_window": (None, mods.sliding_window(1024)),
+        "document": (None, mods.document(docs)),
+        "prefix_lm": (None, mods.prefix_lm(1024)),
+        "alibi_causal": (mods.alibi(slopes), mods.causal),
+        "softcap_causal": (mods.tanh_softcap(30.0), mods.causal),
+    }
+
+
+_compiled = None
+
+
+def _torch_flex():
+    global _compiled
+    if _compiled is None:
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        _compiled = torch.compile(flex_attention, dynamic=False)
+    return _compiled
+
+
+def run(out_json=None, log=print, seqlens=(2048, 8192)):
+    import tileattn
+    from torch.nn.attention.flex_attention import create_block_mask
+    dt = torch.bfloat16
+    doc = results_header("flex")
+    rows, failures = [], 0
+    flex_c = _torch_flex()
+    log(f"{'N':>6} {'mod':>15} {'tileattn':>9} {'torch flex':>10} {'ratio':>6}   ms; TFLOPS of visible pairs")
+    for N in seqlens:
+        g = torch.Generator(device="cuda").manual_seed(N)
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt, generator=g) for _ in range(3))
+        for name, (score_mod, mask_mod) in make_mods(N, q.device).items():
+            bm = create_block_mask(mask_mod, None, None, N, N, device="cuda") if mask_mod else None
+            density = _density(mask_mod, N) if mask_mod else 1.0
+            flops = 4.0 * B * H * N * N * D * density
+            case = {"B": B, "H": H, "N": N, "D": D, "mod": name, "dtype": "bfloat16", "density": density}
+            out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+            ref = flex_c(q.float(), k.float(), v.float(), score_mod=score_mod, block_mask=bm)
+            ref_lp = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
+            err = (out.float() - ref).abs().max().item()
+            tol = allowed_error((ref_lp.float() - ref).abs().max().item(), ref, dt)
+            ok = bool(err <= tol and torch.isfinite(out).all())
+            del ref, ref_lp, out
+            fns = {"tileattn": lambda: tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm),
+                   "flex": lambda: flex_c(q, k, v, score_mod=score_mod, block_mask=bm)}
+            if name == "causal":
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                fns["cudnn"] = cudnn
+                fns["tileattn_dense"] = lambda: tileattn.attention(qt, kt, vt, causal=True)
+            ms = {}
+            for p, fn in fns.items():
+                if p == "tileattn" and not ok:
+                    continue
+                ms[p] = do_bench(fn)
+                rows.append({"case": case, "provider": p, "ms": ms[p], "tflops": flops / (ms[p] * 1e-3) / 1e12,
+                             "gbps": None, **({"check": {"err": err, "tol": tol}} if p == "tileattn" else {})})
+            if not ok:
+                failures += 1
+                log(f"CHECK FAILED {case}: err {err:.3e} > tol {tol:.3e}")
+            t, f = ms.get("tileattn"), ms["flex"]
+            log(f"{N:6d} {name:>15} {fmt(t, '{:.3f}'):>9} {f:10.3f} {fmt(f / t if t else None, '{:.2f}'):>6}   "
+                + " ".join(f"{p} {m:.3f}" for p, m in ms.items() if p not in ("tileattn", "flex")))
+            del bm
+        del q, k, v
+        torch.cuda.empty_cache()
+
+    def ms_of(p, N, mod):
+        for r in rows:
+            if r["provider"] == p and r["case"]["N"] == N and r["case"]["mod"] == mod:
+                return r["ms"]
+        return None
+    nmax = max(seqlens)
+    vs_flex = [ms_of("flex", nmax, m) / ms_of("tileattn", nmax, m) for m in MODS if ms_of("tileattn", nmax, m)]
+    dense_ratio = None
+    if ms_of("tileattn", nmax, "causal") and ms_of("tileattn_dense", nmax, "causal"):
+        dense_ratio = ms_of("tileattn_dense", nmax, "causal") / ms_of("tileattn", nmax, "causal")
+    doc.update(rows=rows)
+    doc["summary"] = {
+        "geomean_vs_torch_flex": geomean(vs_flex) if len(vs_flex) == len(MODS) else None,
+        "fp8_vs_bf16_geomean": None,  # fp8 flex is not implemented yet
+        "causal_vs_tileattn_causal": dense_ratio,
+        "check_failures": failures,
+    }
+    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
+                                for k, v in doc["summary"].items()))
+    if out_json:
+        write_json(out_json, doc)
+    return doc
+
+
+def _density(mask_mod, N):
+    """Fraction of (query, key) pairs the mask keeps (exact, from a strided sample of query rows)."""
+    qi = torch.arange(0, N, 7, device="cuda")[:, None]
+    kv = torch.arange(N, device="cuda")[None, :]
+    keep = mask_mod(torch.zeros((), dtype=torch.int32, device="cuda"), torch.zeros((), dtype=torch.int32,
+                                                                                    device="cuda"), qi, kv)
+    return keep.float().mean().item()

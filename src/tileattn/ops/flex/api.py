@@ -1,0 +1,158 @@
+"""flex_attention: torch's FlexAttention programming model (score_mod, mask_mod, block masks) on tileattn."""
+import torch
+import triton
+
+from ... import hw
+from ..dense.launch import _debug_fill as debug_fill_nan
+from .kernels import flex_fwd_kernel
+from .trace import compile_mod
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _pow2_divisor(block, preferred):
+    """The largest power of two <= preferred that divides `block` (a mask block size)."""
+    b = preferred
+    while b > 16 and block % b:
+        b //= 2
+    return b
+
+
+def _config(d, dv, q_block, kv_block):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): tiles dividing the mask's blocks; small under the
+    interpreter."""
+    if hw.interpreter_enabled():
+        bm, bn, warps, stages = 32, 16, 4, 1
+    elif max(d, dv) <= 64:
+        bm, bn, warps, stages = 128, 64, 4, 3
+    elif max(d, dv) <= 128:
+        bm, bn, warps, stages = 128, 64, 8, 2
+    else:
+        bm, bn, warps, stages = 64, 32, 4, 2
+    return _pow2_divisor(q_block, bm), _pow2_divisor(kv_block, bn), warps, stages
+
+
+def _mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
+    """(kv_num, kv_idx, full_num, full_idx, q_block, kv_block, mask_mod) of a torch BlockMask, checked."""
+    for name in ("kv_num_blocks", "kv_indices", "BLOCK_SIZE", "mask_mod"):
+        if not hasattr(block_mask, name):
+            raise TypeError(f"block_mask: expected a torch BlockMask (create_block_mask), got "
+                            f"{type(block_mask).__name__}")
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    if q_block % 16 or kv_block % 16:
+        raise ValueError(f"block_mask: BLOCK_SIZE must be multiples of 16, got {block_mask.BLOCK_SIZE}")
+    seq = getattr(block_mask, "seq_lengths", None)
+    if seq is not None and tuple(seq) != (seqlen_q, seqlen_k):
+        raise ValueError(f"block_mask: made for (Q_LEN, KV_LEN) = {tuple(seq)}, the inputs have "
+                         f"({seqlen_q}, {seqlen_k})")
+    num, idx = block_mask.kv_num_blocks, block_mask.kv_indices
+    fnum, fidx = block_mask.full_kv_num_blocks, block_mask.full_kv_indices
+    for name, t in (("kv_num_blocks", num), ("kv_indices", idx), ("full_kv_num_blocks", fnum),
+                    ("full_kv_indices", fidx)):
+        if t is None:
+            continue
+        if t.device != device or t.dtype != torch.int32:
+            raise ValueError(f"block_mask.{name}: expected int32 on {device}, got {t.dtype} on {t.device}")
+        if t.shape[0] not in (1, batch) or t.shape[1] not in (1, heads):
+            raise ValueError(f"block_mask.{name}: batch / head dims {tuple(t.shape[:2])} do not broadcast to "
+                             f"({batch}, {heads})")
+        if t.shape[2] < triton.cdiv(seqlen_q, q_block):
+            raise ValueError(f"block_mask.{name}: {t.shape[2]} query blocks, the queries need "
+                             f"{triton.cdiv(seqlen_q, q_block)}")
+    idx = idx if idx.stride(-1) == 1 else idx.contiguous()
+    fidx = fidx if fidx is None or fidx.stride(-1) == 1 else fidx.contiguous()
+    return num, idx, fnum, fidx, q_block, kv_block, block_mask.mask_mod
+
+
+def _bstrides(t, ndim):
+    """Strides of a block-mask tensor with 0 on broadcast (size-1) batch / head dims."""
+    if t is None:
+        return (0,) * ndim
+    return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(ndim))
+
+
+def _check(query, key, value, enable_gqa, scale):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected [B, H, S, D], got {t.dim()} dims")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}: expected float16 or bfloat16, got {t.dtype}")
+        if t.device != query.device:
+            raise ValueError(f"{name}: on {t.device}, query is on {query.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride 1)")
+    hw.check_kernel_device(query.device, "query, key and value")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"key / value: expected {query.dtype} like query, got {key.dtype} / {value.dtype}")
+    B, H, _, D = query.shape
+    if key.shape[0] != B or value.shape[0] != B:
+        raise ValueError(f"key / value: batch {key.shape[0]} / {value.shape[0]}, query has {B}")
+    if key.shape[3] != D:
+        raise ValueError(f"key: head dim {key.shape[3]}, query has {D}")
+    if key.shape[1] != value.shape[1] or key.shape[2] != value.shape[2]:
+        raise ValueError(f"value: [B, H, S] {list(value.shape[:3])} differ from key's {list(key.shape[:3])}")
+    hkv = key.shape[1]
+    if hkv != H and not (enable_gqa and hkv > 0 and H % hkv == 0):
+        raise ValueError(f"key: {hkv} heads for {H} query heads (pass enable_gqa=True for grouped heads; H must "
+                         f"be a multiple of the kv heads)")
+    if not (16 <= D <= 256 and 1 <= value.shape[3] <= 256):
+        raise ValueError(f"query / value: head dims must be in 16..256, got D={D}, Dv={value.shape[3]}")
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale: expected a positive number, got {scale}")
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+                   return_lse=False):
+    """Attention with a programmable score modifier and a block-sparse mask, as torch's flex_attention.
+
+    query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, Dv] (float16 / bfloat16, last dim contiguous);
+    Hkv = Hq unless enable_gqa (Hq a multiple of Hkv; query head h reads kv head h // (Hq / Hkv)).
+    score_mod(score, b, h, q_idx, kv_idx) -> score: plain Python on the scaled score (see trace.py for what
+    it may use, captured tensors included; the same function works in torch's flex_attention).
+    block_mask: a torch BlockMask (torch.nn.attention.flex_attention.create_block_mask or
+    tileattn.create_block_mask): blocks it leaves out are skipped, its partial blocks apply its mask_mod, its
+    full blocks do not. None: every key is visible. scale defaults to D ** -0.5.
+
+    Returns out [B, Hq, Sq, Dv] in query's dtype, and with return_lse also lse [B, Hq, Sq] float32 (natural
+    log). Rows that see no key give 0 (lse -inf).
+    """
+    _check(query, key, value, enable_gqa, scale)
+    B, H, Sq, D = query.shape
+    Sk, Dv = key.shape[2], value.shape[3]
+    scale = D ** -0.5 if scale is None else float(scale)
+    out = torch.empty(B, H, Sq, Dv, dtype=query.dtype, device=query.device)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=query.device) if return_lse else out
+    if debug_fill_nan():  # tests: an element the kernel never writes fails the comparison
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    if Sq == 0 or B * H == 0:
+        return (out, lse) if return_lse else out
+    smod = compile_mod(score_mod, "score") if score_mod is not None else None
+    dense = block_mask is None
+    if dense:
+        num = idx = fnum = fidx = None
+        q_block = kv_block = 128
+        mmod = None
+    else:
+        num, idx, fnum, fidx, q_block, kv_block, mask_fn = _mask_tensors(block_mask, B, H, Sq, Sk, query.device)
+        mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
+    bm, bn, warps, stages = _config(D, Dv, q_block, kv_block)
+    dummy = out  # never read where a block-mask tensor is absent
+    sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
+    grid = (triton.cdiv(Sq, bm), B * H)
+    flex_fwd_kernel[grid](
+        query, key, value, out, lse, num if num is not None else dummy, idx if idx is not None else dummy,
+        fnum if fnum is not None else dummy, fidx if fidx is not None else dummy,
+        smod.capture_args() if smod else (), mmod.capture_args() if mmod else (),
+        query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
+        value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2), *sl,
+        *_bstrides(num, 3), *_bstrides(idx, 3), *_bstrides(fnum, 3), *_bstrides(fidx, 3),
+        H, H // key.shape[1], Sq, Sk, D, Dv, scale,
+        SCORE_MOD=smod.fn if smod else None, MASK_MOD=mmod.fn if mmod else None, DENSE=dense,
+        HAS_FULL=fnum is not None, Q_BLOCK=q_block, KV_BLOCK=kv_block, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=triton.next_power_of_2(Dv), RETURN_LSE=return_lse,
+        num_warps=warps, num_stages=stages,
+    )
+    return (out, lse) if return_lse else out

@@ -1,0 +1,310 @@
+"""score_mod / mask_mod written in plain Python, turned into Triton functions.
+
+A mod is traced once with torch.fx (its arguments become symbols), and the graph is written out as the source
+of a `@triton.jit` function over tiles:
+
+    score_mod(score, b, h, q_idx, kv_idx) -> score      mask_mod(b, h, q_idx, kv_idx) -> bool
+
+`score` is the float32 [BLOCK_M, BLOCK_N] tile of scaled scores; b and h are scalars; q_idx [BLOCK_M, 1] and
+kv_idx [1, BLOCK_N] int32. What a mod may use: arithmetic and comparisons (+ - * / // % **, < <= > >= == !=,
+& | ^ ~, unary -), torch.where, abs / exp / exp2 / log / log2 / sqrt / rsqrt / sin / cos / tanh / sigmoid /
+minimum / maximum / clamp, casts (.to, .float(), .int(), .long()), Python numbers, and captured tensors
+indexed by expressions (`bias[h, q_idx - kv_idx]`, `doc_ids[b, q_idx]`). A captured tensor becomes a kernel
+argument (its values can change without a recompile); its indices are clamped into range, so a mod can never
+read outside it. Anything else (control flow on the arguments, other torch functions) raises a
+FlexCompileError naming the construct.
+
+Integer // and % follow Python (floor) semantics as torch does; integers are int32 (int64 for captured int64
+tensors' values).
+"""
+import collections
+import hashlib
+import linecache
+import math
+import operator
+
+import torch
+import torch.fx
+
+
+class FlexCompileError(ValueError):
+    """A score_mod / mask_mod construct tileattn cannot compile."""
+
+
+_BINARY = {
+    operator.add: "({} + {})", operator.sub: "({} - {})", operator.mul: "({} * {})",
+    operator.truediv: "_div({}, {})", operator.floordiv: "_floordiv({}, {})", operator.mod: "_mod({}, {})",
+    operator.lt: "({} < {})", operator.le: "({} <= {})", operator.gt: "({} > {})", operator.ge: "({} >= {})",
+    operator.eq: "({} == {})", operator.ne: "({} != {})", operator.and_: "({} & {})", operator.or_: "({} | {})",
+    operator.xor: "({} ^ {})", operator.pow: "_pow({}, {})",
+}
+_UNARY = {
+    operator.neg: "(-{})", operator.invert: "_invert({})", operator.abs: "tl.abs({})", operator.pos: "{}",
+}
+# torch functions / tensor methods by name
+_FUNCS = {
+    "abs": "tl.abs({})", "exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", "log2": "tl.log2({})",
+    "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})", "sin": "tl.sin({})", "cos": "tl.cos({})",
+    "tanh": "_tanh({})", "sigmoid": "tl.sigmoid({})", "neg": "(-{})", "logical_not": "_invert({})",
+    "float": "({}).to(tl.float32)", "int": "({}).to(tl.int32)", "long": "({}).to(tl.int64)",
+    "bool": "(({}) != 0)",
+}
+_FUNCS2 = {
+    "add": _BINARY[operator.add], "sub": _BINARY[operator.sub], "mul": _BINARY[operator.mul],
+    "div": _BINARY[operator.truediv], "true_divide": _BINARY[operator.truediv],
+    "floor_divide": _BINARY[operator.floordiv], "remainder": _BINARY[operator.mod],
+    "minimum": "tl.minimum({}, {})", "maximum": "tl.maximum({}, {})", "logical_and": "({} & {})",
+    "logical_or": "({} | {})", "lt": "({} < {})", "le": "({} <= {})", "gt": "({} > {})", "ge": "({} >= {})",
+    "eq": "({} == {})", "ne": "({} != {})", "pow": "_pow({}, {})", "bitwise_and": "({} & {})",
+    "bitwise_or": "({} | {})",
+}
+_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+           torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1", torch.float64: "tl.float32"}
+
+_HELPERS = '''
+@triton.jit
+def _div(a, b):
+    return a.to(tl.float32) / b
+
+
+@triton.jit
+def _floordiv(a, b):
+    q = a // b
+    return tl.where((a % b != 0) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _mod(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _pow(a, b):
+    return tl.exp2(tl.log2(a.to(tl.float32)) * b)
+
+
+@triton.jit
+def _invert(a):
+    return a == 0
+
+
+@triton.jit
+def _tanh(x):
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+'''
+
+
+class ModSpec:
+    """A traced mod: `fn` (the @triton.jit function, taking the mod's arguments and a tuple of captures),
+    `captures` (the tensors it reads, in argument order) and `source` (the generated text)."""
+
+    def __init__(self, fn, captures, source, key):
+        self.fn, self.captures, self.source, self.key = fn, captures, source, key
+
+    def capture_args(self):
+        """The captures as kernel arguments: per tensor its pointer, then its sizes and strides."""
+        args = []
+        for t in self.captures:
+            args += [t, *t.shape, *t.stride()]
+        return tuple(args)
+
+
+def _literal(x, name):
+    if isinstance(x, bool):
+        return "True" if x else "False"
+    if isinstance(x, int):
+        return repr(x)
+    if isinstance(x, float):
+        if math.isinf(x):
+            return 'float("inf")' if x > 0 else 'float("-inf")'
+        if math.isnan(x):
+            return 'float("nan")'
+        return repr(x)
+    raise FlexCompileError(f"{name}: cannot compile the constant {x!r} ({type(x).__name__})")
+
+
+class _Writer:
+    def __init__(self, gm, name, arg_names):
+        self.gm, self.name, self.arg_names = gm, name, arg_names
+        self.lines, self.vars, self.captures = [], {}, []
+
+    def ref(self, a):
+        if isinstance(a, torch.fx.Node):
+            if a not in self.vars:
+                raise FlexCompileError(f"{self.name}: {a.op} {a.target} is used where a value was expected")
+            return self.vars[a]
+        return _literal(a, self.name)
+
+    def capture(self, node):
+        t = getattr(self.gm, node.target)
+        if not isinstance(t, torch.Tensor):
+            raise FlexCompileError(f"{self.name}: captured {type(t).__name__} {node.target} is not a tensor")
+        if t.dtype not in _DTYPES or t.dtype == torch.float64:
+            raise FlexCompileError(f"{self.name}: captured tensor of dtype {t.dtype} (use float32/16, int32/64 "
+                                   f"or bool)")
+        for i, c in enumerate(self.captures):
+            if c is t:
+                return i
+        self.captures.append(t)
+        return len(self.captures) - 1
+
+    def index(self, node, tensor_node, idx):
+        if not (isinstance(tensor_node, torch.fx.Node) and tensor_node.op == "get_attr"):
+            raise FlexCompileError(f"{self.name}: indexing is supported on captured tensors only")
+        i = self.capture(tensor_node)
+        t = self.captures[i]
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) != t.dim() or any(x is None or x is Ellipsis or isinstance(x, slice) for x in idx):
+            raise FlexCompileError(f"{self.name}: a captured tensor of {t.dim()} dims must be indexed by "
+                                   f"{t.dim()} scalar expressions (no slices, None or ...), got {len(idx)}")
+        v = f"c{i}"
+        off = " + ".join(f"tl.minimum(tl.maximum(({self.ref(x)}).to(tl.int64), 0), {v}_n{k} - 1) * {v}_s{k}"
+                         for k, x in enumerate(idx)) or "0"
+        load = f"tl.load({v}_ptr + {off})"
+        if t.dtype == torch.bool:
+            load = f"({load} != 0)"
+        return load
+
+    def node(self, n):
+        args = n.args
+        if n.op == "get_attr":
+            return None  # a captured tensor: used through indexing only
+        if n.op == "call_function" and n.target in (operator.getitem, ) or (
+                n.op == "call_method" and n.target == "__getitem__"):
+            return self.index(n, args[0], args[1])
+        if n.op == "call_function" and n.target in _BINARY:
+            return _BINARY[n.target].format(self.ref(args[0]), self.ref(args[1]))
+        if n.op == "call_function" and n.target in _UNARY:
+            return _UNARY[n.target].format(self.ref(args[0]))
+        name = None
+        if n.op == "call_function" and getattr(n.target, "__module__", None) in ("torch", "torch._C._VariableFunctions",
+                                                                                  None):
+            name = getattr(n.target, "__name__", None)
+        elif n.op == "call_method":
+            name = n.target
+        if name is None:
+            raise FlexCompileError(f"{self.name}: cannot compile {n.op} {n.target}")
+        if n.kwargs and name not in ("to", "clamp", "where", "new_ones", "new_zeros"):
+            raise FlexCompileError(f"{self.name}: keyword arguments to {name} are not supported")
+        if name in ("new_ones", "new_zeros") and len(args) == 2 and tuple(args[1]) == ():
+            one = name == "new_ones"
+            return ("True" if one else "False") if n.kwargs.get("dtype") == torch.bool else ("1" if one else "0")
+        if name == "where" and len(args) == 3:
+            return f"tl.where({self.ref(args[0])}, {self.ref(args[1])}, {self.ref(args[2])})"
+        if name == "clamp" or name == "clip":
+            lo = n.kwargs.get("min", args[1] if len(args) > 1 else None)
+            hi = n.kwargs.get("max", args[2] if len(args) > 2 else None)
+            x = self.ref(args[0])
+            if lo is not None:
+                x = f"tl.maximum({x}, {self.ref(lo)})"
+            if hi is not None:
+                x = f"tl.minimum({x}, {self.ref(hi)})"
+            return x
+        if name == "to":
+            dt = n.kwargs.get("dtype", args[1] if len(args) > 1 else None)
+            if dt not in _DTYPES:
+                raise FlexCompileError(f"{self.name}: .to({dt!r}) is not supported (pass a torch dtype)")
+            if dt == torch.bool:
+                return f"(({self.ref(args[0])}) != 0)"
+            return f"({self.ref(args[0])}).to({_DTYPES[dt]})"
+        if name in _FUNCS and len(args) == 1:
+            return _FUNCS[name].format(self.ref(args[0]))
+        if name in _FUNCS2 and len(args) == 2:
+            return _FUNCS2[name].format(self.ref(args[0]), self.ref(args[1]))
+        raise FlexCompileError(f"{self.name}: cannot compile {name}() with {len(args)} arguments")
+
+    def write(self):
+        out = None
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                self.vars[n] = self.arg_names[len(self.vars)]
+            elif n.op == "output":
+                out = n.args[0]
+            else:
+                expr = self.node(n)
+                if expr is not None:
+                    v = f"v{len(self.lines)}"
+                    self.lines.append(f"    {v} = {expr}")
+                    self.vars[n] = v
+        if isinstance(out, (tuple, list)):
+            raise FlexCompileError(f"{self.name}: must return one value, not a {type(out).__name__}")
+        return self.ref(out)
+
+
+def _closure_key(fn, depth=0):
+    """What a cached trace depends on besides the code: the objects the closure and the globals it names
+    hold (by identity for tensors, by value for numbers; functions it calls, such as composed mods, by their
+    own key)."""
+    def k(x):
+        if isinstance(x, (int, float, bool, str)) or x is None:
+            return (type(x).__name__, x)
+        if depth < 4 and hasattr(x, "__code__") and hasattr(x, "__closure__"):
+            return _closure_key(x, depth + 1)
+        if depth < 4 and isinstance(x, (tuple, list)):
+            return tuple(k(y) for y in x)
+        return ("id", id(x))
+    cells = tuple(k(c.cell_contents) for c in (fn.__closure__ or ()))
+    g = getattr(fn, "__globals__", {})
+    names = tuple((nm, k(g[nm])) for nm in fn.__code__.co_names if nm in g and not callable(g[nm])
+                  and not isinstance(g[nm], type(torch)))
+    return (fn.__code__, cells, names, fn.__defaults__)
+
+
+_TRACES = collections.OrderedDict()  # closure key -> ModSpec (holds the captured tensors), least recent first
+_MAX_TRACES = 256
+_FUNCTIONS = {}  # source hash -> the @triton.jit function (one compile per distinct mod source)
+
+
+def compile_mod(fn, kind):
+    """The ModSpec of a score_mod (kind "score") or mask_mod (kind "mask"), traced once per function object
+    and closure contents."""
+    if not callable(fn):
+        raise TypeError(f"{kind}_mod: expected a function, got {type(fn).__name__}")
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise FlexCompileError(f"{kind}_mod: {fn!r} is not a plain Python function")
+    key = (kind, _closure_key(fn))
+    spec = _TRACES.get(key)
+    if spec is not None:
+        _TRACES.move_to_end(key)
+        return spec
+    nargs = 5 if kind == "score" else 4
+    if code.co_argcount < nargs:
+        raise FlexCompileError(f"{kind}_mod: takes {code.co_argcount} arguments, expected {nargs} "
+                               f"({'score, ' if kind == 'score' else ''}b, h, q_idx, kv_idx)")
+    try:
+        gm = torch.fx.symbolic_trace(fn)
+    except FlexCompileError:
+        raise
+    except Exception as e:  # noqa: BLE001 - fx raises many types for untraceable code
+        raise FlexCompileError(f"{kind}_mod {getattr(fn, '__name__', fn)}: cannot be traced ({type(e).__name__}: "
+                               f"{e}); control flow on the mod's arguments is not supported, use torch.where")
+    arg_names = (["score"] if kind == "score" else []) + ["b", "h", "q_idx", "kv_idx"]
+    w = _Writer(gm, f"{kind}_mod {getattr(fn, '__name__', '')}", arg_names)
+    result = w.write()
+    if kind == "mask":
+        result = f"(({result}) != 0)"
+    else:
+        result = f"({result}).to(tl.float32)"
+    unpack = []
+    for i, t in enumerate(w.captures):
+        names = [f"c{i}_ptr"] + [f"c{i}_n{k}" for k in range(t.dim())] + [f"c{i}_s{k}" for k in range(t.dim())]
+        base = sum(1 + 2 * c.dim() for c in w.captures[:i])
+        unpack += [f"    {nm} = caps[{base + j}]" for j, nm in enumerate(names)]
+    params = ", ".join(arg_names)
+    body = "\n".join(unpack + w.lines + [f"    return {result}"])
+    src_fn = f"@triton.jit\ndef mod({params}, caps):\n{body}\n"
+    digest = hashlib.sha1(src_fn.encode()).hexdigest()[:16]
+    jit = _FUNCTIONS.get(digest)
+    if jit is None:
+        source = f"import triton\nimport triton.language as tl\n{_HELPERS}\n\n{src_fn}"
+        fname = f"<tileattn-flex-{kind}-{digest}>"
+        linecache.cache[fname] = (len(source), None, source.splitlines(True), fname)
+        ns = {"__name__": f"tileattn_flex_{kind}_{digest}"}  # Triton's compiler needs the functions' module
+        exec(compile(source, fname, "exec"), ns)
+        jit = _FUNCTIONS[digest] = ns["mod"]
+    spec = _TRACES[key] = ModSpec(jit, tuple(w.captures), src_fn, digest)
+    while len(_TRACES) > _MAX_TRACES:
+        _TRACES.popitem(last=False)
+    return spec

@@ -1,0 +1,159 @@
+"""flex_attention against torch's flex_attention on the same functions (float32 reference, tolerance rule).
+
+torch's flex_attention runs eagerly here (its unfused path: it materialises the scores), in float32 for the
+reference and in the input dtype for the input-precision error of the tolerance rule. Block masks come from
+torch's create_block_mask, so empty, partial and full blocks all occur.
+"""
+import warnings
+
+import pytest
+import torch
+
+import tileattn
+from tileattn import mods
+from tests.helpers import assert_close, randn
+
+flex_mod = pytest.importorskip("torch.nn.attention.flex_attention")
+warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+
+
+def torch_flex(q, k, v, score_mod, block_mask, scale, gqa, dtype):
+    out, lse = flex_mod.flex_attention(q.to(dtype), k.to(dtype), v.to(dtype), score_mod=score_mod,
+                                       block_mask=block_mask, scale=scale, enable_gqa=gqa, return_lse=True)
+    return out, lse
+
+
+def check(q, k, v, score_mod=None, mask_mod=None, scale=None, gqa=False, block=(128, 128), mask_b=None,
+          mask_h=None):
+    B, H, Sq, _ = q.shape
+    Sk = k.shape[2]
+    bm = None
+    if mask_mod is not None:
+        bm = flex_mod.create_block_mask(mask_mod, mask_b if mask_b is not None else B,
+                                        mask_h if mask_h is not None else H, Sq, Sk, device=q.device,
+                                        BLOCK_SIZE=block)
+    out, lse = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, scale=scale, enable_gqa=gqa,
+                                       return_lse=True)
+    ref, lse_ref = torch_flex(q, k, v, score_mod, bm, scale, gqa, torch.float32)
+    # the input-precision computation: torch's eager flex on the inputs with the scores rounded to their dtype
+    # (as a 16-bit q.k would give them) before score_mod
+    def rounded(score, b, h, q_idx, kv_idx):
+        score = score.to(q.dtype).to(torch.float32)
+        return score if score_mod is None else score_mod(score, b, h, q_idx, kv_idx)
+    ref_lp, lse_lp = torch_flex(q, k, v, rounded, bm, scale, gqa, q.dtype)
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, lse_ref, lse_lp)
+
+
+def qkv(B, H, Sq, Sk, D, dtype, device, hkv=None, dv=None):
+    hkv = hkv or H
+    return (randn(B, H, Sq, D, dtype=dtype, device=device), randn(B, hkv, Sk, D, dtype=dtype, device=device),
+            randn(B, hkv, Sk, dv or D, dtype=dtype, device=device))
+
+
+DT = torch.float16  # bf16 dots are wrong in the CPU interpreter: bf16 is covered by the GPU tests
+
+
+def ready_mods(S, H, device):
+    docs = mods.document_ids_from_lengths([S // 3, 1, S - S // 3 - 1], device=device)
+    table = randn(H, 2 * 32 + 1, dtype=torch.float32, device=device)
+    return {
+        "causal": (None, mods.causal),
+        "sliding_window": (None, mods.sliding_window(37)),
+        "prefix_lm": (None, mods.prefix_lm(50)),
+        "document": (None, mods.document(docs)),
+        "document_causal": (None, mods.document(docs, causal=True)),
+        "alibi_causal": (mods.alibi(mods.alibi_slopes(H, device=device)), mods.causal),
+        "softcap_causal": (mods.tanh_softcap(3.0), mods.causal),
+        "rel_bias": (mods.relative_position_bias(table, 32), None),
+        "alibi_softcap": (mods.compose_scores(mods.alibi(mods.alibi_slopes(H, device=device)),
+                                              mods.tanh_softcap(5.0)), None),
+    }
+
+
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "document", "document_causal",
+                                  "alibi_causal", "softcap_causal", "rel_bias", "alibi_softcap"])
+def test_ready_mods(name, device):
+    S = 131
+    q, k, v = qkv(2, 2, S, S, 32, DT, device)
+    score_mod, mask_mod = ready_mods(S, 2, device)[name]
+    check(q, k, v, score_mod, mask_mod, block=(32, 32))
+
+
+def test_user_mods_with_captures(device):
+    """User-written mods reading captured tensors (per-batch document ids, a per-head bias, a position bias) and
+    scalars; changing a captured tensor's values gives new results without a new trace."""
+    B, H, S = 2, 3, 96
+    q, k, v = qkv(B, H, S, S, 32, DT, device)
+    doc = torch.randint(0, 3, (B, S), device=device).sort(dim=1).values.to(torch.int32)
+    head_bias = randn(H, dtype=torch.float32, device=device)
+    pos_bias = randn(2 * S, dtype=torch.float32, device=device)
+    two = 2.0
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score * two + head_bias[h] + pos_bias[q_idx - kv_idx + S] * 0.5
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[b, q_idx] == doc[b, kv_idx]) & ((q_idx >= kv_idx) | (kv_idx % 7 == 0))
+
+    check(q, k, v, score_mod, mask_mod, block=(32, 32))
+    from tileattn.ops.flex.trace import compile_mod
+    spec = compile_mod(score_mod, "score")
+    head_bias.mul_(-3.0)  # new values, same tensor: same compiled mod, new result
+    check(q, k, v, score_mod, mask_mod, block=(32, 32))
+    assert compile_mod(score_mod, "score") is spec
+
+
+@pytest.mark.parametrize("sq,sk", [(77, 77), (40, 100), (100, 33)])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_odd_lengths_gqa_block_masks(sq, sk, gqa, device):
+    """Sq != Sk, ragged lengths, GQA, a mask that empties whole rows and blocks, block masks broadcast over
+    batch / heads, a 16 x 32 block size."""
+    H = 4
+    q, k, v = qkv(2, H, sq, sk, 32, DT, device, hkv=2 if gqa else H, dv=48)
+
+    def band(b, h, q_idx, kv_idx):
+        return ((kv_idx - q_idx) % 5 == 0) & (q_idx > 9) & (kv_idx < 70 + h * 3)
+
+    check(q, k, v, mods.alibi(mods.alibi_slopes(H, device=device)), band, gqa=gqa, block=(16, 32))
+    check(q, k, v, None, band if not gqa else mods.causal, gqa=gqa, block=(32, 16), mask_b=1, mask_h=1)
+    check(q, k, v, None, None, gqa=gqa, scale=0.3)
+
+
+def test_bad_inputs(device):
+    q, k, v = qkv(1, 2, 40, 40, 32, DT, device)
+    with pytest.raises(tileattn.FlexCompileError, match="control flow"):
+        def branchy(score, b, h, q_idx, kv_idx):
+            return score if q_idx > 3 else -score
+        tileattn.flex_attention(q, k, v, score_mod=branchy)
+    with pytest.raises(tileattn.FlexCompileError, match="cannot compile"):
+        tileattn.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: torch.erf(s))
+    with pytest.raises(tileattn.FlexCompileError, match="indexed by 2"):
+        t = torch.zeros(4, 4, device=device)
+        tileattn.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + t[h])
+    with pytest.raises(ValueError, match="key"):
+        tileattn.flex_attention(q, k[:, :1], v[:, :1])
+    with pytest.raises(TypeError, match="query"):
+        tileattn.flex_attention(q.float(), k, v)
+    with pytest.raises(ValueError, match="block_mask"):
+        bm = flex_mod.create_block_mask(mods.causal, 1, 2, 64, 64, device=device, BLOCK_SIZE=32)
+        tileattn.flex_attention(q, k, v, block_mask=bm)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "document", "alibi_causal",
+                                  "softcap_causal", "rel_bias"])
+def test_gpu_ready_mods(name, D, dtype, device):
+    S = 1000
+    q, k, v = qkv(2, 4, S, S, D, dtype, device)
+    score_mod, mask_mod = ready_mods(S, 4, device)[name]
+    check(q, k, v, score_mod, mask_mod)
+
+
+@pytest.mark.gpu
+def test_gpu_gqa_odd(device):
+    q, k, v = qkv(2, 8, 333, 517, 128, torch.bfloat16, device, hkv=2)
+    check(q, k, v, mods.tanh_softcap(20.0), mods.sliding_window(100), gqa=True)
