@@ -157,3 +157,31 @@ def test_gpu_ready_mods(name, D, dtype, device):
 def test_gpu_gqa_odd(device):
     q, k, v = qkv(2, 8, 333, 517, 128, torch.bfloat16, device, hkv=2)
     check(q, k, v, mods.tanh_softcap(20.0), mods.sliding_window(100), gqa=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "document", "document_causal",
+                                  "alibi_causal", "softcap_causal", "rel_bias", "alibi_softcap"])
+def test_gpu_sm90_ready_mods(name, D, dtype, device, monkeypatch):
+    """Shapes the Hopper kernel serves (multiples of 128, 128 x 128 mask blocks), checked to take it on sm90."""
+    from tileattn.ops.flex import launch_sm90
+    calls = []
+    real = launch_sm90.launch
+    monkeypatch.setattr(launch_sm90, "launch", lambda *a: calls.append(1) or real(*a))
+    S = 1024
+    q, k, v = qkv(2, 4, S, S, D, dtype, device)
+    score_mod, mask_mod = ready_mods(S, 4, device)[name]
+    check(q, k, v, score_mod, mask_mod)
+    assert len(calls) == (1 if torch.cuda.get_device_capability()[0] == 9 else 0)
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_gqa_broadcast_mask(device):
+    q, k, v = qkv(2, 8, 512, 1024, 128, torch.bfloat16, device, hkv=2)
+
+    def mask(b, h, q_idx, kv_idx):
+        return ((kv_idx // 128) % 3 != 1) & (kv_idx <= q_idx + 512) & (q_idx % 5 != 3)
+    check(q, k, v, mods.alibi(mods.alibi_slopes(8, device=device)), mask, gqa=True, mask_b=1, mask_h=1)
+    check(q, k, v, mods.tanh_softcap(10.0), None, gqa=True)

@@ -79,10 +79,45 @@ def _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexp
 
 
 @gluon.jit
+def _flex_lists(fx, i_b, i_h, i_m):
+    """Flex: (partial blocks, full blocks, partial list, full list) of query block i_m of (i_b, i_h), from the
+    block mask's tensors in fx (see attn_fwd_sm90_kernel)."""
+    n_part = gl.load(fx[0] + i_b * fx[4] + i_h * fx[5] + i_m * fx[6])
+    part = fx[1] + i_b * fx[7] + i_h * fx[8] + i_m * fx[9]
+    n_full = gl.load(fx[2] + i_b * fx[10] + i_h * fx[11] + i_m * fx[12])
+    full = fx[3] + i_b * fx[13] + i_h * fx[14] + i_m * fx[15]
+    return n_part, n_full, part, full
+
+
+@gluon.jit
+def _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, FLEX: gl.constexpr):
+    """(first query row, first key, key blocks, partial blocks, partial list, full list) of a tile. Dense: the
+    window model's key range (lists unused); flex: the block mask's partial blocks, then its full ones."""
+    if FLEX:
+        n_part, n_full, part, full = _flex_lists(fx, i_b, i_h, i_m)
+        return i_m * ROWS, 0, n_part + n_full, n_part, part, full
+    else:
+        m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS, BLOCK_N, HAS_LEFT,
+                                        HAS_RIGHT)
+        return m0, n_lo, n_blocks, 0, fx[1], fx[3]
+
+
+@gluon.jit
+def _block_start(it, n_lo, lst, base, BLOCK_N: gl.constexpr, FLEX: gl.constexpr):
+    """First key of the tile's block `it`: n_lo + it * BLOCK_N, or (flex) entry it - base of a block list."""
+    if FLEX:
+        return gl.load(lst + it - base) * BLOCK_N
+    else:
+        return n_lo + it * BLOCK_N
+
+
+@gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right,
+            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
             BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+            FLEX: gl.constexpr):
     kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
     j = 0  # tiles started so far: Q slot and phase
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
@@ -90,14 +125,15 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_
         if valid:
             j, kv = _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag,
-                               left, right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, V_SEQ_MAJOR)
+                               left, right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, V_SEQ_MAJOR,
+                               FLEX)
 
 
 @gluon.jit
 def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-               j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right,
+               j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
     """The loads of one tile: Q into slot j % Q_SLOTS and its K/V blocks into the ring from position kv.
 
     With two Q slots Q goes first (its slot was freed a tile ago). With one, the slot frees only when the
@@ -107,15 +143,16 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
     i_hk = i_h // group_size
-    m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right,
-                                    NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    m0, n_lo, n_blocks, n_part, part, full = _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
+                                                          right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
+                                                          HAS_RIGHT, FLEX)
     Q_SLOTS: gl.constexpr = q_ready.shape[0]
     if Q_SLOTS == 1:
         first = gl.minimum(n_blocks, STAGES)
     else:
         first = 0
-    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, 0, first, n_lo, i_b, i_hk, STAGES,
-             V_SEQ_MAJOR)
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, 0, first, n_lo, n_part, part, full,
+             i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
     slot = j % Q_SLOTS
     # slots and buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh one)
     mbarrier.wait(q_empty.index(slot), ((j // Q_SLOTS) & 1) ^ 1)
@@ -123,20 +160,24 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     for c in gl.static_range(NUM_CONSUMERS):
         tma.async_copy_global_to_shared(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
                                         q_bufs.index(slot * NUM_CONSUMERS + c))
-    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, i_b, i_hk,
-             STAGES, V_SEQ_MAJOR)
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, n_part, part,
+             full, i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
     return j + 1, kv + n_blocks
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_lo, it_hi, n_lo, i_b, i_hk,
-             STAGES: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
-    """K/V blocks it_lo..it_hi - 1 of a tile (keys from n_lo) into ring positions kv + it."""
+def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_lo, it_hi, n_lo, n_part, part,
+             full, i_b, i_hk, STAGES: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
+    """K/V blocks it_lo..it_hi - 1 of a tile (keys from n_lo; flex: the partial then the full list) into ring
+    positions kv + it."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     for it in range(it_lo, it_hi):
         s = (kv + it) % STAGES
         phase = ((kv + it) // STAGES) & 1
-        n0 = n_lo + it * BLOCK_N
+        if it < n_part:
+            n0 = _block_start(it, n_lo, part, 0, BLOCK_N, FLEX)
+        else:
+            n0 = _block_start(it, n_lo, full, n_part, BLOCK_N, FLEX)
         mbarrier.wait(kv_empty.index(s), phase ^ 1)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
@@ -149,15 +190,24 @@ def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_
 
 @gluon.jit
 def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale,
-                   softcap_scale, softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                   HAS_SOFTCAP: gl.constexpr, P_SHIFT: gl.constexpr):
+                   softcap_scale, softcap_out, fm, caps_s, caps_m, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                   HAS_SOFTCAP: gl.constexpr, P_SHIFT: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
+                   MASK_MOD: gl.constexpr):
     """One block of the online softmax: returns (p, alpha, m, l) for raw scores qk [BLOCK_M, BLOCK_N]. p and l
-    carry a factor 2 ** P_SHIFT (fp8), which out = acc / l cancels."""
+    carry a factor 2 ** P_SHIFT (fp8), which out = acc / l cancels. Flex: fm = (batch, head, scale); the scores
+    are scaled, then SCORE_MOD (captures caps_s), then (MASKED) MASK_MOD (caps_m), and sm_scale is log2 e."""
     if HAS_SOFTCAP:
         qk = _tanh(qk * softcap_scale) * softcap_out
+    if FLEX:
+        qk = qk * fm[2]
+        if SCORE_MOD is not None:
+            qk = SCORE_MOD(qk, fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], caps_s)
     if MASKED:
-        qk = gl.where(_visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT), qk,
-                      float("-inf"))
+        keep = _visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
+        if FLEX:
+            if MASK_MOD is not None:
+                keep = keep & MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], caps_m)
+        qk = gl.where(keep, qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, 1))
     # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
@@ -214,12 +264,14 @@ def _v_operand(v_bufs, s, V_SEQ_MAJOR: gl.constexpr):
 
 
 @gluon.jit
-def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
-                     v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out,
+def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs,
+                     k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
+                     softcap_out, fm, caps_s, caps_m,
                      MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                      o_layout: gl.constexpr, p_layout: gl.constexpr, P_SHIFT: gl.constexpr,
-                     V_SEQ_MAJOR: gl.constexpr):
+                     V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
+                     MASK_MOD: gl.constexpr):
     """Steady-state iterations b in [b_start, b_end): q.k of block b and p.v of block b - 1 go to the tensor
     cores together; the softmax of b waits only for the first. p_carry holds P of block b - 1 (_p_carry);
     block b sits in ring buffer (kv + b) % STAGES.
@@ -242,9 +294,10 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b_start, b_end, o_m, o_n,
         mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
-        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo + it * BLOCK_N, o_m, o_n, MASKED, seqlen_k,
-                                            off_diag, left, right, sm_scale, softcap_scale, softcap_out, HAS_LEFT,
-                                            HAS_RIGHT, HAS_SOFTCAP, P_SHIFT)
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, _block_start(it, n_lo, lst, base, BLOCK_N, FLEX), o_m,
+                                            o_n, MASKED, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
+                                            softcap_out, fm, caps_s, caps_m, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                            P_SHIFT, FLEX, SCORE_MOD, MASK_MOD)
         # a 16-bit P of this block overwrites the registers the p.v wgmma in flight reads: convert only after its
         # wait. (ptxas 12.x still schedules this wait ahead of most of the softmax; see bench/NOTES.md.)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -257,11 +310,14 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b_start, b_end, o_m, o_n,
 @gluon.jit
 def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs, v_bufs,
                        k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
-                       softcap_out, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                       softcap_out, n_part, part, full, fm, caps_s, caps_m,
+                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                        STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                       P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr):
+                       P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr,
+                       SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
     """All the CTA's key blocks, software-pipelined (FlashAttention-3's intra-warpgroup overlap): block 0's
-    scores, then masked / unmasked / masked steady-state ranges, then the p.v of the last block."""
+    scores, then masked / unmasked / masked steady-state ranges, then the p.v of the last block. Flex: the
+    masked range is the block mask's partial list (b_full_lo = n_part), the unmasked one its full list."""
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     D: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
@@ -272,32 +328,39 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     p_carry = _p_carry(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), dtype, p_layout, V_SEQ_MAJOR)
     if n_blocks > 0:
+        if n_part > 0:
+            n_first = _block_start(0, n_lo, part, 0, BLOCK_N, FLEX)
+        else:
+            n_first = _block_start(0, n_lo, full, 0, BLOCK_N, FLEX)
         mbarrier.wait(k_ready.index(kv % STAGES), (kv // STAGES) & 1)
         qk = warpgroup_mma(q_smem, k_bufs.index(kv % STAGES).reshape([BLOCK_N, D]).permute((1, 0)),
                            gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         # block 0 is masked whichever range it is in (the rule holds trivially on a fully visible block)
-        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_lo, o_m, o_n, True, seqlen_k, off_diag, left, right,
-                                            sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                            P_SHIFT)
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_first, o_m, o_n, True, seqlen_k, off_diag, left,
+                                            right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
+                                            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, P_SHIFT, FLEX, SCORE_MOD, MASK_MOD)
         p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
     b1 = gl.maximum(b_full_lo, 1)
     b2 = gl.maximum(b_full_hi, b1)
-    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, 1, b1, o_m, o_n, q_smem, k_bufs,
-                                              v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
-                                              sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
-                                              HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
-                                              V_SEQ_MAJOR)
-    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b1, b2, o_m, o_n, q_smem, k_bufs,
-                                              v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
-                                              sm_scale, softcap_scale, softcap_out, False, HAS_LEFT, HAS_RIGHT,
-                                              HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
-                                              V_SEQ_MAJOR)
-    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, b2, n_blocks, o_m, o_n, q_smem, k_bufs,
-                                              v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right,
-                                              sm_scale, softcap_scale, softcap_out, True, HAS_LEFT, HAS_RIGHT,
-                                              HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
-                                              V_SEQ_MAJOR)
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, part, 0, 1, b1, o_m, o_n, q_smem,
+                                              k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
+                                              right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, True,
+                                              HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout,
+                                              p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, full, n_part, b1, b2, o_m, o_n,
+                                              q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k,
+                                              off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm,
+                                              caps_s, caps_m, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                                              s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD,
+                                              MASK_MOD)
+    # (dense only: flex has b_full_hi = n_blocks)
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, part, 0, b2, n_blocks, o_m, o_n,
+                                              q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k,
+                                              off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm,
+                                              caps_s, caps_m, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                                              s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD,
+                                              MASK_MOD)
     if n_blocks > 0:
         sp = (kv + n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
@@ -312,11 +375,12 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
 def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
               stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
               stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
-              right, sm_scale, softcap_scale, softcap_out, out_scale,
+              right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
               WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr,
-              V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr):
+              V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
+              MASK_MOD: gl.constexpr):
     j = 0  # tiles done so far: Q slot and phase
     kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
@@ -327,29 +391,33 @@ def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
             tile_scale = sm_scale
             tile_cap_scale = softcap_scale
             tile_out_scale = out_scale
+            flex_scale = fx[16]
             if HAS_DESCALE:  # fp8: the scores carry q_descale * k_descale, the output v_descale
                 qk_descale = gl.load(qd_ptr + i_b * stride_qdb + i_hk * stride_qdh) * gl.load(
                     kd_ptr + i_b * stride_kdb + i_hk * stride_kdh)
                 tile_out_scale = out_scale * gl.load(vd_ptr + i_b * stride_vdb + i_hk * stride_vdh)
-                if HAS_SOFTCAP:
+                if FLEX:  # the descales go in before score_mod
+                    flex_scale = flex_scale * qk_descale
+                elif HAS_SOFTCAP:
                     tile_cap_scale = softcap_scale * qk_descale
                 else:
                     tile_scale = sm_scale * qk_descale
             j, kv = _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                   kv_empty, lse_ptr, stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q,
                                   seqlen_k, off_diag, left, right, tile_scale, tile_cap_scale, softcap_out,
-                                  tile_out_scale, WG, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT,
-                                  HAS_SOFTCAP, RETURN_LSE, P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)
+                                  tile_out_scale, fx, flex_scale, caps_s, caps_m, WG, BLOCK_M, STAGES,
+                                  NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, P_SHIFT, V_SEQ_MAJOR,
+                                  SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)
 
 
 @gluon.jit
 def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
                   stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
-                  sm_scale, softcap_scale, softcap_out, out_scale,
+                  sm_scale, softcap_scale, softcap_out, out_scale, fx, flex_scale, caps_s, caps_m,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                   RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
-                  SEPARATE_O: gl.constexpr):
+                  SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
     """This warpgroup's rows of one tile: Q from slot j % Q_SLOTS, K/V blocks from ring position kv. O is stored
     through the Q slot (then handed back to the loader), or through this warpgroup's O buffer (SEPARATE_O)."""
     D: gl.constexpr = q_bufs.shape[4]
@@ -368,19 +436,24 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
-    m0_cta, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right,
-                                        NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    m0_cta, n_lo, n_blocks, n_part, part, full = _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
+                                                              right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
+                                                              HAS_RIGHT, FLEX)
     m0 = m0_cta + WG * BLOCK_M
     m_last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
-    _, _, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
-                                        HAS_RIGHT)
-    # split the tile's n_blocks key blocks (from n_lo) by this warpgroup's rows, in block indices so that
-    # the three ranges always add up to the loader's count: a partial block at either end is masked
-    b_full_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo - n_lo, BLOCK_N), 0), n_blocks)
-    b_full_hi = gl.minimum(gl.maximum((full_hi - n_lo) // BLOCK_N, b_full_lo), n_blocks)
-    if m0 >= seqlen_q:  # no row of this warpgroup exists (nothing is stored): mask every block
-        b_full_lo = 0
-        b_full_hi = 0
+    if FLEX:  # the block mask's partial blocks (masked), then its full ones; flex tiles are whole (Sq % 128 = 0)
+        b_full_lo = n_part
+        b_full_hi = n_blocks
+    else:
+        _, _, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                            HAS_RIGHT)
+        # split the tile's n_blocks key blocks (from n_lo) by this warpgroup's rows, in block indices so that
+        # the three ranges always add up to the loader's count: a partial block at either end is masked
+        b_full_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo - n_lo, BLOCK_N), 0), n_blocks)
+        b_full_hi = gl.minimum(gl.maximum((full_hi - n_lo) // BLOCK_N, b_full_lo), n_blocks)
+        if m0 >= seqlen_q:  # no row of this warpgroup exists (nothing is stored): mask every block
+            b_full_lo = 0
+            b_full_hi = 0
 
     Q_SLOTS: gl.constexpr = q_ready.shape[0]
     slot = j % Q_SLOTS
@@ -392,8 +465,10 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     mbarrier.wait(q_ready.index(slot), (j // Q_SLOTS) & 1)
     acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
                                        k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
-                                       right, sm_scale, softcap_scale, softcap_out, HAS_LEFT, HAS_RIGHT,
-                                       HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, V_SEQ_MAJOR)
+                                       right, sm_scale, softcap_scale, softcap_out, n_part, part, full,
+                                       (i_b, i_h, flex_scale), caps_s, caps_m, HAS_LEFT, HAS_RIGHT,
+                                       HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, V_SEQ_MAJOR, FLEX,
+                                       SCORE_MOD, MASK_MOD)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     seen = l_i > 0.0
@@ -438,6 +513,48 @@ def attn_fwd_sm90_kernel(
     lse [B, Hq, Sq] float32 (natural log) when RETURN_LSE. fp8: descales [B, Hkv] (strides 0 broadcast one
     value) with HAS_DESCALE; out = (P V / l) * out_scale (* v descale) staged in SEPARATE_O buffers.
     """
+    # no block mask: placeholders the dense path never reads
+    fx = (lse_ptr, lse_ptr, lse_ptr, lse_ptr, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0)
+    _attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh, stride_qdb,
+              stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh, seqlen_q, seqlen_k, num_heads, group_size,
+              num_bh, sm_scale, softcap_scale, softcap_out, out_scale, left, right, fx, (), (), BLOCK_M, Q_SLOTS,
+              STAGES, CONSUMER_REGS, HAS_LEFT, HAS_RIGHT, ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M,
+              HAS_DESCALE, P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, False, None, None)
+
+
+@gluon.jit
+def flex_fwd_sm90_kernel(
+    q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh,
+    stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    seqlen_q, seqlen_k, num_heads, group_size, num_bh, out_scale, fx, caps_s, caps_m,
+    BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    RETURN_LSE: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+    SEPARATE_O: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
+):
+    """Flex attention (ops/flex): the dense kernel's schedule over a block mask. As attn_fwd_sm90_kernel, plus
+    fx = (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, their (batch, head, query block)
+    strides (12 ints, 0 on broadcast dims), scale); SCORE_MOD / MASK_MOD the traced mods (ops/flex/trace.py,
+    Gluon flavour) reading caps_s / caps_m. Tiles of 2 * BLOCK_M query rows are the mask's query blocks and
+    K/V tiles its key blocks; Sq and Sk are multiples of them."""
+    _attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh, stride_qdb,
+              stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh, seqlen_q, seqlen_k, num_heads, group_size,
+              num_bh, 1.4426950408889634, 1.0, 1.0, out_scale, 0, 0, fx, caps_s, caps_m, BLOCK_M, Q_SLOTS, STAGES,
+              CONSUMER_REGS, False, False, False, False, RETURN_LSE, False, HAS_DESCALE, P_SHIFT, V_SEQ_MAJOR,
+              SEPARATE_O, True, SCORE_MOD, MASK_MOD)
+
+
+@gluon.jit
+def _attn_fwd(
+    q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh,
+    stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    seqlen_q, seqlen_k, num_heads, group_size, num_bh,
+    sm_scale, softcap_scale, softcap_out, out_scale, left, right, fx, caps_s, caps_m,
+    BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+    HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
+    FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
+):
     NUM_CONSUMERS: gl.constexpr = 2
     num_m = gl.cdiv(seqlen_q, NUM_CONSUMERS * BLOCK_M)
     num_tiles = num_m * num_bh
@@ -473,16 +590,18 @@ def attn_fwd_sm90_kernel(
         (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
                      stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
                      stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
-                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 0, BLOCK_M, STAGES,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
+                     0, BLOCK_M, STAGES,
                      NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)),
         (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
                      stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
                      stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
-                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, 1, BLOCK_M, STAGES,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
+                     1, BLOCK_M, STAGES,
                      NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O)),
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)),
         (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                    num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
-                   right, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR)),
+                   right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),
     ], [4, 1], [CONSUMER_REGS, 24])

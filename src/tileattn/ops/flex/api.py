@@ -4,6 +4,7 @@ import triton
 
 from ... import hw
 from ..dense.launch import _debug_fill as debug_fill_nan
+from . import launch_sm90
 from .kernels import flex_fwd_kernel
 from .trace import compile_mod
 
@@ -138,6 +139,10 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     else:
         num, idx, fnum, fidx, q_block, kv_block, mask_fn = _mask_tensors(block_mask, B, H, Sq, Sk, query.device)
         mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
+    if launch_sm90.serves(query, key, value, q_block, kv_block):
+        launch_sm90.launch(query, key, value, out, lse, scale, smod, mmod, None if dense else (num, idx, fnum, fidx),
+                           return_lse)
+        return (out, lse) if return_lse else out
     bm, bn, warps, stages = _config(D, Dv, q_block, kv_block)
     dummy = out  # never read where a block-mask tensor is absent
     sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)

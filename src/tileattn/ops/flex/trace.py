@@ -45,7 +45,7 @@ _UNARY = {
 _FUNCS = {
     "abs": "tl.abs({})", "exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", "log2": "tl.log2({})",
     "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})", "sin": "tl.sin({})", "cos": "tl.cos({})",
-    "tanh": "_tanh({})", "sigmoid": "tl.sigmoid({})", "neg": "(-{})", "logical_not": "_invert({})",
+    "tanh": "_tanh({})", "sigmoid": "_sigmoid({})", "neg": "(-{})", "logical_not": "_invert({})",
     "float": "({}).to(tl.float32)", "int": "({}).to(tl.int32)", "long": "({}).to(tl.int64)",
     "bool": "(({}) != 0)",
 }
@@ -92,15 +92,21 @@ def _invert(a):
 @triton.jit
 def _tanh(x):
     return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
 '''
 
 
 class ModSpec:
     """A traced mod: `fn` (the @triton.jit function, taking the mod's arguments and a tuple of captures),
-    `captures` (the tensors it reads, in argument order) and `source` (the generated text)."""
+    `captures` (the tensors it reads, in argument order) and `source` (the generated text). `gluon_fn()` is
+    the same function for Gluon kernels (@gluon.jit, gl.* for tl.*), made on first use."""
 
-    def __init__(self, fn, captures, source, key):
-        self.fn, self.captures, self.source, self.key = fn, captures, source, key
+    def __init__(self, fn, captures, source, key, kind):
+        self.fn, self.captures, self.source, self.key, self.kind = fn, captures, source, key, kind
 
     def capture_args(self):
         """The captures as kernel arguments: per tensor its pointer, then its sizes and strides."""
@@ -108,6 +114,27 @@ class ModSpec:
         for t in self.captures:
             args += [t, *t.shape, *t.stride()]
         return tuple(args)
+
+    def gluon_fn(self):
+        return _define(self.source, self.kind, self.key, gluon=True)
+
+
+def _define(src_fn, kind, digest, gluon=False):
+    """The jit function of a generated mod source (cached per source and flavour)."""
+    jit = _FUNCTIONS.get((digest, gluon))
+    if jit is not None:
+        return jit
+    source = f"import triton\nimport triton.language as tl\n{_HELPERS}\n\n{src_fn}"
+    if gluon:
+        source = (source.replace("import triton.language as tl", "from triton.experimental import gluon\n"
+                                 "from triton.experimental.gluon import language as tl")
+                  .replace("@triton.jit", "@gluon.jit"))
+    fname = f"<tileattn-flex-{kind}-{digest}{'-gluon' if gluon else ''}>"
+    linecache.cache[fname] = (len(source), None, source.splitlines(True), fname)
+    ns = {"__name__": f"tileattn_flex_{kind}_{digest}{'_gluon' if gluon else ''}"}  # the compiler needs a module
+    exec(compile(source, fname, "exec"), ns)
+    jit = _FUNCTIONS[(digest, gluon)] = ns["mod"]
+    return jit
 
 
 def _literal(x, name):
@@ -253,7 +280,7 @@ def _closure_key(fn, depth=0):
 
 _TRACES = collections.OrderedDict()  # closure key -> ModSpec (holds the captured tensors), least recent first
 _MAX_TRACES = 256
-_FUNCTIONS = {}  # source hash -> the @triton.jit function (one compile per distinct mod source)
+_FUNCTIONS = {}  # (source hash, gluon) -> the jit function (one compile per distinct mod source)
 
 
 def compile_mod(fn, kind):
@@ -296,15 +323,7 @@ def compile_mod(fn, kind):
     body = "\n".join(unpack + w.lines + [f"    return {result}"])
     src_fn = f"@triton.jit\ndef mod({params}, caps):\n{body}\n"
     digest = hashlib.sha1(src_fn.encode()).hexdigest()[:16]
-    jit = _FUNCTIONS.get(digest)
-    if jit is None:
-        source = f"import triton\nimport triton.language as tl\n{_HELPERS}\n\n{src_fn}"
-        fname = f"<tileattn-flex-{kind}-{digest}>"
-        linecache.cache[fname] = (len(source), None, source.splitlines(True), fname)
-        ns = {"__name__": f"tileattn_flex_{kind}_{digest}"}  # Triton's compiler needs the functions' module
-        exec(compile(source, fname, "exec"), ns)
-        jit = _FUNCTIONS[digest] = ns["mod"]
-    spec = _TRACES[key] = ModSpec(jit, tuple(w.captures), src_fn, digest)
+    spec = _TRACES[key] = ModSpec(_define(src_fn, kind, digest), tuple(w.captures), src_fn, digest, kind)
     while len(_TRACES) > _MAX_TRACES:
         _TRACES.popitem(last=False)
     return spec

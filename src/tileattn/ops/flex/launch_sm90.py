@@ -1,0 +1,82 @@
+"""Flex attention on the Hopper Gluon kernel (ops/dense/gluon_sm90.py, flex_fwd_sm90_kernel).
+
+It serves 16-bit inputs with D = Dv in {64, 128}, block masks of 128 x 128 blocks (torch's default) and
+sequence lengths that are multiples of 128, on an sm90 GPU; api.py sends everything else to the portable
+kernel (kernels.py). Without a block mask every block is full (a broadcast list of all key blocks).
+"""
+import os
+
+import torch
+import triton
+
+from ... import hw
+from ..dense import launch_sm90 as dense_sm90
+
+BLOCK = 128  # the kernel's query tile (2 consumer warpgroups x 64 rows) and key tile: the mask's block size
+_FULL_LISTS = {}  # (query blocks, key blocks, device) -> (zeros, counts, indices) of an all-full block mask
+
+
+def serves(query, key, value, q_block, kv_block):
+    if os.environ.get("TILEATTN_SM90", "1") in ("", "0") or hw.interpreter_enabled():
+        return False
+    if query.device.type != "cuda" or torch.cuda.get_device_capability(query.device)[0] != 9:
+        return False
+    d, dv = query.shape[-1], value.shape[-1]
+    if query.dtype not in (torch.float16, torch.bfloat16) or d != dv or d not in (64, 128):
+        return False
+    if (q_block, kv_block) != (BLOCK, BLOCK) or query.shape[2] % BLOCK or key.shape[2] % BLOCK:
+        return False
+    cfg = dense_sm90.config_for(d, query.dtype)
+    if 2 * cfg.block_m != BLOCK or cfg.block_n != BLOCK:
+        return False
+    if dense_sm90.smem_bytes(cfg, d, dv, query.element_size()) > hw.device_info(query.device).smem_per_block:
+        return False
+    views = [t.transpose(1, 2) for t in (query, key, value)]
+    return all(dense_sm90.tma_ok(t) for t in views) and dense_sm90.available()
+
+
+def _full_lists(num_q, num_kv, device):
+    key = (num_q, num_kv, device)
+    lists = _FULL_LISTS.get(key)
+    if lists is None:
+        zeros = torch.zeros(1, 1, num_q, dtype=torch.int32, device=device)
+        counts = torch.full((1, 1, num_q), num_kv, dtype=torch.int32, device=device)
+        idx = torch.arange(num_kv, dtype=torch.int32, device=device).expand(1, 1, num_q, num_kv)
+        lists = _FULL_LISTS[key] = (zeros, zeros[..., None].expand(1, 1, num_q, 1), counts, idx)
+    return lists
+
+
+def _bstrides(t, ndim=3):
+    return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(ndim))
+
+
+def launch(query, key, value, out, lse, scale, smod, mmod, lists, return_lse):
+    """Run the Gluon flex kernel. lists: (kv_num, kv_idx, full_num, full_idx) of the block mask (a None full
+    pair: no full blocks) or None (no block mask: every block full)."""
+    from ..dense.gluon_sm90 import flex_fwd_sm90_kernel
+    B, H, Sq, D = query.shape
+    Sk = key.shape[2]
+    if lists is None:
+        num, idx, fnum, fidx = _full_lists(Sq // BLOCK, Sk // BLOCK, query.device)
+    else:
+        num, idx, fnum, fidx = lists
+        if fnum is None:  # no full blocks: an empty full list
+            fnum = torch.zeros(1, 1, num.shape[2], dtype=torch.int32, device=query.device)
+            fidx = fnum[..., None]
+    cfg = dense_sm90.config_for(D, query.dtype)
+    q, k, v, o = (t.transpose(1, 2) for t in (query, key, value, out))  # [B, S, H, D] views
+    sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
+    fx = (num, idx, fnum, fidx, *_bstrides(num), *_bstrides(idx), *_bstrides(fnum), *_bstrides(fidx), float(scale))
+    grid = dense_sm90.grid_for(cfg, Sq, B * H, hw.device_info(query.device).num_sms)
+    flex_fwd_sm90_kernel[grid](
+        dense_sm90._desc(q, [1, cfg.block_m, 1, D]), dense_sm90._desc(k, [1, cfg.block_n, 1, D]),
+        dense_sm90._desc(v, [1, cfg.block_n, 1, D]), dense_sm90._desc(o, [1, cfg.block_m, 1, D]),
+        lse, lse, lse, lse, *sl, 0, 0, 0, 0, 0, 0,
+        Sq, Sk, H, H // key.shape[1], B * H, 1.0, fx,
+        smod.capture_args() if smod else (), mmod.capture_args() if mmod else (),
+        BLOCK_M=cfg.block_m, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        RETURN_LSE=return_lse, HAS_DESCALE=False, P_SHIFT=0, V_SEQ_MAJOR=False, SEPARATE_O=False,
+        SCORE_MOD=smod.gluon_fn() if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
+        num_warps=4,
+    )
+    return triton.cdiv(Sq, BLOCK)
