@@ -185,3 +185,47 @@ def test_gpu_sm90_gqa_broadcast_mask(device):
         return ((kv_idx // 128) % 3 != 1) & (kv_idx <= q_idx + 512) & (q_idx % 5 != 3)
     check(q, k, v, mods.alibi(mods.alibi_slopes(8, device=device)), mask, gqa=True, mask_b=1, mask_h=1)
     check(q, k, v, mods.tanh_softcap(10.0), None, gqa=True)
+
+
+def check_fp8(B, H, S, D, score_mod, mask_mod, device, hkv=None, packed_v=False, out_dtype=None,
+              fp8=torch.float8_e4m3fn):
+    """fp8 inputs (per-(batch, kv head) descales) against the reference on the dequantized values, P rounded to
+    fp8 in the input-precision reference as the fp8 kernel rounds it."""
+    from tileattn.ops.flex.reference import flex_ref
+    hkv = hkv or H
+    q, k, v = qkv(B, H, S, S, D, torch.float32, device, hkv=hkv)
+    q8, qd = tileattn.quantize_fp8(q.transpose(1, 2), fp8, group=H // hkv)
+    k8, kd = tileattn.quantize_fp8(k.transpose(1, 2), fp8)
+    v8, vd = tileattn.quantize_fp8(v.transpose(1, 2), fp8)
+    value = tileattn.fp8_v_layout(v8) if packed_v else v8.transpose(1, 2)
+    bm = flex_mod.create_block_mask(mask_mod, B, H, S, S, device=device) if mask_mod else None
+    out, lse = tileattn.flex_attention(q8.transpose(1, 2), k8.transpose(1, 2), value, score_mod=score_mod,
+                                       block_mask=bm, enable_gqa=hkv != H, return_lse=True, q_descale=qd,
+                                       k_descale=kd, v_descale=vd, out_dtype=out_dtype)
+    deq = [(x.float() * d.repeat_interleave(g, dim=1)[:, None, :, None]).transpose(1, 2)
+           for x, d, g in ((q8, qd, H // hkv), (k8, kd, 1), (v8, vd, 1))]
+    ref, lse_ref = flex_ref(*deq, score_mod, mask_mod)
+    lp = out_dtype or torch.bfloat16
+    ref_lp, lse_lp = flex_ref(*deq, score_mod, mask_mod, dtype=lp if device != "cpu" else torch.float16,
+                              quantize_p=fp8 if device != "cpu" else None)
+    assert out.dtype == (out_dtype or torch.bfloat16)
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, lse_ref, lse_lp)
+
+
+def test_fp8_dequantized_path(device):
+    """fp8 inputs where the Hopper kernel does not serve them (here: the interpreter, ragged lengths): the
+    inputs are dequantized and the portable kernel runs."""
+    if device != "cpu":
+        pytest.skip("the CPU run covers the dequantized path")
+    check_fp8(1, 2, 70, 32, mods.alibi(mods.alibi_slopes(2)), mods.causal, device, out_dtype=torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("packed_v", [False, True], ids=["plain_v", "fp8v"])
+@pytest.mark.parametrize("name", ["causal", "document", "alibi_causal", "softcap_causal"])
+def test_gpu_fp8_flex(name, packed_v, fp8, device):
+    S = 1024
+    score_mod, mask_mod = ready_mods(S, 4, device)[name]
+    check_fp8(2, 4, S, 128, score_mod, mask_mod, device, hkv=2, packed_v=packed_v, fp8=fp8)

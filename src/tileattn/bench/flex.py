@@ -95,6 +95,11 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
             t, f = ms.get("tileattn"), ms["flex"]
             log(f"{N:6d} {name:>15} {fmt(t, '{:.3f}'):>9} {f:10.3f} {fmt(f / t if t else None, '{:.2f}'):>6}   "
                 + " ".join(f"{p} {m:.3f}" for p, m in ms.items() if p not in ("tileattn", "flex")))
+            ms8 = _fp8_row(q, k, v, score_mod, mask_mod, bm, case, flops, rows, log)
+            if ms8 is None:
+                failures += 1
+            elif t:
+                log(f"{'':6} {'':>15} fp8 (e4m3, Fp8V) {ms8:.3f} ms: {t / ms8:.2f}x tileattn bf16")
             del bm
         del q, k, v
         torch.cuda.empty_cache()
@@ -109,10 +114,12 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
     dense_ratio = None
     if ms_of("tileattn", nmax, "causal") and ms_of("tileattn_dense", nmax, "causal"):
         dense_ratio = ms_of("tileattn_dense", nmax, "causal") / ms_of("tileattn", nmax, "causal")
+    vs_bf16 = [ms_of("tileattn", nmax, m) / ms_of("tileattn_fp8", nmax, m) for m in MODS
+               if ms_of("tileattn", nmax, m) and ms_of("tileattn_fp8", nmax, m)]
     doc.update(rows=rows)
     doc["summary"] = {
         "geomean_vs_torch_flex": geomean(vs_flex) if len(vs_flex) == len(MODS) else None,
-        "fp8_vs_bf16_geomean": None,  # fp8 flex is not implemented yet
+        "fp8_vs_bf16_geomean": geomean(vs_bf16) if len(vs_bf16) == len(MODS) else None,
         "causal_vs_tileattn_causal": dense_ratio,
         "check_failures": failures,
     }
@@ -121,6 +128,41 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
     if out_json:
         write_json(out_json, doc)
     return doc
+
+
+def _fp8_row(q, k, v, score_mod, mask_mod, bm, case, flops, rows, log):
+    """tileattn flex with e4m3 inputs (per-(batch, head) descales, V in the Fp8V layout a cache would keep):
+    checked on batch 0, heads 0-1 against the reference on the dequantized values (P rounded to e4m3 in the
+    input-precision one), then timed. Returns ms, or None when the check fails."""
+    import tileattn
+    from ..ops.flex.reference import flex_ref
+    fp8 = torch.float8_e4m3fn
+    (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(x.transpose(1, 2), fp8) for x in (q, k, v))
+    v8p = tileattn.fp8_v_layout(v8)
+    q8, k8 = q8.transpose(1, 2), k8.transpose(1, 2)
+
+    def fn():
+        return tileattn.flex_attention(q8, k8, v8p, score_mod=score_mod, block_mask=bm, q_descale=qd, k_descale=kd,
+                                       v_descale=vd)
+    out = fn()
+    deq = [(x.float() * d[:, None, :, None]).transpose(1, 2)[:1, :2] for x, d in
+           ((q8.transpose(1, 2), qd), (k8.transpose(1, 2), kd), (v8, vd))]
+    ref, _ = flex_ref(*deq, score_mod, mask_mod)
+    ref_lp, _ = flex_ref(*deq, score_mod, mask_mod, dtype=torch.bfloat16, quantize_p=fp8)
+    err = (out[:1, :2].float() - ref).abs().max().item()
+    tol = allowed_error((ref_lp.float() - ref).abs().max().item(), ref, torch.bfloat16)
+    ok = bool(err <= tol and torch.isfinite(out).all())
+    del out, ref, ref_lp, deq
+    case8 = dict(case, dtype="float8_e4m3fn")
+    row = {"case": case8, "provider": "tileattn_fp8", "ms": None, "tflops": None, "gbps": None,
+           "check": {"err": err, "tol": tol}}
+    if ok:
+        ms = do_bench(fn)
+        row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+    else:
+        log(f"CHECK FAILED fp8 {case8}: err {err:.3e} > tol {tol:.3e}")
+    rows.append(row)
+    return row["ms"]
 
 
 def _density(mask_mod, N):

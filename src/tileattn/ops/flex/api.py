@@ -3,6 +3,7 @@ import torch
 import triton
 
 from ... import hw
+from ..dense.fp8 import FP8_DTYPES, Fp8V, check_fp8_options, split_descales
 from ..dense.launch import _debug_fill as debug_fill_nan
 from . import launch_sm90
 from .kernels import flex_fwd_kernel
@@ -72,14 +73,26 @@ def _bstrides(t, ndim):
     return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(ndim))
 
 
+def _value_shape(value):
+    """value's [B, Hkv, Sk, Dv] (an Fp8V holds the dense layout [B, Sk, Hkv, Dv])."""
+    if isinstance(value, Fp8V):
+        b, s, h, d = value.shape
+        return (b, h, s, d)
+    return tuple(value.shape)
+
+
 def _check(query, key, value, enable_gqa, scale):
     for name, t in (("query", query), ("key", key), ("value", value)):
+        if name == "value" and isinstance(t, Fp8V):
+            if t.device != query.device:
+                raise ValueError(f"value: on {t.device}, query is on {query.device}")
+            continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name}: expected [B, H, S, D], got {t.dim()} dims")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name}: expected float16 or bfloat16, got {t.dtype}")
+        if t.dtype not in _DTYPES + FP8_DTYPES:
+            raise TypeError(f"{name}: expected float16, bfloat16 or an fp8 dtype, got {t.dtype}")
         if t.device != query.device:
             raise ValueError(f"{name}: on {t.device}, query is on {query.device}")
         if t.stride(-1) != 1:
@@ -88,24 +101,36 @@ def _check(query, key, value, enable_gqa, scale):
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise TypeError(f"key / value: expected {query.dtype} like query, got {key.dtype} / {value.dtype}")
     B, H, _, D = query.shape
-    if key.shape[0] != B or value.shape[0] != B:
-        raise ValueError(f"key / value: batch {key.shape[0]} / {value.shape[0]}, query has {B}")
+    vshape = _value_shape(value)
+    if key.shape[0] != B or vshape[0] != B:
+        raise ValueError(f"key / value: batch {key.shape[0]} / {vshape[0]}, query has {B}")
     if key.shape[3] != D:
         raise ValueError(f"key: head dim {key.shape[3]}, query has {D}")
-    if key.shape[1] != value.shape[1] or key.shape[2] != value.shape[2]:
-        raise ValueError(f"value: [B, H, S] {list(value.shape[:3])} differ from key's {list(key.shape[:3])}")
+    if key.shape[1] != vshape[1] or key.shape[2] != vshape[2]:
+        raise ValueError(f"value: [B, H, S] {list(vshape[:3])} differ from key's {list(key.shape[:3])}")
     hkv = key.shape[1]
     if hkv != H and not (enable_gqa and hkv > 0 and H % hkv == 0):
         raise ValueError(f"key: {hkv} heads for {H} query heads (pass enable_gqa=True for grouped heads; H must "
                          f"be a multiple of the kv heads)")
-    if not (16 <= D <= 256 and 1 <= value.shape[3] <= 256):
-        raise ValueError(f"query / value: head dims must be in 16..256, got D={D}, Dv={value.shape[3]}")
+    if not (16 <= D <= 256 and 1 <= vshape[3] <= 256):
+        raise ValueError(f"query / value: head dims must be in 16..256, got D={D}, Dv={vshape[3]}")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale: expected a positive number, got {scale}")
 
 
+def _dequantize(x, descale, group):
+    """fp8 [B, H, S, D] (or an Fp8V, dense layout) times its descale ([B, Hkv] per kv head, or one value) as
+    float32 [B, H, S, D]."""
+    if isinstance(x, Fp8V):
+        x = x.unpack().transpose(1, 2)
+    x = x.float()
+    if isinstance(descale, torch.Tensor) and descale.numel() > 1:
+        return x * descale.repeat_interleave(group, dim=1)[:, :, None, None]
+    return x * (float(descale) if descale is not None else 1.0)
+
+
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
-                   return_lse=False):
+                   return_lse=False, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Attention with a programmable score modifier and a block-sparse mask, as torch's flex_attention.
 
     query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, Dv] (float16 / bfloat16, last dim contiguous);
@@ -116,14 +141,24 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     tileattn.create_block_mask): blocks it leaves out are skipped, its partial blocks apply its mask_mod, its
     full blocks do not. None: every key is visible. scale defaults to D ** -0.5.
 
-    Returns out [B, Hq, Sq, Dv] in query's dtype, and with return_lse also lse [B, Hq, Sq] float32 (natural
-    log). Rows that see no key give 0 (lse -inf).
+    fp8 (float8_e4m3fn / e5m2) query, key and value, as tileattn.attention takes them: the real values are the
+    stored ones times q_descale / k_descale / v_descale (numbers, or float32 [B, Hkv] per kv head); score_mod
+    sees the real (descaled, scaled) scores; value plain [B, Hkv, Sk, Dv] (re-laid out on each call) or
+    tileattn.fp8_v_layout(value.transpose(1, 2)) (an Fp8V: no copy); the output is out_dtype (default
+    bfloat16). On the Hopper kernel's shapes (see launch_sm90.py) fp8 runs its fp8 path; elsewhere the inputs
+    are dequantized to out_dtype first.
+
+    Returns out [B, Hq, Sq, Dv] in query's dtype (fp8: out_dtype), and with return_lse also lse [B, Hq, Sq]
+    float32 (natural log). Rows that see no key give 0 (lse -inf).
     """
     _check(query, key, value, enable_gqa, scale)
+    check_fp8_options(query, key.transpose(1, 2), q_descale, k_descale, v_descale, out_dtype, query.shape[0])
     B, H, Sq, D = query.shape
-    Sk, Dv = key.shape[2], value.shape[3]
+    Sk, Dv = key.shape[2], _value_shape(value)[3]
     scale = D ** -0.5 if scale is None else float(scale)
-    out = torch.empty(B, H, Sq, Dv, dtype=query.dtype, device=query.device)
+    fp8 = query.dtype in FP8_DTYPES
+    odt = (out_dtype or torch.bfloat16) if fp8 else query.dtype
+    out = torch.empty(B, H, Sq, Dv, dtype=odt, device=query.device)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=query.device) if return_lse else out
     if debug_fill_nan():  # tests: an element the kernel never writes fails the comparison
         out.fill_(float("nan"))
@@ -139,10 +174,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     else:
         num, idx, fnum, fidx, q_block, kv_block, mask_fn = _mask_tensors(block_mask, B, H, Sq, Sk, query.device)
         mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
+    lists = None if dense else (num, idx, fnum, fidx)
     if launch_sm90.serves(query, key, value, q_block, kv_block):
-        launch_sm90.launch(query, key, value, out, lse, scale, smod, mmod, None if dense else (num, idx, fnum, fidx),
-                           return_lse)
+        qk, vf, descales = split_descales(q_descale, k_descale, v_descale)
+        launch_sm90.launch(query, key, value, out, lse, scale * qk, smod, mmod, lists, return_lse, descales, vf)
         return (out, lse) if return_lse else out
+    if fp8:  # the portable kernel takes 16-bit inputs: dequantize (real values, then bfloat16)
+        group = H // key.shape[1]
+        query, key, value = (_dequantize(x, d, g).to(odt) for x, d, g in
+                             ((query, q_descale, group), (key, k_descale, 1), (value, v_descale, 1)))
     bm, bn, warps, stages = _config(D, Dv, q_block, kv_block)
     dummy = out  # never read where a block-mask tensor is absent
     sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
