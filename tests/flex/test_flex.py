@@ -229,3 +229,24 @@ def test_gpu_fp8_flex(name, packed_v, fp8, device):
     S = 1024
     score_mod, mask_mod = ready_mods(S, 4, device)[name]
     check_fp8(2, 4, S, 128, score_mod, mask_mod, device, hkv=2, packed_v=packed_v, fp8=fp8)
+
+
+@pytest.mark.parametrize("block", [32, 128])
+def test_random_block_mask(block, device):
+    """A mask_mod reading a random table of blocks (empty, full and partial blocks in the block mask: the table
+    is per 16-key group, finer than the mask's blocks), and a score_mod from a random bias table by head."""
+    if device == "cpu" and block == 128:
+        pytest.skip("128-blocks: the GPU run")
+    S = 256 if device == "cpu" else 1024
+    H = 2
+    table = torch.rand(S // 16, S // 16, device=device) < 0.6
+    table[3] = False  # a query group that sees only its own 64-key block
+    bias = randn(H, 4, dtype=torch.float32, device=device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return table[q_idx // 16, kv_idx // 16] | ((q_idx // 64) == (kv_idx // 64))
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + bias[h, kv_idx % 4]
+    q, k, v = qkv(2, H, S, S, 64, DT if device == "cpu" else torch.bfloat16, device)
+    check(q, k, v, score_mod, mask_mod, block=(block, block))
