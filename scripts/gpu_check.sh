@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
-#                                                        [flex-tests] [bench-flex]
+#                                                        [flex-tests] [bench-flex] [bwd-tests] [bench-bwd]
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -68,6 +68,14 @@ for s in $steps; do
       timeout 500 python3 -m tileattn bench flex --out "$OUT/flex.json" > "$OUT/bench_flex.log" 2>&1; rc=$?
       summary+=("bench-flex rc=$rc: $(grep '^summary' "$OUT/bench_flex.log")")
       grep -v Warn "$OUT/bench_flex.log" | head -30 ;;
+    bwd-tests)
+      timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py > "$OUT/bwd_tests.log" 2>&1; rc=$?
+      summary+=("bwd-tests rc=$rc: $(tail -n 1 "$OUT/bwd_tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/bwd_tests.log" | head -10 ;;
+    bench-bwd)
+      timeout 500 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
+      summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")
+      head -40 "$OUT/bench_bwd.log" ;;
     *) echo "unknown step $s"; continue ;;
   esac
   summary+=("  ($s took $(( $(date +%s) - t0 )) s)")

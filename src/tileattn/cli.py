@@ -4,6 +4,7 @@
     tileattn bench fp8 [--fp8-dtypes e4m3,e5m2] [--head-dims 64,128] [--seqlens ...] [--out FILE]
     tileattn bench mla [--dtype bf16|fp16] [--out FILE]
     tileattn bench flex [--out FILE]
+    tileattn bench bwd [--dtype fp16|bf16] [--seqlens ...] [--out FILE]
     tileattn info
 
 With no CUDA GPU, `bench` says so and runs a small correctness demo through the Triton interpreter.
@@ -12,7 +13,7 @@ import argparse
 import os
 import sys
 
-SUITES = ("dense", "fp8", "mla", "flex")
+SUITES = ("dense", "fp8", "mla", "flex", "bwd")
 
 
 def _parser():
@@ -47,6 +48,12 @@ def main(argv=None):
         from .bench.dense import cpu_demo
         return 0 if cpu_demo() else 1
     out = args.out or os.path.join("bench", "results", f"{args.suite}.json")
+    if args.suite == "bwd":
+        from .bench import bwd
+        seqlens = tuple(int(x) for x in args.seqlens.split(",")) if args.seqlens else (1024, 2048, 4096, 8192, 16384)
+        doc = bwd.run(dtype=args.dtype or "fp16", seqlens=seqlens, out_json=out)
+        print(f"\nwrote {out}")
+        return 1 if doc["summary"]["check_failures"] else 0
     if args.suite == "flex":
         from .bench import flex
         doc = flex.run(out_json=out)

@@ -1,13 +1,14 @@
 """torch.library registrations, so torch.compile traces tileattn calls without graph breaks.
 
 Each op has a fake (meta) implementation that produces outputs of the right shape, dtype and strides
-without touching data. The forward ops have no backward yet: differentiating through them raises a clear
-error instead of returning wrong gradients.
+without touching data. attn_fwd's autograd formula is attn_bwd (ops/dense/bwd.py): it needs the forward's
+lse, which api._run requests whenever a gradient is tracked; fp8 inputs have no backward (a clear error).
 """
 from typing import Optional
 
 import torch
 
+from .ops.dense import bwd as dense_bwd
 from .ops.dense import launch as dense_launch
 from .ops.dense import plans as dense_plans
 
@@ -34,15 +35,43 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wi
             dense_launch.alloc_lse(q, varlen, return_lse))
 
 
-def _no_backward_setup(ctx, inputs, output):
-    pass
+@torch.library.custom_op("tileattn::attn_bwd", mutates_args=())
+def attn_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, grad_lse: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+             cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, scale: float,
+             window_left: int, window_right: int, softcap: float,
+             align_bottom_right: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return dense_bwd.attn_bwd(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, scale, window_left, window_right, softcap, align_bottom_right)
 
 
-def _no_backward(ctx, grad_out, grad_lse):
-    raise NotImplementedError(
-        "tileattn: the backward pass of attention is not implemented yet; call tileattn under "
-        "torch.no_grad() / inference_mode(), or use torch.nn.functional.scaled_dot_product_attention for "
-        "training")
+@attn_bwd.register_fake
+def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+      window_left, window_right, softcap, align_bottom_right):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-attn_fwd.register_autograd(_no_backward, setup_context=_no_backward_setup)
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, softcap, bottom_right, return_lse, q_descale,
+     k_descale, v_descale, out_scale, out_dtype, v_packed) = inputs
+    out, lse = output
+    ctx.fp8 = q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    ctx.has_lse = return_lse
+    ctx.params = (max_q, max_k, scale, left, right, softcap, bottom_right)
+    if return_lse and not ctx.fp8:
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    if ctx.fp8:
+        raise NotImplementedError("tileattn: fp8 attention has no backward pass (train in fp16 / bf16)")
+    if not ctx.has_lse:
+        raise RuntimeError("tileattn::attn_fwd: a gradient needs the forward's lse (call it with return_lse=True; "
+                           "tileattn.attention does)")
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = attn_bwd(grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out, q, k, v, out, lse,
+                          grad_lse, cu_q, cu_k, *ctx.params)
+    return (dq, dk, dv) + (None,) * 16
+
+
+attn_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -105,12 +105,13 @@ def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bott
     qk_factor, out_scale, dtensors = fp8.split_descales(*descales)  # numbers fold into the scales
     if q.dtype in fp8.FP8_DTYPES:
         out_dtype = out_dtype or torch.bfloat16
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    # a tracked gradient needs the forward's lse (attn_bwd recomputes the probabilities from it)
     args = (q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale * qk_factor, left, right, float(softcap),
-            bottom_right, bool(return_lse), *dtensors, out_scale, out_dtype, v_packed)
+            bottom_right, bool(return_lse or grad), *dtensors, out_scale, out_dtype, v_packed)
     # The registered op is what torch.compile traces and what autograd sees; an eager call with no gradient
     # to track (varlen, tensor subclasses; plain batched calls never get here) skips the op dispatcher.
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                                        or v.requires_grad)):
+    if torch.compiler.is_compiling() or grad:
         out, lse = custom_ops.attn_fwd(*args)
     else:
         out, lse = plans.attn_fwd(*args)

@@ -1,0 +1,74 @@
+"""Launch of dense attention backward (bwd_kernels.py): delta, then dK/dV, then dQ.
+
+Inputs are those of the forward op plus its output, its log-sum-exp (natural log, [B, Hq, Sq] or varlen
+[Hq, total_q]), the output gradient and, when the returned lse was used, its gradient. Gradients come in
+the dtypes and layouts of q, k, v; deterministic (no atomics: see bwd_kernels.py).
+"""
+import torch
+import triton
+
+from ... import hw
+from .bwd_kernels import bwd_dkdv_kernel, bwd_dq_kernel, bwd_preprocess_kernel
+from .kernels import LOG2E
+
+
+def _tiles(d):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV and dQ kernels for head dim d (first cut: the
+    interpreter's small tiles; on GPUs FA2-like 64 x 64 tiles, 32 x 32 for d > 128)."""
+    if hw.interpreter_enabled():
+        return 16, 16, 4, 1
+    if d <= 128:
+        return 64, 64, 4, 2
+    return 32, 32, 4, 1
+
+
+def _strides(t, varlen):
+    """(batch, sequence, head) strides of a [B, S, H, D] (or varlen [total, H, D]) tensor."""
+    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
+             align_bottom_right):
+    varlen = cu_q is not None
+    if varlen:
+        batch, sq, sk = cu_q.shape[0] - 1, int(max_q), int(max_k)
+        hq, d = q.shape[1], q.shape[2]
+        hkv, dv = k.shape[1], v.shape[2]
+    else:
+        batch, sq, hq, d = q.shape
+        sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    dq, dk, dvv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dvv.zero_()
+    if not do.stride(-1) == 1:
+        do = do.contiguous()
+    delta = torch.empty_like(lse)
+    ls = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+    gls = ((0, dlse.stride(0)) if varlen else (dlse.stride(0), dlse.stride(1))) if dlse is not None else (0, 0)
+    cu_k_arg = cu_k if varlen else lse
+    cu_q_arg = cu_q if varlen else lse
+    bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    block_m, block_n, warps, stages = _tiles(max(d, dv))
+    bwd_preprocess_kernel[(triton.cdiv(sq, 64), batch * hq)](
+        out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
+        *gls, cu_q_arg, sq, hq, DV=dv, BLOCK_M=64, BLOCK_DV=bdv, IS_VARLEN=varlen, HAS_DLSE=dlse is not None,
+        num_warps=4,
+    )
+    if softcap > 0:
+        qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
+    else:
+        qk_scale, softcap_scale, softcap_out = scale * LOG2E, 1.0, 1.0
+    common = dict(D=d, DV_=dv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd, BLOCK_DV=bdv, HAS_LEFT=left >= 0,
+                  HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0,
+                  IS_VARLEN=varlen, num_warps=warps, num_stages=stages)
+    qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
+    tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
+    bwd_dkdv_kernel[(triton.cdiv(sk, block_n), batch * hkv)](
+        q, k, v, do, lse, delta, dk, dvv, *qkv_strides, *_strides(dk, varlen), *_strides(dvv, varlen), *ls,
+        cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, *tail, **common,
+    )
+    bwd_dq_kernel[(triton.cdiv(sq, block_m), batch * hq)](
+        q, k, v, do, lse, delta, dq, *qkv_strides, *_strides(dq, varlen), *ls, cu_q_arg, cu_k_arg, sq, sk, hq,
+        hq // hkv, *tail, **common,
+    )
+    return dq, dk, dvv

@@ -1,0 +1,221 @@
+"""Triton kernels of dense attention backward (FlashAttention-2's algorithm), deterministic by construction.
+
+With the forward's log-sum-exp (natural log) the probabilities are recomputed block by block:
+    P = exp(Z - lse),  Z = scale * Q K^T  (or cap * tanh(scale * Q K^T / cap) with a softcap)
+    dV = P^T dO,  dP = dO V^T,  dZ = P * (dP - delta),  delta = rowsum(dO * O) - dlse
+    dQ = scale * (dZ * Z') K,  dK = scale * (dZ * Z')^T Q   (Z' = 1 - tanh^2 with a softcap, else 1)
+`bwd_preprocess_kernel` computes delta (dlse: the gradient reaching the returned lse, if any).
+`bwd_dkdv_kernel`: one program per (key block, batch * kv head) walks the query blocks that see its keys, for
+every query head of its group (GQA/MQA: dK and dV summed over the group inside the program, no atomics).
+`bwd_dq_kernel`: one program per (query block, batch * query head) walks its key blocks.
+No atomic adds anywhere, so gradients are bit-identical from run to run.
+
+Masking model, layouts and the varlen convention are those of kernels.py (key j visible to query i iff
+i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); lse / delta are [B, Hq, Sq] (varlen [Hq, total_q]).
+"""
+import triton
+import triton.language as tl
+
+from .kernels import key_range, tanh, visible
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
+    """(first row of the sequence in q, in k, its query length, its key length)."""
+    if IS_VARLEN:
+        q0 = tl.load(cu_q + i_b)
+        k0 = tl.load(cu_k + i_b)
+        return q0, k0, tl.load(cu_q + i_b + 1) - q0, tl.load(cu_k + i_b + 1) - k0
+    else:
+        return 0, 0, seqlen_q, seqlen_k
+
+
+@triton.jit
+def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
+                          stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads,
+                          DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """Grid (query blocks, B * Hq): delta = rowsum(dO * O) (- dlse), float32, in lse's layout."""
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    q0, _, seqlen_q, _ = _seq(i_b, cu_q, cu_q, seqlen_q, seqlen_q, IS_VARLEN)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_DV)
+    m_ok = o_m < seqlen_q
+    rows = (q0 + o_m).to(tl.int64)
+    if IS_VARLEN:
+        ob = 0
+        db = 0
+        lb = q0.to(tl.int64)
+        glb = q0.to(tl.int64)
+    else:
+        ob = i_b.to(tl.int64) * stride_ob
+        db = i_b.to(tl.int64) * stride_db
+        lb = i_b.to(tl.int64) * stride_lb
+        glb = i_b.to(tl.int64) * stride_glb
+    msk = m_ok[:, None] & (o_d < DV)[None, :]
+    o = tl.load(O + ob + i_h * stride_oh + rows[:, None] * stride_os + o_d[None, :], mask=msk, other=0.0)
+    do = tl.load(DO + db + i_h * stride_dh + rows[:, None] * stride_ds + o_d[None, :], mask=msk, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + glb + i_h.to(tl.int64) * stride_glh + o_m, mask=m_ok, other=0.0)
+    tl.store(DELTA + lb + i_h.to(tl.int64) * stride_lh + o_m, delta, mask=m_ok)
+
+
+@triton.jit
+def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """(P [BLOCK_M, BLOCK_N] float32, Z' factor or None): recomputed probabilities, 0 where masked or for rows
+    that saw nothing (lse = -inf)."""
+    s = tl.dot(q, tl.trans(k))
+    if HAS_SOFTCAP:
+        t = tanh(s * softcap_scale)
+        z2 = t * softcap_out
+    else:
+        t = s
+        z2 = s * qk_scale
+    vis = visible(o_m, o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
+    vis = vis & (m_ok & (lse > float("-inf")))[:, None]
+    p = tl.where(vis, tl.exp2(z2 - (lse * LOG2E)[:, None]), 0.0)
+    return p, t
+
+
+@triton.jit
+def bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+    stride_lb, stride_lh, cu_q, cu_k, seqlen_q, seqlen_k, num_kv_heads, group_size,
+    scale, qk_scale, softcap_scale, softcap_out, left, right,
+    D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """Grid (key blocks, B * Hkv). dK, dV of one key block, summed over the kv head's query heads."""
+    i_n = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // num_kv_heads
+    i_hk = i_bh % num_kv_heads
+    q0, k0, seqlen_q, seqlen_k = _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
+    n0 = i_n * BLOCK_N
+    if n0 >= seqlen_k:
+        return
+    if IS_VARLEN:
+        qb, kb, vb, db, dkb, dvb, lb = 0, 0, 0, 0, 0, 0, q0.to(tl.int64)
+    else:
+        b64 = i_b.to(tl.int64)
+        qb, kb, vb, db = b64 * stride_qb, b64 * stride_kb, b64 * stride_vb, b64 * stride_db
+        dkb, dvb, lb = b64 * stride_dkb, b64 * stride_dvb, b64 * stride_lb
+    off_diag = 0
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    o_dv = tl.arange(0, BLOCK_DV)
+    n_ok = o_n < seqlen_k
+    krows = (k0 + o_n).to(tl.int64)
+    k = tl.load(K + kb + i_hk * stride_kh + krows[:, None] * stride_ks + o_d[None, :],
+                mask=n_ok[:, None] & (o_d < D)[None, :], other=0.0)
+    v = tl.load(V + vb + i_hk * stride_vh + krows[:, None] * stride_vs + o_dv[None, :],
+                mask=n_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
+    # the queries that see keys n0 .. n0 + BLOCK_N - 1 (query i sees key j iff j - OFF - RIGHT <= i and
+    # i <= j - OFF + LEFT)
+    m_lo = 0
+    m_hi = seqlen_q
+    if HAS_RIGHT:
+        m_lo = tl.maximum(n0 - off_diag - right, 0)
+        m_lo = (m_lo // BLOCK_M) * BLOCK_M
+    if HAS_LEFT:
+        m_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off_diag + left + 1, 0), seqlen_q)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    for g in range(0, group_size):
+        i_h = i_hk * group_size + g
+        for m0 in range(m_lo, m_hi, BLOCK_M):
+            o_m = m0 + tl.arange(0, BLOCK_M)
+            m_ok = o_m < seqlen_q
+            qrows = (q0 + o_m).to(tl.int64)
+            q = tl.load(Q + qb + i_h * stride_qh + qrows[:, None] * stride_qs + o_d[None, :],
+                        mask=m_ok[:, None] & (o_d < D)[None, :], other=0.0)
+            do = tl.load(DO + db + i_h * stride_dh + qrows[:, None] * stride_ds + o_dv[None, :],
+                         mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
+            lse = tl.load(LSE + lb + i_h.to(tl.int64) * stride_lh + o_m, mask=m_ok, other=float("-inf"))
+            delta = tl.load(DELTA + lb + i_h.to(tl.int64) * stride_lh + o_m, mask=m_ok, other=0.0)
+            p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                          softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+            dp = tl.dot(do, tl.trans(v))
+            dz = p * (dp - delta[:, None])
+            if HAS_SOFTCAP:
+                dz = dz * (1.0 - t * t)
+            dk += tl.dot(tl.trans(dz.to(q.dtype)), q)
+    tl.store(DK + dkb + i_hk * stride_dkh + krows[:, None] * stride_dks + o_d[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (o_d < D)[None, :])
+    tl.store(DV + dvb + i_hk * stride_dvh + krows[:, None] * stride_dvs + o_dv[None, :],
+             dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & (o_dv < DV_)[None, :])
+
+
+@triton.jit
+def bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh, cu_q, cu_k, seqlen_q, seqlen_k, num_heads, group_size,
+    scale, qk_scale, softcap_scale, softcap_out, left, right,
+    D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """Grid (query blocks, B * Hq). dQ of one query block."""
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    i_hk = i_h // group_size
+    q0, k0, seqlen_q, seqlen_k = _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = i_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    if IS_VARLEN:
+        qb, kb, vb, db, dqb, lb = 0, 0, 0, 0, 0, q0.to(tl.int64)
+    else:
+        b64 = i_b.to(tl.int64)
+        qb, kb, vb, db = b64 * stride_qb, b64 * stride_kb, b64 * stride_vb, b64 * stride_db
+        dqb, lb = b64 * stride_dqb, b64 * stride_lb
+    off_diag = 0
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    o_m = m0 + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_ok = o_m < seqlen_q
+    qrows = (q0 + o_m).to(tl.int64)
+    q = tl.load(Q + qb + i_h * stride_qh + qrows[:, None] * stride_qs + o_d[None, :],
+                mask=m_ok[:, None] & (o_d < D)[None, :], other=0.0)
+    do = tl.load(DO + db + i_h * stride_dh + qrows[:, None] * stride_ds + o_dv[None, :],
+                 mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
+    lse = tl.load(LSE + lb + i_h.to(tl.int64) * stride_lh + o_m, mask=m_ok, other=float("-inf"))
+    delta = tl.load(DELTA + lb + i_h.to(tl.int64) * stride_lh + o_m, mask=m_ok, other=0.0)
+    lo, hi, _, _ = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        o_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = o_n < seqlen_k
+        krows = (k0 + o_n).to(tl.int64)
+        k = tl.load(K + kb + i_hk * stride_kh + krows[:, None] * stride_ks + o_d[None, :],
+                    mask=n_ok[:, None] & (o_d < D)[None, :], other=0.0)
+        v = tl.load(V + vb + i_hk * stride_vh + krows[:, None] * stride_vs + o_dv[None, :],
+                    mask=n_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
+        p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                      softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
+        dp = tl.dot(do, tl.trans(v))
+        dz = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            dz = dz * (1.0 - t * t)
+        dq += tl.dot(dz.to(k.dtype), k)
+    tl.store(DQ + dqb + i_h * stride_dqh + qrows[:, None] * stride_dqs + o_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (o_d < D)[None, :])

@@ -1,0 +1,147 @@
+"""Backward of attention / varlen_attention / scaled_dot_product_attention against autograd through the
+float32 reference (tolerance rule: the input-precision error is autograd through the same reference computed
+in the inputs' dtype)."""
+import pytest
+import torch
+
+import tileattn
+from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
+from tests.helpers import assert_close, randn
+
+DT = torch.float16  # bf16 dots are wrong in the CPU interpreter; bf16 runs in the GPU tests
+
+
+def leaf(*shape, dtype, device):
+    return randn(*shape, dtype=dtype, device=device).requires_grad_()
+
+
+def grads(fn, inputs, weights):
+    """Gradients of sum(out * w) (+ sum(lse * w_lse) when fn returns lse too) w.r.t. inputs."""
+    res = fn(*inputs)
+    outs = res if isinstance(res, tuple) else (res, )
+    loss = sum((o.float() * w).sum() for o, w in zip(outs, weights))
+    return torch.autograd.grad(loss, inputs)
+
+
+def check_grads(fn, ref_fn, q, k, v, with_lse=False):
+    out = fn(q, k, v)
+    outs = out if isinstance(out, tuple) else (out, )
+    weights = [torch.randn(o.shape, device=o.device) for o in outs][: 2 if with_lse else 1]
+    got = grads(fn, (q, k, v), weights)
+    f32 = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    ref = grads(lambda *a: ref_fn(*a, torch.float32), f32, weights)
+    lp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    ref_lp = grads(lambda *a: ref_fn(*a, q.dtype), lp, weights)
+    for name, g, r, rl in zip(("dq", "dk", "dv"), got, ref, ref_lp):
+        assert g.dtype == q.dtype and g.shape == r.shape
+        assert_close(name, g, r, rl)
+
+
+CASES = [  # (B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap)
+    (2, 37, 37, 2, 2, 32, 32, False, (-1, -1), 0.0),
+    (1, 50, 50, 4, 2, 32, 48, True, (-1, -1), 0.0),
+    (2, 33, 70, 4, 1, 64, 64, True, (-1, -1), 0.0),
+    (1, 70, 33, 2, 2, 32, 32, True, (-1, -1), 0.0),
+    (1, 64, 64, 2, 2, 32, 32, False, (9, 3), 0.0),
+    (1, 45, 45, 2, 2, 32, 32, True, (-1, -1), 5.0),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-Sq{}-Sk{}-H{}/{}-D{}/{}-c{}-w{}-s{}".format(*c))
+def test_attention_backward(case, device):
+    B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap = case
+    q, k, v = leaf(B, Sq, Hq, D, dtype=DT, device=device), leaf(B, Sk, Hkv, D, dtype=DT, device=device), \
+        leaf(B, Sk, Hkv, Dv, dtype=DT, device=device)
+    opts = dict(causal=causal, window=window, softcap=softcap)
+
+    def ref(q, k, v, dtype):
+        return attention_ref(q, k, v, dtype=dtype, **opts)[0]
+    check_grads(lambda q, k, v: tileattn.attention(q, k, v, **opts), ref, q, k, v)
+
+
+def test_backward_through_lse(device):
+    """The returned lse takes part in the loss: its gradient flows to q and k."""
+    q, k, v = (leaf(1, 40, 2, 32, dtype=DT, device=device) for _ in range(3))
+
+    def ref(q, k, v, dtype):
+        return attention_ref(q, k, v, causal=True, dtype=dtype)
+    check_grads(lambda q, k, v: tileattn.attention(q, k, v, causal=True, return_lse=True), ref, q, k, v,
+                with_lse=True)
+
+
+def test_varlen_backward(device):
+    lens_q, lens_k = [5, 0, 40, 17], [9, 3, 40, 30]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    q = leaf(sum(lens_q), 4, 32, dtype=DT, device=device)
+    k, v = leaf(sum(lens_k), 2, 32, dtype=DT, device=device), leaf(sum(lens_k), 2, 32, dtype=DT, device=device)
+
+    def fn(q, k, v):
+        return tileattn.varlen_attention(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+
+    def ref(q, k, v, dtype):
+        return varlen_attention_ref(q, k, v, cu_q, cu_k, dtype=dtype, causal=True)[0]
+    check_grads(fn, ref, q, k, v)
+
+
+def test_sdpa_backward_and_checkpoint(device):
+    """scaled_dot_product_attention ([B, H, S, D], GQA) under activation checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+    q = leaf(2, 4, 30, 32, dtype=DT, device=device)
+    k, v = leaf(2, 2, 30, 32, dtype=DT, device=device), leaf(2, 2, 30, 32, dtype=DT, device=device)
+
+    def fn(q, k, v):
+        return checkpoint(tileattn.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True,
+                          use_reentrant=False)
+
+    def ref(q, k, v, dtype):
+        out = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                            align_bottom_right=False, dtype=dtype)[0]
+        return out.transpose(1, 2)
+    check_grads(fn, ref, q, k, v)
+
+
+def test_fp8_has_no_backward(device):
+    q, k, v = (randn(1, 16, 2, 32, dtype=DT, device=device) for _ in range(3))
+    q8, k8, v8 = (x.to(torch.float8_e4m3fn).requires_grad_() for x in (q, k, v))
+    out = tileattn.attention(q8, k8, v8)
+    with pytest.raises(NotImplementedError, match="fp8"):
+        out.float().sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_backward(D, causal, dtype, device):
+    q = leaf(2, 1000, 8, D, dtype=dtype, device=device)
+    k, v = leaf(2, 1000, 2, D, dtype=dtype, device=device), leaf(2, 1000, 2, D, dtype=dtype, device=device)
+
+    def ref(q, k, v, dt):
+        return attention_ref(q, k, v, causal=causal, dtype=dt)[0]
+    check_grads(lambda q, k, v: tileattn.attention(q, k, v, causal=causal), ref, q, k, v)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_deterministic(device):
+    q = leaf(2, 2048, 8, 128, dtype=torch.bfloat16, device=device)
+    k, v = leaf(2, 2048, 2, 128, dtype=torch.bfloat16, device=device), leaf(2, 2048, 2, 128, dtype=torch.bfloat16,
+                                                                           device=device)
+    w = torch.randn(2, 2048, 8, 128, device=device)
+    runs = [torch.autograd.grad((tileattn.attention(q, k, v, causal=True).float() * w).sum(), (q, k, v))
+            for _ in range(3)]
+    for r in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
+
+
+def test_backward_under_torch_compile(device):
+    """The registered op and its backward trace into one graph (aot_eager: no C++ compiler needed on CPU)."""
+    q, k, v = (leaf(1, 24, 2, 32, dtype=DT, device=device) for _ in range(3))
+
+    def fn(q, k, v):
+        return tileattn.attention(q, k, v, causal=True, softcap=10.0)
+    w = torch.randn(1, 24, 2, 32, device=device)
+    eager = grads(fn, (q, k, v), [w])
+    compiled = grads(torch.compile(fn, backend="aot_eager", fullgraph=True), (q, k, v), [w])
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
