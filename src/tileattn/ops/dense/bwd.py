@@ -12,14 +12,22 @@ from .bwd_kernels import bwd_dkdv_kernel, bwd_dq_kernel, bwd_preprocess_kernel
 from .kernels import LOG2E
 
 
+FORCE = None  # scripts/sweep_bwd.py: ((BLOCK_M, BLOCK_N, warps, stages) of dK/dV, the same of dQ)
+
+
 def _tiles(d):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV and dQ kernels for head dim d (first cut: the
-    interpreter's small tiles; on GPUs FA2-like 64 x 64 tiles, 32 x 32 for d > 128)."""
+    """((BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel, the same of the dQ kernel) for head dim
+    d: the interpreter's small tiles; on GPUs 64 x 64 tiles, 32 x 32 past d = 128. scripts/sweep_bwd.py on the
+    H100 (2026-11-21, fp16, B=4, H=32, N 2K / 8K): 64 x 64 / 4 warps won 7 of 8 shapes (D=128 non-causal 8K:
+    357 TFLOPS vs 258 for 128 x 128 / 8 warps, 187-214 for 64 x 128 / 8 warps); D=64 causal 8K 240 vs 263
+    for 64 x 128 (dK/dV) with 128 x 64 (dQ), 4 warps."""
+    if FORCE is not None:
+        return FORCE
     if hw.interpreter_enabled():
-        return 16, 16, 4, 1
+        return (16, 16, 4, 1), (16, 16, 4, 1)
     if d <= 128:
-        return 64, 64, 4, 2
-    return 32, 32, 4, 1
+        return (64, 64, 4, 2), (64, 64, 4, 2)
+    return (32, 32, 4, 1), (32, 32, 4, 1)
 
 
 def _strides(t, varlen):
@@ -48,7 +56,7 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     cu_k_arg = cu_k if varlen else lse
     cu_q_arg = cu_q if varlen else lse
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
-    block_m, block_n, warps, stages = _tiles(max(d, dv))
+    (km, kn, kw, ks), (qm, qn, qw, qs) = _tiles(max(d, dv))
     bwd_preprocess_kernel[(triton.cdiv(sq, 64), batch * hq)](
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
         *gls, cu_q_arg, sq, hq, DV=dv, BLOCK_M=64, BLOCK_DV=bdv, IS_VARLEN=varlen, HAS_DLSE=dlse is not None,
@@ -58,17 +66,17 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
         qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
     else:
         qk_scale, softcap_scale, softcap_out = scale * LOG2E, 1.0, 1.0
-    common = dict(D=d, DV_=dv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd, BLOCK_DV=bdv, HAS_LEFT=left >= 0,
-                  HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0,
-                  IS_VARLEN=varlen, num_warps=warps, num_stages=stages)
+    common = dict(D=d, DV_=dv, BLOCK_D=bd, BLOCK_DV=bdv, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
+                  ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
-    bwd_dkdv_kernel[(triton.cdiv(sk, block_n), batch * hkv)](
+    bwd_dkdv_kernel[(triton.cdiv(sk, kn), batch * hkv)](
         q, k, v, do, lse, delta, dk, dvv, *qkv_strides, *_strides(dk, varlen), *_strides(dvv, varlen), *ls,
-        cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, *tail, **common,
+        cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, *tail, BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks,
+        **common,
     )
-    bwd_dq_kernel[(triton.cdiv(sq, block_m), batch * hq)](
+    bwd_dq_kernel[(triton.cdiv(sq, qm), batch * hq)](
         q, k, v, do, lse, delta, dq, *qkv_strides, *_strides(dq, varlen), *ls, cu_q_arg, cu_k_arg, sq, sk, hq,
-        hq // hkv, *tail, **common,
+        hq // hkv, *tail, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common,
     )
     return dq, dk, dvv
