@@ -152,6 +152,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     float32 (natural log). Rows that see no key give 0 (lse -inf).
     """
     _check(query, key, value, enable_gqa, scale)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("tileattn.flex_attention has no backward pass yet: call it under torch.no_grad() "
+                                  "/ inference_mode(), or use torch's flex_attention for training")
     check_fp8_options(query, key.transpose(1, 2), q_descale, k_descale, v_descale, out_dtype, query.shape[0])
     B, H, Sq, D = query.shape
     Sk, Dv = key.shape[2], _value_shape(value)[3]

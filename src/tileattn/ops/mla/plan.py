@@ -222,6 +222,10 @@ class MLADecodePlan:
         tensor's current value). Returns out (and lse with return_lse); see the class docstring."""
         check_run_args(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse)
         check_kv_scale(kv_scale, self)
+        if torch.is_grad_enabled() and (q_nope.requires_grad or q_pe.requires_grad or ckv_cache.requires_grad
+                                        or kpe_cache.requires_grad):
+            raise NotImplementedError("MLA decode has no backward pass (an inference kernel): call it under "
+                                      "torch.no_grad() / inference_mode()")
         if not isinstance(kv_scale, torch.Tensor):
             self.kv_scale.fill_(float(kv_scale))
             kv_scale = self.kv_scale
