@@ -55,6 +55,7 @@ def _setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, softcap, bottom_right, return_lse, q_descale,
      k_descale, v_descale, out_scale, out_dtype, v_packed) = inputs
     out, lse = output
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zero tensor made or read)
     ctx.fp8 = q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     ctx.has_lse = return_lse
     ctx.params = (max_q, max_k, scale, left, right, softcap, bottom_right)
@@ -69,6 +70,8 @@ def _backward(ctx, grad_out, grad_lse):
         raise RuntimeError("tileattn::attn_fwd: a gradient needs the forward's lse (call it with return_lse=True; "
                            "tileattn.attention does)")
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if grad_out is None:  # only the lse was used
+        grad_out = torch.zeros_like(out)
     dq, dk, dv = attn_bwd(grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out, q, k, v, out, lse,
                           grad_lse, cu_q, cu_k, *ctx.params)
     return (dq, dk, dv) + (None,) * 16

@@ -44,6 +44,9 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap)
     (1, 70, 33, 2, 2, 32, 32, True, (-1, -1), 0.0),
     (1, 64, 64, 2, 2, 32, 32, False, (9, 3), 0.0),
     (1, 45, 45, 2, 2, 32, 32, True, (-1, -1), 5.0),
+    (1, 30, 50, 2, 2, 32, 32, False, (7, -1), 0.0),
+    (1, 50, 30, 4, 2, 32, 32, False, (-1, 4), 3.0),
+    (1, 40, 40, 2, 2, 32, 32, False, (2 ** 31 - 1, -1), 0.0),
 ]
 
 
@@ -69,33 +72,61 @@ def test_backward_through_lse(device):
                 with_lse=True)
 
 
-def test_varlen_backward(device):
+@pytest.mark.parametrize("lse_in_loss", [False, True])
+def test_varlen_backward(lse_in_loss, device):
+    """Empty sequences, Dv != D, rows past cu_seqlens[-1] (padding: zero gradients), lse in the loss."""
     lens_q, lens_k = [5, 0, 40, 17], [9, 3, 40, 30]
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device=device)
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device=device)
-    q = leaf(sum(lens_q), 4, 32, dtype=DT, device=device)
-    k, v = leaf(sum(lens_k), 2, 32, dtype=DT, device=device), leaf(sum(lens_k), 2, 32, dtype=DT, device=device)
+    q = leaf(sum(lens_q) + 3, 4, 32, dtype=DT, device=device)
+    k, v = leaf(sum(lens_k) + 2, 2, 32, dtype=DT, device=device), leaf(sum(lens_k) + 2, 2, 48, dtype=DT,
+                                                                      device=device)
 
     def fn(q, k, v):
-        return tileattn.varlen_attention(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+        return tileattn.varlen_attention(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                         window=(20, -1), return_lse=lse_in_loss)
 
     def ref(q, k, v, dtype):
-        return varlen_attention_ref(q, k, v, cu_q, cu_k, dtype=dtype, causal=True)[0]
-    check_grads(fn, ref, q, k, v)
+        res = varlen_attention_ref(q, k, v, cu_q, cu_k, dtype=dtype, causal=True, window=(20, -1))
+        out = torch.cat([res[0], torch.zeros(3, 4, 48, dtype=dtype, device=q.device)])
+        lse = torch.cat([res[1], torch.zeros(4, 3, dtype=dtype, device=q.device)], dim=1)
+        return (out, lse) if lse_in_loss else out
+    check_grads(fn, ref, q, k, v, with_lse=lse_in_loss)
+    dq, dk, dv = grads(fn, (q, k, v), [torch.ones(q.shape[0], 4, 48, device=device)])
+    assert dq[-3:].abs().max() == 0 and dk[-2:].abs().max() == 0 and dv[-2:].abs().max() == 0
 
 
-def test_sdpa_backward_and_checkpoint(device):
-    """scaled_dot_product_attention ([B, H, S, D], GQA) under activation checkpointing."""
+def test_lse_gradient_layouts(device):
+    """lse.sum() hands the backward an expanded (stride 0) gradient, a transpose a strided one."""
+    q, k, v = (leaf(2, 33, 2, 32, dtype=DT, device=device) for _ in range(3))
+    w = torch.randn(2, 33, 2, device=device)
+
+    def loss(fn):
+        out, lse = fn(q, k, v)
+        return lse.sum() + (lse.transpose(1, 2) * w).sum() + out.float().mean()
+
+    got = torch.autograd.grad(loss(lambda *a: tileattn.attention(*a, causal=True, return_lse=True)), (q, k, v))
+    f32 = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    ref = torch.autograd.grad(loss(lambda *a: attention_ref(*(f32 if a[0] is q else a), causal=True)), f32)
+    for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+        assert torch.isfinite(g).all(), name
+        assert (g.float() - r).abs().max() <= 2e-2 * r.abs().max() + 1e-3, name
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_backward_and_checkpoint(causal, device):
+    """scaled_dot_product_attention ([B, H, S, D], GQA, Sq != Sk, causal top-left) under activation
+    checkpointing."""
     from torch.utils.checkpoint import checkpoint
     q = leaf(2, 4, 30, 32, dtype=DT, device=device)
-    k, v = leaf(2, 2, 30, 32, dtype=DT, device=device), leaf(2, 2, 30, 32, dtype=DT, device=device)
+    k, v = leaf(2, 2, 41, 32, dtype=DT, device=device), leaf(2, 2, 41, 32, dtype=DT, device=device)
 
     def fn(q, k, v):
-        return checkpoint(tileattn.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True,
+        return checkpoint(tileattn.scaled_dot_product_attention, q, k, v, is_causal=causal, enable_gqa=True,
                           use_reentrant=False)
 
     def ref(q, k, v, dtype):
-        out = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+        out = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
                             align_bottom_right=False, dtype=dtype)[0]
         return out.transpose(1, 2)
     check_grads(fn, ref, q, k, v)

@@ -10,6 +10,12 @@ import triton
 from ... import hw
 from .bwd_kernels import bwd_dkdv_kernel, bwd_dq_kernel, bwd_preprocess_kernel
 from .kernels import LOG2E
+from .launch import MAX_GRID_Y
+
+
+def _grid(blocks, bh):
+    """(blocks, batch * heads folded over y and z: y holds at most 65535)."""
+    return (blocks, min(bh, MAX_GRID_Y), triton.cdiv(bh, MAX_GRID_Y))
 
 
 FORCE = None  # scripts/sweep_bwd.py: ((BLOCK_M, BLOCK_N, warps, stages) of dK/dV, the same of dQ)
@@ -45,11 +51,19 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     else:
         batch, sq, hq, d = q.shape
         sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-    dq, dk, dvv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if q.numel() == 0 or k.numel() == 0:
+    # varlen: rows past cu_seqlens[-1] (padding) belong to no sequence and get zero gradients
+    alloc = torch.zeros_like if varlen else torch.empty_like
+    dq, dk, dvv = alloc(q), alloc(k), alloc(v)
+    if q.numel() == 0 or k.numel() == 0 or batch == 0:
         return dq.zero_(), dk.zero_(), dvv.zero_()
     if not do.stride(-1) == 1:
         do = do.contiguous()
+    if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
+        dlse = dlse.contiguous()
+    # window bounds past Sq + Sk never bind: clamp them so the kernels' int32 index arithmetic cannot overflow
+    span = sq + sk
+    left = min(left, span) if left >= 0 else left
+    right = min(right, span) if right >= 0 else right
     delta = torch.empty_like(lse)
     ls = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     gls = ((0, dlse.stride(0)) if varlen else (dlse.stride(0), dlse.stride(1))) if dlse is not None else (0, 0)
@@ -57,10 +71,11 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     cu_q_arg = cu_q if varlen else lse
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     (km, kn, kw, ks), (qm, qn, qw, qs) = _tiles(max(d, dv))
-    bwd_preprocess_kernel[(triton.cdiv(sq, 64), batch * hq)](
+    pm = 64 if bdv <= 128 else 32
+    bwd_preprocess_kernel[_grid(triton.cdiv(sq, pm), batch * hq)](
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
-        *gls, cu_q_arg, sq, hq, DV=dv, BLOCK_M=64, BLOCK_DV=bdv, IS_VARLEN=varlen, HAS_DLSE=dlse is not None,
-        num_warps=4,
+        *gls, cu_q_arg, sq, hq, batch * hq, DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
+        HAS_DLSE=dlse is not None, num_warps=4,
     )
     if softcap > 0:
         qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
@@ -70,13 +85,13 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
                   ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
-    bwd_dkdv_kernel[(triton.cdiv(sk, kn), batch * hkv)](
+    bwd_dkdv_kernel[_grid(triton.cdiv(sk, kn), batch * hkv)](
         q, k, v, do, lse, delta, dk, dvv, *qkv_strides, *_strides(dk, varlen), *_strides(dvv, varlen), *ls,
-        cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, *tail, BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks,
+        cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, batch * hkv, *tail, BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks,
         **common,
     )
-    bwd_dq_kernel[(triton.cdiv(sq, qm), batch * hq)](
+    bwd_dq_kernel[_grid(triton.cdiv(sq, qm), batch * hq)](
         q, k, v, do, lse, delta, dq, *qkv_strides, *_strides(dq, varlen), *ls, cu_q_arg, cu_k_arg, sq, sk, hq,
-        hq // hkv, *tail, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common,
+        hq // hkv, batch * hq, *tail, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common,
     )
     return dq, dk, dvv

@@ -34,14 +34,17 @@ def _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
-                          stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads,
+                          stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh,
                           DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
                           IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr):
-    """Grid (query blocks, B * Hq): delta = rowsum(dO * O) (- dlse), float32, in lse's layout."""
+    """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
+    layout (dlse contiguous along the sequence)."""
     i_m = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
     i_b = i_bh // num_heads
-    i_h = i_bh % num_heads
+    i_h = (i_bh % num_heads).to(tl.int64)
     q0, _, seqlen_q, _ = _seq(i_b, cu_q, cu_q, seqlen_q, seqlen_q, IS_VARLEN)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_DV)
@@ -62,8 +65,8 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
     do = tl.load(DO + db + i_h * stride_dh + rows[:, None] * stride_ds + o_d[None, :], mask=msk, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if HAS_DLSE:
-        delta -= tl.load(DLSE + glb + i_h.to(tl.int64) * stride_glh + o_m, mask=m_ok, other=0.0)
-    tl.store(DELTA + lb + i_h.to(tl.int64) * stride_lh + o_m, delta, mask=m_ok)
+        delta -= tl.load(DLSE + glb + i_h * stride_glh + o_m, mask=m_ok, other=0.0)
+    tl.store(DELTA + lb + i_h * stride_lh + o_m, delta, mask=m_ok)
 
 
 @triton.jit
@@ -89,17 +92,20 @@ def bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-    stride_lb, stride_lh, cu_q, cu_k, seqlen_q, seqlen_k, num_kv_heads, group_size,
+    stride_lb, stride_lh, cu_q, cu_k, seqlen_q, seqlen_k, num_kv_heads, group_size, num_bh,
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """Grid (key blocks, B * Hkv). dK, dV of one key block, summed over the kv head's query heads."""
+    """Grid (key blocks, B * Hkv folded over y and z). dK, dV of one key block, summed over the kv head's query
+    heads."""
     i_n = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
     i_b = i_bh // num_kv_heads
-    i_hk = i_bh % num_kv_heads
+    i_hk = (i_bh % num_kv_heads).to(tl.int64)
     q0, k0, seqlen_q, seqlen_k = _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
     n0 = i_n * BLOCK_N
     if n0 >= seqlen_k:
@@ -134,7 +140,7 @@ def bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     for g in range(0, group_size):
-        i_h = i_hk * group_size + g
+        i_h = i_hk * group_size + g  # int64 (i_hk is): head offsets of head-major layouts can pass 2^31
         for m0 in range(m_lo, m_hi, BLOCK_M):
             o_m = m0 + tl.arange(0, BLOCK_M)
             m_ok = o_m < seqlen_q
@@ -143,8 +149,8 @@ def bwd_dkdv_kernel(
                         mask=m_ok[:, None] & (o_d < D)[None, :], other=0.0)
             do = tl.load(DO + db + i_h * stride_dh + qrows[:, None] * stride_ds + o_dv[None, :],
                          mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
-            lse = tl.load(LSE + lb + i_h.to(tl.int64) * stride_lh + o_m, mask=m_ok, other=float("-inf"))
-            delta = tl.load(DELTA + lb + i_h.to(tl.int64) * stride_lh + o_m, mask=m_ok, other=0.0)
+            lse = tl.load(LSE + lb + i_h * stride_lh + o_m, mask=m_ok, other=float("-inf"))
+            delta = tl.load(DELTA + lb + i_h * stride_lh + o_m, mask=m_ok, other=0.0)
             p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
                           softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do)
@@ -164,17 +170,19 @@ def bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
-    stride_lb, stride_lh, cu_q, cu_k, seqlen_q, seqlen_k, num_heads, group_size,
+    stride_lb, stride_lh, cu_q, cu_k, seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """Grid (query blocks, B * Hq). dQ of one query block."""
+    """Grid (query blocks, B * Hq folded over y and z). dQ of one query block."""
     i_m = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
     i_b = i_bh // num_heads
-    i_h = i_bh % num_heads
+    i_h = (i_bh % num_heads).to(tl.int64)
     i_hk = i_h // group_size
     q0, k0, seqlen_q, seqlen_k = _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
     m0 = i_m * BLOCK_M
@@ -198,8 +206,8 @@ def bwd_dq_kernel(
                 mask=m_ok[:, None] & (o_d < D)[None, :], other=0.0)
     do = tl.load(DO + db + i_h * stride_dh + qrows[:, None] * stride_ds + o_dv[None, :],
                  mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
-    lse = tl.load(LSE + lb + i_h.to(tl.int64) * stride_lh + o_m, mask=m_ok, other=float("-inf"))
-    delta = tl.load(DELTA + lb + i_h.to(tl.int64) * stride_lh + o_m, mask=m_ok, other=0.0)
+    lse = tl.load(LSE + lb + i_h * stride_lh + o_m, mask=m_ok, other=float("-inf"))
+    delta = tl.load(DELTA + lb + i_h * stride_lh + o_m, mask=m_ok, other=0.0)
     lo, hi, _, _ = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
