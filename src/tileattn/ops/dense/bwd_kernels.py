@@ -71,9 +71,9 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
 
 @triton.jit
 def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
-    """(P [BLOCK_M, BLOCK_N] float32, tanh term): recomputed probabilities. MASKED: 0 where the rule hides a
-    key or for rows that saw nothing (lse = -inf); else every (row, key) of the block is visible."""
+           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """(P [BLOCK_M, BLOCK_N] float32, Z' factor or None): recomputed probabilities, 0 where masked or for rows
+    that saw nothing (lse = -inf)."""
     s = tl.dot(q, tl.trans(k))
     if HAS_SOFTCAP:
         t = tanh(s * softcap_scale)
@@ -81,39 +81,10 @@ def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale,
     else:
         t = s
         z2 = s * qk_scale
-    if MASKED:
-        vis = visible(o_m, o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
-        vis = vis & (m_ok & (lse > float("-inf")))[:, None]
-        p = tl.where(vis, tl.exp2(z2 - (lse * LOG2E)[:, None]), 0.0)
-    else:
-        p = tl.exp2(z2 - (lse * LOG2E)[:, None])
+    vis = visible(o_m, o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
+    vis = vis & (m_ok & (lse > float("-inf")))[:, None]
+    p = tl.where(vis, tl.exp2(z2 - (lse * LOG2E)[:, None]), 0.0)
     return p, t
-
-
-@triton.jit
-def _dkdv_step(dk, dv, k, v, m0, q0, i_h, Q, DO, LSE, DELTA, qb, db, lb, stride_qh, stride_qs, stride_dh, stride_ds,
-               stride_lh, o_n, o_d, o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-               softcap_out, D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, HAS_LEFT: tl.constexpr,
-               HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
-    """dK, dV contributions of query block m0 of head i_h."""
-    o_m = m0 + tl.arange(0, BLOCK_M)
-    m_ok = o_m < seqlen_q
-    qrows = (q0 + o_m).to(tl.int64)
-    q = tl.load(Q + qb + i_h * stride_qh + qrows[:, None] * stride_qs + o_d[None, :],
-                mask=m_ok[:, None] & (o_d < D)[None, :], other=0.0)
-    do = tl.load(DO + db + i_h * stride_dh + qrows[:, None] * stride_ds + o_dv[None, :],
-                 mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
-    lse = tl.load(LSE + lb + i_h * stride_lh + o_m, mask=m_ok, other=float("-inf"))
-    delta = tl.load(DELTA + lb + i_h * stride_lh + o_m, mask=m_ok, other=0.0)
-    p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                  softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED)
-    dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-    dp = tl.dot(do, tl.trans(v))
-    dz = p * (dp - delta[:, None])
-    if HAS_SOFTCAP:
-        dz = dz * (1.0 - t * t)
-    dk += tl.dot(tl.trans(dz.to(q.dtype)), q)
-    return dk, dv
 
 
 @triton.jit
@@ -166,64 +137,32 @@ def bwd_dkdv_kernel(
         m_lo = (m_lo // BLOCK_M) * BLOCK_M
     if HAS_LEFT:
         m_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off_diag + left + 1, 0), seqlen_q)
-    # query blocks that see every key of the block (no mask): i >= n0 + BLOCK_N - 1 - OFF - RIGHT and
-    # i <= n0 - OFF + LEFT, whole blocks inside the sequence, and keys inside theirs
-    f_lo = m_lo
-    f_hi = (seqlen_q // BLOCK_M) * BLOCK_M
-    if HAS_RIGHT:
-        f_lo = tl.maximum(n0 + BLOCK_N - 1 - off_diag - right, 0)
-        f_lo = ((f_lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-    if HAS_LEFT:
-        f_hi = tl.minimum(f_hi, (tl.maximum(n0 - off_diag + left + 1, 0) // BLOCK_M) * BLOCK_M)
-    if n0 + BLOCK_N > seqlen_k:
-        f_hi = 0
-    f_lo = tl.minimum(tl.maximum(f_lo, m_lo), m_hi)
-    f_hi = tl.minimum(tl.maximum(f_hi, f_lo), m_hi)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     for g in range(0, group_size):
         i_h = i_hk * group_size + g  # int64 (i_hk is): head offsets of head-major layouts can pass 2^31
-        for m0 in range(m_lo, f_lo, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, i_h, Q, DO, LSE, DELTA, qb, db, lb, stride_qh, stride_qs,
-                                stride_dh, stride_ds, stride_lh, o_n, o_d, o_dv, seqlen_q, seqlen_k, off_diag, left,
-                                right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT,
-                                HAS_SOFTCAP, True)
-        for m0 in range(f_lo, f_hi, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, i_h, Q, DO, LSE, DELTA, qb, db, lb, stride_qh, stride_qs,
-                                stride_dh, stride_ds, stride_lh, o_n, o_d, o_dv, seqlen_q, seqlen_k, off_diag, left,
-                                right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT,
-                                HAS_SOFTCAP, False)
-        for m0 in range(f_hi, m_hi, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, i_h, Q, DO, LSE, DELTA, qb, db, lb, stride_qh, stride_qs,
-                                stride_dh, stride_ds, stride_lh, o_n, o_d, o_dv, seqlen_q, seqlen_k, off_diag, left,
-                                right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT,
-                                HAS_SOFTCAP, True)
+        for m0 in range(m_lo, m_hi, BLOCK_M):
+            o_m = m0 + tl.arange(0, BLOCK_M)
+            m_ok = o_m < seqlen_q
+            qrows = (q0 + o_m).to(tl.int64)
+            q = tl.load(Q + qb + i_h * stride_qh + qrows[:, None] * stride_qs + o_d[None, :],
+                        mask=m_ok[:, None] & (o_d < D)[None, :], other=0.0)
+            do = tl.load(DO + db + i_h * stride_dh + qrows[:, None] * stride_ds + o_dv[None, :],
+                         mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
+            lse = tl.load(LSE + lb + i_h * stride_lh + o_m, mask=m_ok, other=float("-inf"))
+            delta = tl.load(DELTA + lb + i_h * stride_lh + o_m, mask=m_ok, other=0.0)
+            p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                          softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+            dp = tl.dot(do, tl.trans(v))
+            dz = p * (dp - delta[:, None])
+            if HAS_SOFTCAP:
+                dz = dz * (1.0 - t * t)
+            dk += tl.dot(tl.trans(dz.to(q.dtype)), q)
     tl.store(DK + dkb + i_hk * stride_dkh + krows[:, None] * stride_dks + o_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (o_d < D)[None, :])
     tl.store(DV + dvb + i_hk * stride_dvh + krows[:, None] * stride_dvs + o_dv[None, :],
              dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & (o_dv < DV_)[None, :])
-
-
-@triton.jit
-def _dq_step(dq, q, do, lse, delta, n0, kvp, o_m, m_ok, o_d, o_dv, seqlen_k, off_diag, left, right, qk_scale,
-             softcap_scale, softcap_out, D: tl.constexpr, DV_: tl.constexpr, BLOCK_N: tl.constexpr,
-             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
-    """dQ contribution of key block n0; kvp = (K, V, batch offsets, head offsets, first key row, row strides)."""
-    K, V, kb, vb, kh, vh, k0, stride_ks, stride_vs = kvp
-    o_n = n0 + tl.arange(0, BLOCK_N)
-    n_ok = o_n < seqlen_k
-    krows = (k0 + o_n).to(tl.int64)
-    k = tl.load(K + kb + kh + krows[:, None] * stride_ks + o_d[None, :], mask=n_ok[:, None] & (o_d < D)[None, :],
-                other=0.0)
-    v = tl.load(V + vb + vh + krows[:, None] * stride_vs + o_dv[None, :],
-                mask=n_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
-    p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                  softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED)
-    dp = tl.dot(do, tl.trans(v))
-    dz = p * (dp - delta[:, None])
-    if HAS_SOFTCAP:
-        dz = dz * (1.0 - t * t)
-    return dq + tl.dot(dz.to(k.dtype), k)
 
 
 @triton.jit
@@ -269,21 +208,22 @@ def bwd_dq_kernel(
                  mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
     lse = tl.load(LSE + lb + i_h * stride_lh + o_m, mask=m_ok, other=float("-inf"))
     delta = tl.load(DELTA + lb + i_h * stride_lh + o_m, mask=m_ok, other=0.0)
-    lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
-                                         HAS_RIGHT)
-    if m0 + BLOCK_M > seqlen_q:  # a partial query block: rows past the sequence are masked everywhere
-        full_lo = hi
-        full_hi = hi
+    lo, hi, _, _ = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    kvp = (K, V, kb, vb, i_hk * stride_kh, i_hk * stride_vh, k0, stride_ks, stride_vs)
-    for n0 in range(lo, full_lo, BLOCK_N):
-        dq = _dq_step(dq, q, do, lse, delta, n0, kvp, o_m, m_ok, o_d, o_dv, seqlen_k, off_diag, left, right,
-                      qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True)
-    for n0 in range(full_lo, full_hi, BLOCK_N):
-        dq = _dq_step(dq, q, do, lse, delta, n0, kvp, o_m, m_ok, o_d, o_dv, seqlen_k, off_diag, left, right,
-                      qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, False)
-    for n0 in range(full_hi, hi, BLOCK_N):
-        dq = _dq_step(dq, q, do, lse, delta, n0, kvp, o_m, m_ok, o_d, o_dv, seqlen_k, off_diag, left, right,
-                      qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True)
+    for n0 in range(lo, hi, BLOCK_N):
+        o_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = o_n < seqlen_k
+        krows = (k0 + o_n).to(tl.int64)
+        k = tl.load(K + kb + i_hk * stride_kh + krows[:, None] * stride_ks + o_d[None, :],
+                    mask=n_ok[:, None] & (o_d < D)[None, :], other=0.0)
+        v = tl.load(V + vb + i_hk * stride_vh + krows[:, None] * stride_vs + o_dv[None, :],
+                    mask=n_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
+        p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                      softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
+        dp = tl.dot(do, tl.trans(v))
+        dz = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            dz = dz * (1.0 - t * t)
+        dq += tl.dot(dz.to(k.dtype), k)
     tl.store(DQ + dqb + i_h * stride_dqh + qrows[:, None] * stride_dqs + o_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (o_d < D)[None, :])
