@@ -88,7 +88,7 @@ def compile_mla(args):
     plan = mla_plan.MLADecodePlan.__new__(mla_plan.MLADecodePlan)
     plan.sm90 = plan.config = launch_sm90.MLASm90Config(bn, st, regs)
     plan.dc, plan.dr, plan.num_heads, plan.q_len, plan.page_size, plan.causal = DC, DR, args.hq, args.sq, P, True
-    plan.row_blocks, plan.capacity, plan.scale = launch_sm90.row_blocks(args.hq * args.sq), 140, 0.07
+    plan.row_blocks, plan.capacity, plan.scale = -(-args.hq * args.sq // launch_sm90.BLOCK_M), 140, 0.07
     plan.seqlens, plan.work = seqlens, torch.zeros(140, 4, dtype=torch.int32)
     plan.o_part, plan.lse_part = torch.empty(132, args.hq * args.sq, DC), torch.empty(132, args.hq * args.sq)
     qn = torch.randn(B, args.sq, args.hq, DC).to(dt)

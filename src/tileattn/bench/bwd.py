@@ -10,7 +10,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
-from .common import attn_tflops, do_bench, fmt, geomean, results_header, write_json
+from .common import attn_tflops, do_bench, finish, fmt, geomean, results_header
 from .dense import _sdpa
 
 PROVIDERS = ("tileattn", "cudnn", "fa2")
@@ -88,8 +88,4 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                       "geomean_vs_cudnn": geomean(vs["cudnn"]) if vs["cudnn"] else None,
                       "flex_geomean_vs_torch_flex": None,  # flex backward: not implemented yet
                       "check_failures": failures}
-    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
-                                for k, v in doc["summary"].items()))
-    if out_json:
-        write_json(out_json, doc)
-    return doc
+    return finish(doc, out_json, log)

@@ -50,6 +50,15 @@ def write_json(path, doc):
         json.dump(doc, f, indent=1)
 
 
+def finish(doc, out_json, log):
+    """Print the suite's summary line, write its results file (when asked), return the document."""
+    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
+                                for k, v in doc["summary"].items()))
+    if out_json:
+        write_json(out_json, doc)
+    return doc
+
+
 def geomean(xs):
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None

@@ -10,7 +10,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error, rounding_floor
-from .common import attn_tflops, do_bench, fmt, geomean, max_abs, results_header, write_json
+from .common import attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
 
 PROVIDERS = ("tileattn", "cudnn", "fa2", "flex")
 ROUNDS = 2
@@ -122,10 +122,7 @@ def run(dtype="fp16", long=False, providers=PROVIDERS, head_dims=(64, 128), seql
     doc["summary"] = summarize(rows)
     doc["summary"]["check_failures"] = len(failures)
     print_tables(rows, log)
-    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
-                                for k, v in doc["summary"].items()))
-    if out_json:
-        write_json(out_json, doc)
+    finish(doc, out_json, log)
     if plot:
         plot_rows(rows, plot)
     return doc

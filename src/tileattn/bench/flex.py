@@ -12,7 +12,7 @@ import torch
 
 from ..ops.flex import mods
 from ..tolerance import allowed_error
-from .common import do_bench, fmt, geomean, results_header, write_json
+from .common import do_bench, finish, fmt, geomean, results_header
 
 B, H, D = 4, 16, 128
 MODS = ("causal", "sliding_window", "document", "prefix_lm", "alibi_causal", "softcap_causal")
@@ -123,11 +123,7 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
         "causal_vs_tileattn_causal": dense_ratio,
         "check_failures": failures,
     }
-    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
-                                for k, v in doc["summary"].items()))
-    if out_json:
-        write_json(out_json, doc)
-    return doc
+    return finish(doc, out_json, log)
 
 
 def _fp8_row(q, k, v, score_mod, mask_mod, bm, case, flops, rows, log):

@@ -14,7 +14,7 @@ import torch
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
 from . import dense
-from .common import attn_tflops, do_bench, fmt, geomean, max_abs, results_header, write_json
+from .common import attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 PROVIDERS = ("tileattn-e4m3", "tileattn-e4m3-vrow", "tileattn-e5m2", "tileattn-fp16", "cudnn-fp16",
@@ -137,11 +137,7 @@ def run(fp8_dtypes=("e4m3", "e5m2"), head_dims=(64, 128), seqlens=None, batch=4,
     doc["summary"] = summarize(rows)
     doc["summary"]["check_failures"] = failures
     print_tables(rows, log)
-    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
-                                for k, v in doc["summary"].items()))
-    if out_json:
-        write_json(out_json, doc)
-    return doc
+    return finish(doc, out_json, log)
 
 
 def _row(rows, case, p):

@@ -8,7 +8,7 @@ float32 reference (tolerance rule) before it is timed; plans are made outside th
 import torch
 
 from ..tolerance import allowed_error
-from .common import do_bench, fmt, results_header, write_json
+from .common import do_bench, finish, fmt, results_header
 
 DC, DR = 512, 64
 SEED = [(768, kv, hq, 1) for kv in (1024, 2048) for hq in (16, 32, 64)]  # (batch, kv_len, Hq, Sq)
@@ -92,8 +92,4 @@ def run(dtype="bf16", out_json=None, log=print, cases=None):
         "read_bandwidth_gbps": bw,
         "check_failures": failures,
     }
-    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
-                                for k, v in doc["summary"].items()))
-    if out_json:
-        write_json(out_json, doc)
-    return doc
+    return finish(doc, out_json, log)

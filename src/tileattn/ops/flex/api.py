@@ -66,13 +66,6 @@ def _mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
     return num, idx, fnum, fidx, q_block, kv_block, block_mask.mask_mod
 
 
-def _bstrides(t, ndim):
-    """Strides of a block-mask tensor with 0 on broadcast (size-1) batch / head dims."""
-    if t is None:
-        return (0,) * ndim
-    return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(ndim))
-
-
 def _value_shape(value):
     """value's [B, Hkv, Sk, Dv] (an Fp8V holds the dense layout [B, Sk, Hkv, Dv])."""
     if isinstance(value, Fp8V):
@@ -196,7 +189,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         smod.capture_args() if smod else (), mmod.capture_args() if mmod else (),
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2), *sl,
-        *_bstrides(num, 3), *_bstrides(idx, 3), *_bstrides(fnum, 3), *_bstrides(fidx, 3),
+        *launch_sm90.mask_strides(num), *launch_sm90.mask_strides(idx), *launch_sm90.mask_strides(fnum),
+        *launch_sm90.mask_strides(fidx),
         H, H // key.shape[1], Sq, Sk, D, Dv, scale,
         SCORE_MOD=smod.fn if smod else None, MASK_MOD=mmod.fn if mmod else None, DENSE=dense,
         HAS_FULL=fnum is not None, Q_BLOCK=q_block, KV_BLOCK=kv_block, BLOCK_M=bm, BLOCK_N=bn,

@@ -7,7 +7,6 @@ kernel (kernels.py). Without a block mask every block is full (a broadcast list 
 import os
 
 import torch
-import triton
 
 from ... import hw
 from ..dense import launch_sm90 as dense_sm90
@@ -48,7 +47,11 @@ def _full_lists(num_q, num_kv, device):
     return lists
 
 
-def _bstrides(t, ndim=3):
+def mask_strides(t, ndim=3):
+    """(batch, head, query block) strides of a block-mask tensor, 0 on broadcast (size-1) batch / head dims;
+    zeros for an absent tensor."""
+    if t is None:
+        return (0,) * ndim
     return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(ndim))
 
 
@@ -79,7 +82,8 @@ def launch(query, key, value, out, lse, scale, smod, mmod, lists, return_lse, de
         v_desc = dense_sm90._desc(value.transpose(1, 2), [1, cfg.block_n, 1, D])
     sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     ds = [d if d is not None else lse for d in descales]
-    fx = (num, idx, fnum, fidx, *_bstrides(num), *_bstrides(idx), *_bstrides(fnum), *_bstrides(fidx), float(scale))
+    fx = (num, idx, fnum, fidx, *mask_strides(num), *mask_strides(idx), *mask_strides(fnum), *mask_strides(fidx),
+          float(scale))
     grid = dense_sm90.grid_for(cfg, Sq, B * H, hw.device_info(query.device).num_sms)
     flex_fwd_sm90_kernel[grid](
         dense_sm90._desc(q, [1, cfg.block_m, 1, D]), dense_sm90._desc(k, [1, cfg.block_n, 1, D]), v_desc,
@@ -93,4 +97,3 @@ def launch(query, key, value, out, lse, scale, smod, mmod, lists, return_lse, de
         SCORE_MOD=smod.gluon_fn() if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
         num_warps=4,
     )
-    return triton.cdiv(Sq, BLOCK)

@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ... import hw
 from ..dense import launch_sm90 as dense_sm90
@@ -110,7 +109,3 @@ def kernel_call(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, kv_scale,
     kwargs = dict(PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
                   RETURN_LSE=return_lse, num_warps=4)
     return mla_split_sm90_kernel, grid, args, kwargs
-
-
-def row_blocks(rows):
-    return triton.cdiv(rows, BLOCK_M)
