@@ -60,13 +60,36 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
         db = i_b.to(tl.int64) * stride_db
         lb = i_b.to(tl.int64) * stride_lb
         glb = i_b.to(tl.int64) * stride_glb
-    msk = m_ok[:, None] & (o_d < DV)[None, :]
-    o = tl.load(O + ob + i_h * stride_oh + rows[:, None] * stride_os + o_d[None, :], mask=msk, other=0.0)
-    do = tl.load(DO + db + i_h * stride_dh + rows[:, None] * stride_ds + o_d[None, :], mask=msk, other=0.0)
+    o = _tile(O + ob + i_h * stride_oh, rows, stride_os, m_ok, o_d, DV)
+    do = _tile(DO + db + i_h * stride_dh, rows, stride_ds, m_ok, o_d, DV)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if HAS_DLSE:
         delta -= tl.load(DLSE + glb + i_h * stride_glh + o_m, mask=m_ok, other=0.0)
     tl.store(DELTA + lb + i_h * stride_lh + o_m, delta, mask=m_ok)
+
+
+@triton.jit
+def _tile(ptr, rows, stride_s, ok, cols, ncols):
+    """[len(rows), len(cols)] tile of a row-major operand: rows (int64) of stride stride_s from ptr, masked by ok
+    and cols < ncols (zeros there)."""
+    return tl.load(ptr + rows[:, None] * stride_s + cols[None, :], mask=ok[:, None] & (cols < ncols)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _row_stats(LSE, DELTA, off, o_m, m_ok):
+    """(lse, delta) of query rows o_m (lse -inf past the sequence: those rows get p = 0)."""
+    return (tl.load(LSE + off + o_m, mask=m_ok, other=float("-inf")),
+            tl.load(DELTA + off + o_m, mask=m_ok, other=0.0))
+
+
+@triton.jit
+def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr):
+    """dZ' = P * (dO V^T - delta) (* (1 - tanh^2) with a softcap): the gradient of the raw scores / scale."""
+    dz = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+    if HAS_SOFTCAP:
+        dz = dz * (1.0 - t * t)
+    return dz
 
 
 @triton.jit
@@ -124,10 +147,8 @@ def bwd_dkdv_kernel(
     o_dv = tl.arange(0, BLOCK_DV)
     n_ok = o_n < seqlen_k
     krows = (k0 + o_n).to(tl.int64)
-    k = tl.load(K + kb + i_hk * stride_kh + krows[:, None] * stride_ks + o_d[None, :],
-                mask=n_ok[:, None] & (o_d < D)[None, :], other=0.0)
-    v = tl.load(V + vb + i_hk * stride_vh + krows[:, None] * stride_vs + o_dv[None, :],
-                mask=n_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
+    k = _tile(K + kb + i_hk * stride_kh, krows, stride_ks, n_ok, o_d, D)
+    v = _tile(V + vb + i_hk * stride_vh, krows, stride_vs, n_ok, o_dv, DV_)
     # the queries that see keys n0 .. n0 + BLOCK_N - 1 (query i sees key j iff j - OFF - RIGHT <= i and
     # i <= j - OFF + LEFT)
     m_lo = 0
@@ -145,19 +166,13 @@ def bwd_dkdv_kernel(
             o_m = m0 + tl.arange(0, BLOCK_M)
             m_ok = o_m < seqlen_q
             qrows = (q0 + o_m).to(tl.int64)
-            q = tl.load(Q + qb + i_h * stride_qh + qrows[:, None] * stride_qs + o_d[None, :],
-                        mask=m_ok[:, None] & (o_d < D)[None, :], other=0.0)
-            do = tl.load(DO + db + i_h * stride_dh + qrows[:, None] * stride_ds + o_dv[None, :],
-                         mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
-            lse = tl.load(LSE + lb + i_h * stride_lh + o_m, mask=m_ok, other=float("-inf"))
-            delta = tl.load(DELTA + lb + i_h * stride_lh + o_m, mask=m_ok, other=0.0)
+            q = _tile(Q + qb + i_h * stride_qh, qrows, stride_qs, m_ok, o_d, D)
+            do = _tile(DO + db + i_h * stride_dh, qrows, stride_ds, m_ok, o_dv, DV_)
+            lse, delta = _row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
             p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
                           softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-            dp = tl.dot(do, tl.trans(v))
-            dz = p * (dp - delta[:, None])
-            if HAS_SOFTCAP:
-                dz = dz * (1.0 - t * t)
+            dz = _dscores(p, t, do, v, delta, HAS_SOFTCAP)
             dk += tl.dot(tl.trans(dz.to(q.dtype)), q)
     tl.store(DK + dkb + i_hk * stride_dkh + krows[:, None] * stride_dks + o_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (o_d < D)[None, :])
@@ -202,28 +217,19 @@ def bwd_dq_kernel(
     o_dv = tl.arange(0, BLOCK_DV)
     m_ok = o_m < seqlen_q
     qrows = (q0 + o_m).to(tl.int64)
-    q = tl.load(Q + qb + i_h * stride_qh + qrows[:, None] * stride_qs + o_d[None, :],
-                mask=m_ok[:, None] & (o_d < D)[None, :], other=0.0)
-    do = tl.load(DO + db + i_h * stride_dh + qrows[:, None] * stride_ds + o_dv[None, :],
-                 mask=m_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
-    lse = tl.load(LSE + lb + i_h * stride_lh + o_m, mask=m_ok, other=float("-inf"))
-    delta = tl.load(DELTA + lb + i_h * stride_lh + o_m, mask=m_ok, other=0.0)
+    q = _tile(Q + qb + i_h * stride_qh, qrows, stride_qs, m_ok, o_d, D)
+    do = _tile(DO + db + i_h * stride_dh, qrows, stride_ds, m_ok, o_dv, DV_)
+    lse, delta = _row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
     lo, hi, _, _ = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
         o_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = o_n < seqlen_k
         krows = (k0 + o_n).to(tl.int64)
-        k = tl.load(K + kb + i_hk * stride_kh + krows[:, None] * stride_ks + o_d[None, :],
-                    mask=n_ok[:, None] & (o_d < D)[None, :], other=0.0)
-        v = tl.load(V + vb + i_hk * stride_vh + krows[:, None] * stride_vs + o_dv[None, :],
-                    mask=n_ok[:, None] & (o_dv < DV_)[None, :], other=0.0)
+        k = _tile(K + kb + i_hk * stride_kh, krows, stride_ks, n_ok, o_d, D)
+        v = _tile(V + vb + i_hk * stride_vh, krows, stride_vs, n_ok, o_dv, DV_)
         p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
                       softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
-        dp = tl.dot(do, tl.trans(v))
-        dz = p * (dp - delta[:, None])
-        if HAS_SOFTCAP:
-            dz = dz * (1.0 - t * t)
-        dq += tl.dot(dz.to(k.dtype), k)
+        dq += tl.dot(_dscores(p, t, do, v, delta, HAS_SOFTCAP).to(k.dtype), k)
     tl.store(DQ + dqb + i_h * stride_dqh + qrows[:, None] * stride_dqs + o_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (o_d < D)[None, :])
