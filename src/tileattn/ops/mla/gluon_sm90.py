@@ -34,14 +34,40 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from . import kernels
+
 LN2 = gl.constexpr(0.6931471805599453)
+
+# the online softmax step, written once in kernels.py and compiled here as Gluon
+_online_softmax = gluon.jit(kernels.online_softmax.fn)
 
 
 @gluon.jit
-def _tile_of(r, row_blocks, num_tiles):
-    """(valid, row block, work item) of this CTA in round r of the persistent grid."""
+def _work_item(r, row_blocks, num_tiles, WORK):
+    """(b, row block, start, end, output slot) of this CTA's tile in round r of the persistent grid; b = -1 when
+    the CTA has no tile this round or the work item is unused (loader and consumers skip it alike)."""
     t = r * gl.num_programs(0) + gl.program_id(0)
-    return t < num_tiles, t % row_blocks, t // row_blocks
+    i_r = t % row_blocks
+    w = t // row_blocks
+    b = -1
+    start = 0
+    end = 0
+    out_slot = -1
+    if t < num_tiles:
+        b = gl.load(WORK + w * 4)
+        start = gl.load(WORK + w * 4 + 1)
+        end = gl.load(WORK + w * 4 + 2)
+        out_slot = gl.load(WORK + w * 4 + 3)
+    return b, i_r, start, end, out_slot
+
+
+@gluon.jit
+def _scores(qn_bufs, qp_buf, c_bufs, p_bufs, s, zero):
+    """S = Q K^T of ring buffer s, issued asynchronously (two nope halves, then the rope part); zero: a float32
+    tile in the scores' layout (not accumulated into)."""
+    qk = warpgroup_mma(_buf(qn_bufs, 0), _buf(c_bufs, 2 * s).permute((1, 0)), zero, use_acc=False, is_async=True)
+    qk = warpgroup_mma(_buf(qn_bufs, 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
+    return warpgroup_mma(_buf(qp_buf, 0), _buf(p_bufs, s).permute((1, 0)), qk, is_async=True)
 
 
 @gluon.jit
@@ -61,13 +87,8 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
     kv = 0  # cache steps loaded so far by this CTA: ring slot and phase
     j = 0  # tiles started so far: phase of the Q slot
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
-        valid, i_r, w = _tile_of(r, row_blocks, num_tiles)
-        b = -1
-        if valid:
-            b = gl.load(WORK + w * 4)
+        b, i_r, start, end, _ = _work_item(r, row_blocks, num_tiles, WORK)
         if b >= 0:
-            start = gl.load(WORK + w * 4 + 1)
-            end = gl.load(WORK + w * 4 + 2)
             n_blocks = gl.cdiv(end - start, BLOCK_N)
             bt_row = BT + b.to(gl.int64) * stride_bt
             # the Q slot frees only when the previous tile is done: its first STAGES steps go first (their
@@ -151,21 +172,12 @@ def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_buf
         if MASKED:
             if n0 + BLOCK_N > seqlen:
                 _zero_tail(_buf(c_bufs, 2 * s + WG), n0, seqlen)
-        qk = warpgroup_mma(_buf(qn_bufs, 0), _buf(c_bufs, 2 * s).permute((1, 0)), s_zero, use_acc=False,
-                           is_async=True)
-        qk = warpgroup_mma(_buf(qn_bufs, 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
-        qk = warpgroup_mma(_buf(qp_buf, 0), _buf(p_bufs, s).permute((1, 0)), qk, is_async=True)
+        qk = _scores(qn_bufs, qp_buf, c_bufs, p_bufs, s, s_zero)
         acc = warpgroup_mma(p_op, _buf(c_bufs, 2 * sp + WG), acc, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         if MASKED:
             qk = gl.where((n0 + o_n)[None, :] < limit[:, None], qk, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
-        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
-        p = gl.exp2(qk * sm_scale - m_shift[:, None])
-        alpha = gl.exp2(m_i * sm_scale - m_shift)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, sm_scale)
         # P of this step overwrites the registers the P V wgmma in flight reads: convert after its wait
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(sp))
@@ -194,14 +206,8 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_em
     kv = 0  # cache steps consumed so far (the loader's count): ring slot and phase
     j = 0  # tiles done so far: phase of the Q slot
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
-        valid, i_r, w = _tile_of(r, row_blocks, num_tiles)
-        b = -1
-        if valid:
-            b = gl.load(WORK + w * 4)
+        b, i_r, start, end, out_slot = _work_item(r, row_blocks, num_tiles, WORK)
         if b >= 0:
-            start = gl.load(WORK + w * 4 + 1)
-            end = gl.load(WORK + w * 4 + 2)
-            out_slot = gl.load(WORK + w * 4 + 3)
             seqlen = gl.load(SEQLENS + b)
             n_blocks = gl.cdiv(end - start, BLOCK_N)
             r0 = i_r * BLOCK_M
@@ -272,18 +278,12 @@ def _first_step(acc, m_i, l_i, kv, start, seqlen, limit, b_full, qn_bufs, qp_buf
     mbarrier.wait(kv_ready.index(s), (kv // STAGES) & 1)
     if start + BLOCK_N > seqlen:
         _zero_tail(_buf(c_bufs, 2 * s + WG), start, seqlen)
-    qk = warpgroup_mma(_buf(qn_bufs, 0), _buf(c_bufs, 2 * s).permute((1, 0)),
-                       gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-    qk = warpgroup_mma(_buf(qn_bufs, 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
-    qk = warpgroup_mma(_buf(qp_buf, 0), _buf(p_bufs, s).permute((1, 0)), qk, is_async=True)
+    qk = _scores(qn_bufs, qp_buf, c_bufs, p_bufs, s, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))
     qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     qk = gl.where((start + o_n)[None, :] < limit[:, None], qk, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(qk, 1))
-    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
-    p = gl.exp2(qk * sm_scale - m_shift[:, None])
-    l_i = gl.sum(p, 1)
-    return acc, m_new, l_i, gl.convert_layout(p.to(c_bufs.dtype), p_layout)
+    p, _, m_i, l_i = _online_softmax(qk, m_i, l_i, sm_scale)
+    return acc, m_i, l_i, gl.convert_layout(p.to(c_bufs.dtype), p_layout)
 
 
 @gluon.jit

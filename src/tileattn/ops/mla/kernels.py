@@ -35,6 +35,18 @@ def _gather_rows(cache, stride_p, stride_s, pages, slots, cols, mask):
 
 
 @triton.jit
+def online_softmax(s, m_i, l_i, sm_scale):
+    """One step of the base-2 online softmax over raw scores s (masked entries -inf): (p, alpha, m, l). A row
+    that has seen nothing keeps m = -inf and is shifted by 0, so exp2 gives 0, not NaN. (Shared with the Gluon
+    kernel.)"""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+    p = tl.exp2(s * sm_scale - m_shift[:, None])
+    alpha = tl.exp2(m_i * sm_scale - m_shift)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def mla_split_kernel(
     QN, QP, CKV, KPE, BT, SEQLENS, WORK, O, LSE, OP, LSEP, KVS,
     stride_qnb, stride_qns, stride_qnh,
@@ -96,12 +108,7 @@ def mla_split_kernel(
         kp = _gather_rows(KPE, stride_kp, stride_ks, page, slot_in_page, o_r, tok_ok).to(qn.dtype)  # [BLOCK_N, DR]
         s = tl.dot(qn, tl.trans(kn)) + tl.dot(qp, tl.trans(kp))
         s = tl.where(tok[None, :] < limit[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
-        p = tl.exp2(s * sm_scale - m_shift[:, None])
-        alpha = tl.exp2(m_i * sm_scale - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, sm_scale)
         if OUT_SPLIT == 1:
             v = kn
         else:
