@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bwd-tests] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [bench-bwd]
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -72,6 +72,9 @@ for s in $steps; do
       timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py > "$OUT/bwd_tests.log" 2>&1; rc=$?
       summary+=("bwd-tests rc=$rc: $(tail -n 1 "$OUT/bwd_tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/bwd_tests.log" | head -10 ;;
+    sweep-bwd)
+      timeout 500 python3 scripts/sweep_bwd.py ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
+      summary+=("sweep-bwd rc=$rc"); cat "$OUT/sweep_bwd.log" | grep "^D=" ;;
     bench-bwd)
       timeout 500 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")

@@ -1,8 +1,12 @@
-"""Time tile configs of the backward kernels (ops/dense/bwd.py FORCE) on the GPU, gradients checked first.
+"""Time variants of the backward kernels (ops/dense/bwd.py FORCE tiles, SPLIT masking) on the GPU, gradients
+checked first.
 
-    python scripts/sweep_bwd.py
-Prints backward TFLOPS (2.5x forward FLOPs) per (D, causal, N) and config.
+    python scripts/sweep_bwd.py [--quick]
+Prints backward TFLOPS (2.5x forward FLOPs) per (D, causal, N) and variant; N=1K runs again at the end (a
+drift check).
 """
+import sys
+
 import torch
 
 import tileattn
@@ -10,41 +14,48 @@ from tileattn.bench.bwd import _check
 from tileattn.bench.common import attn_tflops, do_bench
 from tileattn.ops.dense import bwd
 
+# (name, split, tiles: (BLOCK_M, BLOCK_N, warps, stages) of dK/dV, the same of dQ; None: bwd._tiles's)
 CANDIDATES = [
-    ((64, 64, 4, 2), (64, 64, 4, 2)),
-    ((64, 128, 8, 2), (128, 64, 8, 2)),
-    ((64, 128, 8, 3), (128, 64, 8, 3)),
-    ((32, 128, 4, 2), (128, 32, 4, 2)),
-    ((64, 128, 4, 2), (128, 64, 4, 2)),
-    ((128, 128, 8, 2), (128, 128, 8, 2)),
+    ("mask-all", False, None),
+    ("split", True, None),
+    ("split-dkdv8w", True, ((64, 64, 8, 2), (64, 64, 4, 2))),
+    ("split-s3", True, ((64, 64, 4, 3), (64, 64, 4, 3))),
+    ("split-64x128", True, ((64, 128, 8, 2), (128, 64, 8, 2))),
 ]
 
 
+def measure(D, causal, N, B=4, H=32):
+    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+    line = []
+    for name, split, tiles in CANDIDATES:
+        bwd.SPLIT, bwd.FORCE = split, tiles
+        try:
+            out = tileattn.attention(q, k, v, causal=causal)
+            g = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            ok, _ = _check(g, q, k, v, dout, causal)
+            if not ok:
+                line.append(f"{name}: WRONG")
+                continue
+            ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+            line.append(f"{name}: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}")
+        except Exception as e:  # noqa: BLE001
+            line.append(f"{name}: {type(e).__name__} {str(e)[:60]}")
+    bwd.SPLIT, bwd.FORCE = True, None
+    print(f"D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
+    del q, k, v, dout
+    torch.cuda.empty_cache()
+
+
 def main():
-    B, H = 4, 32
+    seqlens = (1024, 4096) if "--quick" in sys.argv else (1024, 2048, 4096, 16384)
     for D in (64, 128):
         for causal in (False, True):
-            for N in (2048, 8192):
-                q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_()
-                           for _ in range(3))
-                dout = torch.randn_like(q)
-                line = []
-                for cfg in CANDIDATES:
-                    bwd.FORCE = cfg
-                    try:
-                        out = tileattn.attention(q, k, v, causal=causal)
-                        g = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-                        ok, _ = _check(g, q, k, v, dout, causal)
-                        if not ok:
-                            line.append(f"{cfg}: WRONG")
-                            continue
-                        ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
-                        line.append(f"{cfg[0]}/{cfg[1]}: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}")
-                    except Exception as e:  # noqa: BLE001
-                        line.append(f"{cfg}: {type(e).__name__} {str(e)[:60]}")
-                print(f"D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
-                del q, k, v, dout
-                torch.cuda.empty_cache()
+            for N in seqlens:
+                measure(D, causal, N)
+    for D in (64, 128):
+        for causal in (False, True):
+            measure(D, causal, 1024)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap)
     (1, 30, 50, 2, 2, 32, 32, False, (7, -1), 0.0),
     (1, 50, 30, 4, 2, 32, 32, False, (-1, 4), 3.0),
     (1, 40, 40, 2, 2, 32, 32, False, (2 ** 31 - 1, -1), 0.0),
+    # unmasked tiles between masked ones (window), tiles that need no mask at all (whole tiles, no rule)
+    (1, 100, 100, 2, 1, 32, 32, False, (40, 20), 0.0),
+    (2, 64, 48, 2, 2, 32, 32, False, (-1, -1), 0.0),
+    (1, 96, 64, 2, 2, 32, 32, True, (-1, -1), 2.0),
 ]
 
 

@@ -94,9 +94,9 @@ def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """(P [BLOCK_M, BLOCK_N] float32, Z' factor or None): recomputed probabilities, 0 where masked or for rows
-    that saw nothing (lse = -inf)."""
+           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+    """(P [BLOCK_M, BLOCK_N] float32, tanh term): recomputed probabilities. MASKED: 0 where the rule hides a key
+    or for rows that saw nothing (lse = -inf); else the caller knows every (row, key) of the tile is visible."""
     s = tl.dot(q, tl.trans(k))
     if HAS_SOFTCAP:
         t = tanh(s * softcap_scale)
@@ -104,10 +104,33 @@ def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale,
     else:
         t = s
         z2 = s * qk_scale
-    vis = visible(o_m, o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
-    vis = vis & (m_ok & (lse > float("-inf")))[:, None]
-    p = tl.where(vis, tl.exp2(z2 - (lse * LOG2E)[:, None]), 0.0)
+    if MASKED:
+        vis = visible(o_m, o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
+        vis = vis & (m_ok & (lse > float("-inf")))[:, None]
+        p = tl.where(vis, tl.exp2(z2 - (lse * LOG2E)[:, None]), 0.0)
+    else:
+        p = tl.exp2(z2 - (lse * LOG2E)[:, None])
     return p, t
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d, o_dv, seqlen_q,
+               seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D: tl.constexpr,
+               DV_: tl.constexpr, BLOCK_M: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+    """(dK, dV) plus query block m0's contribution (hq, hdo: the head's q / dO; hl: its lse / delta offset)."""
+    o_m = m0 + tl.arange(0, BLOCK_M)
+    m_ok = o_m < seqlen_q
+    qrows = (q0 + o_m).to(tl.int64)
+    q = _tile(hq, qrows, stride_qs, m_ok, o_d, D)
+    do = _tile(hdo, qrows, stride_ds, m_ok, o_dv, DV_)
+    lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
+    p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                  HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED)
+    dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+    dz = _dscores(p, t, do, v, delta, HAS_SOFTCAP)
+    dk += tl.dot(tl.trans(dz.to(q.dtype)), q)
+    return dk, dv
 
 
 @triton.jit
@@ -119,10 +142,11 @@ def bwd_dkdv_kernel(
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, MASKING: tl.constexpr,
 ):
     """Grid (key blocks, B * Hkv folded over y and z). dK, dV of one key block, summed over the kv head's query
-    heads."""
+    heads. MASKING 0: no tile needs the mask (the launcher knows); 1: every tile is masked; 2: tiles inside the
+    rule run unmasked, the others masked."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     if i_bh >= num_bh:
@@ -160,24 +184,65 @@ def bwd_dkdv_kernel(
         m_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off_diag + left + 1, 0), seqlen_q)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    if MASKING == 2:
+        # query blocks that see every key of the block, [f_lo, f_hi): i >= n0 + BLOCK_N - 1 - OFF - RIGHT,
+        # i <= n0 - OFF + LEFT, whole blocks inside the sequence and keys inside theirs. The rest of
+        # [m_lo, m_hi) ([m_lo, f_lo) and [f_hi, m_hi)) runs masked.
+        f_lo = m_lo
+        f_hi = (seqlen_q // BLOCK_M) * BLOCK_M
+        if HAS_RIGHT:
+            f_lo = tl.maximum(n0 + BLOCK_N - 1 - off_diag - right, 0)
+            f_lo = ((f_lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+        if HAS_LEFT:
+            f_hi = tl.minimum(f_hi, (tl.maximum(n0 - off_diag + left + 1, 0) // BLOCK_M) * BLOCK_M)
+        if n0 + BLOCK_N > seqlen_k:
+            f_hi = 0
+        f_lo = tl.minimum(tl.maximum(f_lo, m_lo), m_hi)
+        f_hi = tl.minimum(tl.maximum(f_hi, f_lo), m_hi)
+        n_before = tl.cdiv(f_lo - m_lo, BLOCK_M)  # f_lo: a block start or m_hi
+        n_masked = n_before + tl.cdiv(m_hi - f_hi, BLOCK_M)
+    else:
+        f_lo, f_hi, n_before, n_masked = m_lo, m_hi, 0, 0
     for g in range(0, group_size):
         i_h = i_hk * group_size + g  # int64 (i_hk is): head offsets of head-major layouts can pass 2^31
-        for m0 in range(m_lo, m_hi, BLOCK_M):
-            o_m = m0 + tl.arange(0, BLOCK_M)
-            m_ok = o_m < seqlen_q
-            qrows = (q0 + o_m).to(tl.int64)
-            q = _tile(Q + qb + i_h * stride_qh, qrows, stride_qs, m_ok, o_d, D)
-            do = _tile(DO + db + i_h * stride_dh, qrows, stride_ds, m_ok, o_dv, DV_)
-            lse, delta = _row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
-            p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                          softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-            dz = _dscores(p, t, do, v, delta, HAS_SOFTCAP)
-            dk += tl.dot(tl.trans(dz.to(q.dtype)), q)
+        hq, hdo, hl = Q + qb + i_h * stride_qh, DO + db + i_h * stride_dh, lb + i_h * stride_lh
+        if MASKING == 1:
+            for m0 in range(m_lo, m_hi, BLOCK_M):
+                dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d,
+                                    o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                                    softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True)
+        else:
+            for m0 in range(f_lo, f_hi, BLOCK_M):
+                dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d,
+                                    o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                                    softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, False)
+            if MASKING == 2:
+                for i in range(0, n_masked):
+                    m0 = tl.where(i < n_before, m_lo + i * BLOCK_M, f_hi + (i - n_before) * BLOCK_M)
+                    dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n,
+                                        o_d, o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
+                                        softcap_scale, softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT,
+                                        HAS_SOFTCAP, True)
     tl.store(DK + dkb + i_hk * stride_dkh + krows[:, None] * stride_dks + o_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (o_d < D)[None, :])
     tl.store(DV + dvb + i_hk * stride_dvh + krows[:, None] * stride_dvs + o_dv[None, :],
              dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & (o_dv < DV_)[None, :])
+
+
+@triton.jit
+def _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv, seqlen_k, off_diag,
+             left, right, qk_scale, softcap_scale, softcap_out, D: tl.constexpr, DV_: tl.constexpr,
+             BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+             MASKED: tl.constexpr):
+    """dQ plus key block n0's contribution (hk, hv: the kv head's K / V)."""
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = o_n < seqlen_k
+    krows = (k0 + o_n).to(tl.int64)
+    k = _tile(hk, krows, stride_ks, n_ok, o_d, D)
+    v = _tile(hv, krows, stride_vs, n_ok, o_dv, DV_)
+    p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                  HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED)
+    return dq + tl.dot(_dscores(p, t, do, v, delta, HAS_SOFTCAP).to(k.dtype), k)
 
 
 @triton.jit
@@ -189,9 +254,9 @@ def bwd_dq_kernel(
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, MASKING: tl.constexpr,
 ):
-    """Grid (query blocks, B * Hq folded over y and z). dQ of one query block."""
+    """Grid (query blocks, B * Hq folded over y and z). dQ of one query block (MASKING as bwd_dkdv_kernel)."""
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     if i_bh >= num_bh:
@@ -220,16 +285,25 @@ def bwd_dq_kernel(
     q = _tile(Q + qb + i_h * stride_qh, qrows, stride_qs, m_ok, o_d, D)
     do = _tile(DO + db + i_h * stride_dh, qrows, stride_ds, m_ok, o_dv, DV_)
     lse, delta = _row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
-    lo, hi, _, _ = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                         HAS_RIGHT)
+    if MASKING != 2:
+        full_lo, full_hi = lo, hi
+    elif m0 + BLOCK_M > seqlen_q:  # a partial query block: rows past the sequence are masked everywhere
+        full_lo, full_hi = hi, hi
+    n_before = tl.cdiv(full_lo - lo, BLOCK_N)  # full_lo: a block start or hi
+    n_masked = n_before + tl.cdiv(hi - full_hi, BLOCK_N)
+    hk, hv = K + kb + i_hk * stride_kh, V + vb + i_hk * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        o_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = o_n < seqlen_k
-        krows = (k0 + o_n).to(tl.int64)
-        k = _tile(K + kb + i_hk * stride_kh, krows, stride_ks, n_ok, o_d, D)
-        v = _tile(V + vb + i_hk * stride_vh, krows, stride_vs, n_ok, o_dv, DV_)
-        p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                      softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
-        dq += tl.dot(_dscores(p, t, do, v, delta, HAS_SOFTCAP).to(k.dtype), k)
+    for n0 in range(full_lo, full_hi, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv, seqlen_k,
+                      off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N, HAS_LEFT,
+                      HAS_RIGHT, HAS_SOFTCAP, MASKING == 1)
+    if MASKING == 2:
+        for i in range(0, n_masked):
+            n0 = tl.where(i < n_before, lo + i * BLOCK_N, full_hi + (i - n_before) * BLOCK_N)
+            dq = _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv,
+                          seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N,
+                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True)
     tl.store(DQ + dqb + i_h * stride_dqh + qrows[:, None] * stride_dqs + o_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (o_d < D)[None, :])
