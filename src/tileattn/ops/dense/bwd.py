@@ -24,14 +24,16 @@ SPLIT = True  # scripts/sweep_bwd.py: False masks every tile (MASKING 1) where s
 
 def _tiles(d):
     """((BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel, the same of the dQ kernel) for head dim
-    d: the interpreter's small tiles; on GPUs 64 x 64 tiles, 32 x 32 past d = 128. scripts/sweep_bwd.py on the
-    H100 (2026-11-21, fp16, B=4, H=32, N 2K / 8K): 64 x 64 / 4 warps won 7 of 8 shapes (D=128 non-causal 8K:
-    357 TFLOPS vs 258 for 128 x 128 / 8 warps, 187-214 for 64 x 128 / 8 warps); D=64 causal 8K 240 vs 263
-    for 64 x 128 (dK/dV) with 128 x 64 (dQ), 4 warps."""
+    d: the interpreter's small tiles; on GPUs 64 x 64 tiles with 4 warps, 32 x 32 past d = 128.
+    scripts/sweep_bwd.py on the H100 (fp16, B=4, H=32, N 1K-16K): 3 stages win at D=64 (causal 16K 336 vs
+    312 TFLOPS with 2), 2 at D=128 (non-causal 16K 350 vs 325); 8 warps on 64 x 64 (no spills at D=128) lost
+    40%, 64 x 128 tiles with 8 warps 35-50%. Earlier (2026-11-21): 128 x 128 / 8 warps 258 vs 357 at D=128."""
     if FORCE is not None:
         return FORCE
     if hw.interpreter_enabled():
         return (16, 16, 4, 1), (16, 16, 4, 1)
+    if d <= 64:
+        return (64, 64, 4, 3), (64, 64, 4, 3)
     if d <= 128:
         return (64, 64, 4, 2), (64, 64, 4, 2)
     return (32, 32, 4, 1), (32, 32, 4, 1)
