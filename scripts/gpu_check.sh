@@ -69,16 +69,16 @@ for s in $steps; do
       summary+=("bench-flex rc=$rc: $(grep '^summary' "$OUT/bench_flex.log")")
       grep -v Warn "$OUT/bench_flex.log" | head -30 ;;
     bwd-tests)
-      timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py > "$OUT/bwd_tests.log" 2>&1; rc=$?
+      timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py tests/flex/test_flex_backward.py > "$OUT/bwd_tests.log" 2>&1; rc=$?
       summary+=("bwd-tests rc=$rc: $(tail -n 1 "$OUT/bwd_tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/bwd_tests.log" | head -10 ;;
     sweep-bwd)
       timeout 500 python3 scripts/sweep_bwd.py ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
       summary+=("sweep-bwd rc=$rc"); cat "$OUT/sweep_bwd.log" | grep "^D=" ;;
     bench-bwd)
-      timeout 500 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
+      timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")
-      head -40 "$OUT/bench_bwd.log" ;;
+      grep -v Warn "$OUT/bench_bwd.log" | head -40 ;;
     *) echo "unknown step $s"; continue ;;
   esac
   summary+=("  ($s took $(( $(date +%s) - t0 )) s)")

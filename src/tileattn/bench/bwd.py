@@ -4,7 +4,10 @@ Backward only: the forward runs once outside the timed region and each timed cal
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True). FLOPs 2.5x the forward's (targets.md). Before
 timing, tileattn's gradients of (batch 0, head 0) are checked against autograd through the float32 reference
 (tolerance rule; autograd through the same reference in the inputs' dtype is the input-precision error).
-Flex rows (torch flex backward) are not in this suite yet.
+Flex rows: the flex grid's six mods at N=8192 (B=4, H=16, D=128, bf16; bench/flex.py's functions and torch
+BlockMasks), tileattn.flex_attention's backward against torch's compiled flex_attention backward; gradients
+of (batch 0, head 0) checked first against autograd through the materialised reference (ops/flex/reference.py)
+in float32, the same in bf16 as the input-precision error. FLOPs: 2.5x the forward's visible pairs.
 """
 import torch
 
@@ -34,8 +37,62 @@ def _check(grads, q, k, v, dout, causal):
     return ok, info
 
 
+def _flex_rows(rows, log, N=8192):
+    """Backward of the flex grid's mods at N: appends rows, returns (ratios torch / tileattn, failures)."""
+    import tileattn
+    from torch.nn.attention.flex_attention import create_block_mask
+    from ..ops.flex.reference import flex_ref
+    from . import flex as fx
+    B, H, D, dt = fx.B, fx.H, fx.D, torch.bfloat16
+    flex_c = fx._torch_flex()
+    g = torch.Generator(device="cuda").manual_seed(N)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt, generator=g).requires_grad_() for _ in range(3))
+    dout = torch.randn(B, H, N, D, device="cuda", dtype=dt, generator=g)
+    ratios, failures = [], 0
+    log(f"flex backward, N={N}: {'mod':>15} {'tileattn':>9} {'torch flex':>10} {'ratio':>6}   ms")
+    for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
+        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda") if mask_mod else None
+        density = fx._density(mask_mod, N) if mask_mod else 1.0
+        flops = 2.5 * 4.0 * B * H * N * N * D * density
+        case = {"B": B, "H": H, "N": N, "D": D, "mod": name, "dtype": "bfloat16", "density": density}
+        out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+        def ref_grads(dtype):
+            x = [t[:1, :1].detach().to(dtype).requires_grad_() for t in (q, k, v)]
+            o = flex_ref(*x, score_mod=score_mod, mask_mod=mask_mod, dtype=dtype)[0]
+            return torch.autograd.grad(o, x, dout[:1, :1].to(dtype))
+        ref, ref_lp = ref_grads(torch.float32), ref_grads(dt)
+        info, ok = {}, True
+        for gname, gr, r, rl in zip(("dq", "dk", "dv"), grads, ref, ref_lp):
+            err = (gr[:1, :1].float() - r).abs().max().item()
+            tol = allowed_error((rl.float() - r).abs().max().item(), r, dt)
+            info[gname] = {"err": err, "tol": tol}
+            ok = ok and err <= tol and bool(torch.isfinite(gr).all())
+        del grads, ref, ref_lp
+        if not ok:
+            failures += 1
+            log(f"CHECK FAILED flex {case}: {info}")
+        out_t = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
+        ms = {}
+        for p, o in (("tileattn", out), ("flex", out_t)):
+            if p == "tileattn" and not ok:
+                continue
+            ms[p] = do_bench(lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+            rows.append({"case": case, "provider": p, "ms": ms[p], "gbps": None,
+                         "tflops": flops / (ms[p] * 1e-3) / 1e12, **({"check": info} if p == "tileattn" else {})})
+        if "tileattn" in ms:
+            ratios.append(ms["flex"] / ms["tileattn"])
+        t = ms.get("tileattn")
+        log(f"{'':>23}{name:>15} {fmt(t, '{:.3f}'):>9} {ms['flex']:10.3f} "
+            f"{fmt(ms['flex'] / t if t else None, '{:.2f}'):>6}")
+        del out, out_t, bm
+        torch.cuda.empty_cache()
+    return ratios, failures
+
+
 def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 16384), batch=4, heads=32,
-        out_json=None, log=print):
+        out_json=None, log=print, flex=True):
     import tileattn
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     doc = results_header("bwd")
@@ -83,9 +140,14 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                 other = [x for x in rows if x["case"] == r["case"] and x["provider"] == p]
                 if other:
                     vs[p].append(other[0]["ms"] / r["ms"])
+    flex_ratios = None
+    if flex:
+        flex_ratios, flex_failures = _flex_rows(rows, log)
+        failures += flex_failures
     doc.update(rows=rows)
     doc["summary"] = {"geomean_vs_fa2": geomean(vs["fa2"]) if vs["fa2"] else None,
                       "geomean_vs_cudnn": geomean(vs["cudnn"]) if vs["cudnn"] else None,
-                      "flex_geomean_vs_torch_flex": None,  # flex backward: not implemented yet
+                      "flex_geomean_vs_torch_flex": geomean(flex_ratios) if flex_ratios and len(flex_ratios) == 6
+                      else None,
                       "check_failures": failures}
     return finish(doc, out_json, log)

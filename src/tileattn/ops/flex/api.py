@@ -6,6 +6,7 @@ from ... import hw
 from ..dense.fp8 import FP8_DTYPES, Fp8V, check_fp8_options, split_descales
 from ..dense.launch import _debug_fill as debug_fill_nan
 from . import launch_sm90
+from .bwd import flex_bwd
 from .kernels import flex_fwd_kernel
 from .trace import compile_mod
 
@@ -64,6 +65,29 @@ def _mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
     idx = idx if idx.stride(-1) == 1 else idx.contiguous()
     fidx = fidx if fidx is None or fidx.stride(-1) == 1 else fidx.contiguous()
     return num, idx, fnum, fidx, q_block, kv_block, block_mask.mask_mod
+
+
+def _transposed_lists(block_mask, batch, heads, seqlen_k, device):
+    """(q_num, q_idx, full_q_num, full_q_idx) of a torch BlockMask (the query blocks of each key block, which
+    the backward's dK/dV kernel walks), checked."""
+    num, idx = getattr(block_mask, "q_num_blocks", None), getattr(block_mask, "q_indices", None)
+    if num is None or idx is None:
+        raise ValueError("block_mask: has no q_num_blocks / q_indices (made with compute_q_blocks=False?); the "
+                         "backward pass needs them")
+    fnum, fidx = getattr(block_mask, "full_q_num_blocks", None), getattr(block_mask, "full_q_indices", None)
+    kv_blocks = triton.cdiv(seqlen_k, block_mask.BLOCK_SIZE[1])
+    for name, t in (("q_num_blocks", num), ("q_indices", idx), ("full_q_num_blocks", fnum),
+                    ("full_q_indices", fidx)):
+        if t is None:
+            continue
+        if t.device != device or t.dtype != torch.int32:
+            raise ValueError(f"block_mask.{name}: expected int32 on {device}, got {t.dtype} on {t.device}")
+        if t.shape[0] not in (1, batch) or t.shape[1] not in (1, heads) or t.shape[2] < kv_blocks:
+            raise ValueError(f"block_mask.{name}: shape {tuple(t.shape)} does not cover ({batch}, {heads}, "
+                             f"{kv_blocks} key blocks)")
+    idx = idx if idx.stride(-1) == 1 else idx.contiguous()
+    fidx = fidx if fidx is None or fidx.stride(-1) == 1 else fidx.contiguous()
+    return num, idx, fnum, fidx
 
 
 def _value_shape(value):
@@ -143,15 +167,68 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
     Returns out [B, Hq, Sq, Dv] in query's dtype (fp8: out_dtype), and with return_lse also lse [B, Hq, Sq]
     float32 (natural log). Rows that see no key give 0 (lse -inf).
+
+    Differentiable (float16 / bfloat16) in query, key and value, and through a returned lse: score_mod's
+    derivative with respect to the score is generated from its trace (captured tensors get no gradient); GQA
+    sums dk / dv over each group; deterministic (no atomics). The block mask must carry its transposed lists
+    (q_num_blocks / q_indices, as create_block_mask makes them).
     """
     _check(query, key, value, enable_gqa, scale)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
-        raise NotImplementedError("tileattn.flex_attention has no backward pass yet: call it under torch.no_grad() "
-                                  "/ inference_mode(), or use torch's flex_attention for training")
     check_fp8_options(query, key.transpose(1, 2), q_descale, k_descale, v_descale, out_dtype, query.shape[0])
     B, H, Sq, D = query.shape
-    Sk, Dv = key.shape[2], _value_shape(value)[3]
+    Sk = key.shape[2]
     scale = D ** -0.5 if scale is None else float(scale)
+    fp8 = query.dtype in FP8_DTYPES
+    smod = compile_mod(score_mod, "score") if score_mod is not None else None
+    if block_mask is None:
+        lists, q_block, kv_block, mmod = None, 128, 128, None
+    else:
+        num, idx, fnum, fidx, q_block, kv_block, mask_fn = _mask_tensors(block_mask, B, H, Sq, Sk, query.device)
+        lists = (num, idx, fnum, fidx)
+        mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
+    mods = (smod, mmod, lists, q_block, kv_block)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
+        if fp8:
+            raise NotImplementedError("flex_attention: fp8 inputs have no backward pass (detach them, or train in "
+                                      "float16 / bfloat16)")
+        if smod is not None:
+            smod.grad_fn()  # an operation without a derivative raises here, before the forward runs
+        tlists = None if block_mask is None else _transposed_lists(block_mask, B, H, Sk, query.device)
+        out, lse = _FlexFn.apply(query, key, value, scale, mods, tlists)
+        return (out, lse) if return_lse else out
+    return _forward(query, key, value, scale, mods, return_lse, q_descale, k_descale, v_descale, out_dtype)
+
+
+class _FlexFn(torch.autograd.Function):
+    """flex_attention with its backward (bwd.py); returns (out, lse) so that a returned lse can be
+    differentiated too."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, scale, mods, tlists):
+        out, lse = _forward(query, key, value, scale, mods, True)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.scale, ctx.mods, ctx.tlists = scale, mods, tlists
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        query, key, value, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        smod, mmod, lists, q_block, kv_block = ctx.mods
+        dq, dk, dv = flex_bwd(dout, query, key, value, out, lse, dlse, ctx.scale, smod, mmod, lists, ctx.tlists,
+                              q_block, kv_block)
+        return dq, dk, dv, None, None, None
+
+
+def _forward(query, key, value, scale, mods, return_lse, q_descale=None, k_descale=None, v_descale=None,
+             out_dtype=None):
+    """The forward pass on checked inputs: mods = (traced score mod, traced mask mod, the block mask's lists
+    or None, Q block, KV block)."""
+    smod, mmod, lists, q_block, kv_block = mods
+    B, H, Sq, D = query.shape
+    Sk, Dv = key.shape[2], _value_shape(value)[3]
     fp8 = query.dtype in FP8_DTYPES
     odt = (out_dtype or torch.bfloat16) if fp8 else query.dtype
     out = torch.empty(B, H, Sq, Dv, dtype=odt, device=query.device)
@@ -161,16 +238,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         lse.fill_(float("nan"))
     if Sq == 0 or B * H == 0:
         return (out, lse) if return_lse else out
-    smod = compile_mod(score_mod, "score") if score_mod is not None else None
-    dense = block_mask is None
-    if dense:
-        num = idx = fnum = fidx = None
-        q_block = kv_block = 128
-        mmod = None
-    else:
-        num, idx, fnum, fidx, q_block, kv_block, mask_fn = _mask_tensors(block_mask, B, H, Sq, Sk, query.device)
-        mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
-    lists = None if dense else (num, idx, fnum, fidx)
+    dense = lists is None
+    num, idx, fnum, fidx = (None,) * 4 if dense else lists
     if launch_sm90.serves(query, key, value, q_block, kv_block):
         qk, vf, descales = split_descales(q_descale, k_descale, v_descale)
         launch_sm90.launch(query, key, value, out, lse, scale * qk, smod, mmod, lists, return_lse, descales, vf)

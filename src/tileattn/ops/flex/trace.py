@@ -102,11 +102,22 @@ def _sigmoid(x):
 
 class ModSpec:
     """A traced mod: `fn` (the @triton.jit function, taking the mod's arguments and a tuple of captures),
-    `captures` (the tensors it reads, in argument order) and `source` (the generated text). `gluon_fn()` is
-    the same function for Gluon kernels (@gluon.jit, gl.* for tl.*), made on first use."""
+    `captures` (the tensors it reads, in argument order), `source` (the generated text) and `gm` (the fx
+    graph). `gluon_fn()` is the same function for Gluon kernels (@gluon.jit, gl.* for tl.*), `grad_fn()` its
+    derivative for the backward pass; both made on first use."""
 
-    def __init__(self, fn, captures, source, key, kind):
-        self.fn, self.captures, self.source, self.key, self.kind = fn, captures, source, key, kind
+    def __init__(self, fn, captures, source, key, kind, gm):
+        self.fn, self.captures, self.source, self.key, self.kind, self.gm = fn, captures, source, key, kind, gm
+        self._grad = None
+
+    def grad_fn(self):
+        """A score mod's @triton.jit function returning (value, d value / d score), same arguments and
+        captures (made on first use; FlexCompileError names an operation it cannot differentiate)."""
+        if self._grad is None:
+            src, caps = _emit(self.gm, self.kind, f"{self.kind}_mod (backward)", grad=True)
+            assert len(caps) == len(self.captures)
+            self._grad = _define(src, self.kind + "-grad", hashlib.sha1(src.encode()).hexdigest()[:16])
+        return self._grad
 
     def capture_args(self):
         """The captures as kernel arguments: per tensor its pointer, then its sizes and strides."""
@@ -151,10 +162,28 @@ def _literal(x, name):
     raise FlexCompileError(f"{name}: cannot compile the constant {x!r} ({type(x).__name__})")
 
 
+_LN2 = "0.6931471805599453"
+_NON_DIFF = {operator.floordiv, operator.mod, operator.lt, operator.le, operator.gt, operator.ge, operator.eq,
+             operator.ne, operator.and_, operator.or_, operator.xor, operator.invert, operator.getitem}
+def op_needs_y(n):
+    """Whether a node's second argument is a value its derivative uses (not a dtype, shape or bound)."""
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", None)
+    return len(n.args) > 1 and (n.target in (operator.mul, operator.truediv, operator.pow) or
+                                name in ("mul", "div", "true_divide", "pow", "minimum", "maximum"))
+
+
+_NON_DIFF_NAMES = {"floor_divide", "remainder", "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or",
+                   "logical_not", "bitwise_and", "bitwise_or", "int", "long", "bool", "__getitem__", "new_ones",
+                   "new_zeros"}
+
+
 class _Writer:
-    def __init__(self, gm, name, arg_names):
-        self.gm, self.name, self.arg_names = gm, name, arg_names
-        self.lines, self.vars, self.captures = [], {}, []
+    """Writes a traced mod's graph as lines of Triton code. With grad, every value that depends on the first
+    argument (score) also gets its derivative with respect to it (forward mode), for the backward pass."""
+
+    def __init__(self, gm, name, arg_names, grad=False):
+        self.gm, self.name, self.arg_names, self.grad = gm, name, arg_names, grad
+        self.lines, self.vars, self.captures, self.tans = [], {}, [], {}
 
     def ref(self, a):
         if isinstance(a, torch.fx.Node):
@@ -241,11 +270,79 @@ class _Writer:
             return _FUNCS2[name].format(self.ref(args[0]), self.ref(args[1]))
         raise FlexCompileError(f"{self.name}: cannot compile {name}() with {len(args)} arguments")
 
+    def tan(self, a):
+        """The derivative of argument a with respect to score (a variable or a literal), None where it is 0."""
+        return self.tans.get(a) if isinstance(a, torch.fx.Node) else None
+
+    def tangent(self, n, v):
+        """The expression of d(node n) / d(score) given n's value variable v; None where it is 0."""
+        args = [a for a in n.args if isinstance(a, torch.fx.Node)] + \
+            [a for a in n.kwargs.values() if isinstance(a, torch.fx.Node)]
+        if not any(self.tan(a) is not None for a in args):
+            return None
+        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", None)
+        if n.target in _NON_DIFF or name in _NON_DIFF_NAMES:
+            return None  # piecewise constant in score: derivative 0 almost everywhere
+        a = n.args
+        ta = self.tan(a[0]) if a else None
+        tb = self.tan(a[1]) if len(a) > 1 else None
+        x = self.ref(a[0]) if a else None
+        y = self.ref(a[1]) if op_needs_y(n) else None
+
+        def lin(sign):
+            if tb is None:
+                return ta
+            if ta is None:
+                return f"({sign}{tb})"
+            return f"({ta} {sign} {tb})"
+        op = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
+              operator.neg: "neg", operator.pos: "pos", operator.abs: "abs", operator.pow: "pow"}.get(n.target, name)
+        if op == "add":
+            return lin("+")
+        if op == "sub":
+            return lin("-")
+        if op == "mul":
+            terms = ([f"{ta} * {y}"] if ta is not None else []) + ([f"{x} * {tb}"] if tb is not None else [])
+            return "(" + " + ".join(terms) + ")"
+        if op in ("div", "true_divide"):
+            terms = ([f"{ta} / {y}"] if ta is not None else []) + ([f"- {v} * {tb} / {y}"] if tb is not None else [])
+            return "(" + " ".join(terms) + ")"
+        if op == "neg":
+            return f"(-{ta})"
+        if op in ("pos", "float"):
+            return ta
+        if op == "to":
+            dt = n.kwargs.get("dtype", a[1] if len(a) > 1 else None)
+            return ta if dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64) else None
+        if op == "abs":
+            return f"tl.where({x} >= 0, {ta}, -({ta}))"
+        rules = {"tanh": f"{ta} * (1.0 - {v} * {v})", "exp": f"{ta} * {v}", "exp2": f"{ta} * {v} * {_LN2}",
+                 "log": f"{ta} / {x}", "log2": f"{ta} / ({x} * {_LN2})", "sqrt": f"{ta} * 0.5 / {v}",
+                 "rsqrt": f"{ta} * -0.5 * {v} / {x}", "sin": f"{ta} * tl.cos({x})", "cos": f"-{ta} * tl.sin({x})",
+                 "sigmoid": f"{ta} * {v} * (1.0 - {v})"}
+        if op in rules and len(a) == 1:
+            return f"({rules[op]})"
+        if op in ("minimum", "maximum"):
+            cmp = "<=" if op == "minimum" else ">="
+            return f"tl.where({x} {cmp} {y}, {ta or '0.0'}, {tb or '0.0'})"
+        if op == "where":
+            tx, ty = self.tan(a[1]), self.tan(a[2])
+            return f"tl.where({self.ref(a[0])}, {tx or '0.0'}, {ty or '0.0'})"
+        if op in ("clamp", "clip") and all(self.tan(b) is None for b in list(a[1:]) + list(n.kwargs.values())):
+            return f"tl.where({v} == {x}, {ta}, 0.0)"
+        if op == "pow" and tb is None and not isinstance(a[1], torch.fx.Node):
+            return f"({ta} * {y} * _pow({x}, {y} - 1))"
+        raise FlexCompileError(f"{self.name}: cannot differentiate {name or n.target} with respect to the score "
+                               f"(the backward pass needs it); express the mod with +, -, *, /, where, tanh, exp, "
+                               f"log, sqrt, sigmoid, abs, minimum / maximum / clamp or a constant power")
+
     def write(self):
         out = None
         for n in self.gm.graph.nodes:
             if n.op == "placeholder":
                 self.vars[n] = self.arg_names[len(self.vars)]
+                if self.grad and len(self.vars) == 1:
+                    self.tans[n] = "1.0"
             elif n.op == "output":
                 out = n.args[0]
             else:
@@ -254,6 +351,11 @@ class _Writer:
                     v = f"v{len(self.lines)}"
                     self.lines.append(f"    {v} = {expr}")
                     self.vars[n] = v
+                    if self.grad:
+                        t = self.tangent(n, v)
+                        if t is not None:
+                            self.tans[n] = f"t{len(self.lines)}"
+                            self.lines.append(f"    {self.tans[n]} = {t}")
         if isinstance(out, (tuple, list)):
             raise FlexCompileError(f"{self.name}: must return one value, not a {type(out).__name__}")
         return self.ref(out)
@@ -283,6 +385,29 @@ _MAX_TRACES = 256
 _FUNCTIONS = {}  # (source hash, gluon) -> the jit function (one compile per distinct mod source)
 
 
+def _emit(gm, kind, name, grad):
+    """(source of the jit function `mod`, captured tensors) of a traced mod. grad (score mods): `mod` returns
+    (score_mod's value, its derivative with respect to score)."""
+    arg_names = (["score"] if kind == "score" else []) + ["b", "h", "q_idx", "kv_idx"]
+    w = _Writer(gm, name, arg_names, grad=grad)
+    result = w.write()
+    if kind == "mask":
+        result = f"(({result}) != 0)"
+    else:
+        result = f"({result}).to(tl.float32)"
+    if grad:
+        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        result = f"{result}, {w.tan(out) or '0.0'}"
+    unpack = []
+    for i, t in enumerate(w.captures):
+        names = [f"c{i}_ptr"] + [f"c{i}_n{k}" for k in range(t.dim())] + [f"c{i}_s{k}" for k in range(t.dim())]
+        base = sum(1 + 2 * c.dim() for c in w.captures[:i])
+        unpack += [f"    {nm} = caps[{base + j}]" for j, nm in enumerate(names)]
+    params = ", ".join(arg_names)
+    body = "\n".join(unpack + w.lines + [f"    return {result}"])
+    return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures)
+
+
 def compile_mod(fn, kind):
     """The ModSpec of a score_mod (kind "score") or mask_mod (kind "mask"), traced once per function object
     and closure contents."""
@@ -307,23 +432,9 @@ def compile_mod(fn, kind):
     except Exception as e:  # noqa: BLE001 - fx raises many types for untraceable code
         raise FlexCompileError(f"{kind}_mod {getattr(fn, '__name__', fn)}: cannot be traced ({type(e).__name__}: "
                                f"{e}); control flow on the mod's arguments is not supported, use torch.where")
-    arg_names = (["score"] if kind == "score" else []) + ["b", "h", "q_idx", "kv_idx"]
-    w = _Writer(gm, f"{kind}_mod {getattr(fn, '__name__', '')}", arg_names)
-    result = w.write()
-    if kind == "mask":
-        result = f"(({result}) != 0)"
-    else:
-        result = f"({result}).to(tl.float32)"
-    unpack = []
-    for i, t in enumerate(w.captures):
-        names = [f"c{i}_ptr"] + [f"c{i}_n{k}" for k in range(t.dim())] + [f"c{i}_s{k}" for k in range(t.dim())]
-        base = sum(1 + 2 * c.dim() for c in w.captures[:i])
-        unpack += [f"    {nm} = caps[{base + j}]" for j, nm in enumerate(names)]
-    params = ", ".join(arg_names)
-    body = "\n".join(unpack + w.lines + [f"    return {result}"])
-    src_fn = f"@triton.jit\ndef mod({params}, caps):\n{body}\n"
+    src_fn, captures = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
     digest = hashlib.sha1(src_fn.encode()).hexdigest()[:16]
-    spec = _TRACES[key] = ModSpec(_define(src_fn, kind, digest), tuple(w.captures), src_fn, digest, kind)
+    spec = _TRACES[key] = ModSpec(_define(src_fn, kind, digest), captures, src_fn, digest, kind, gm)
     while len(_TRACES) > _MAX_TRACES:
         _TRACES.popitem(last=False)
     return spec

@@ -1,0 +1,82 @@
+"""Launch of flex attention backward (bwd_kernels.py): delta (the dense backward's preprocess), dK/dV, dQ.
+
+Gradients come in the dtypes and layouts ([B, H, S, D]) of query, key and value; deterministic.
+"""
+import torch
+import triton
+
+from ... import hw
+from ..dense.bwd_kernels import bwd_preprocess_kernel
+from .bwd_kernels import flex_bwd_dkdv_kernel, flex_bwd_dq_kernel
+from .launch_sm90 import mask_strides
+
+FORCE = None  # sweeps: (BLOCK_M, BLOCK_N, num_warps, num_stages) of both kernels
+
+
+def _config(d, q_block, kv_block):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of both kernels: the dense backward's tiles
+    (ops/dense/bwd.py, measured there), within the mask's blocks; small under the interpreter."""
+    if FORCE is not None:
+        return FORCE
+    if hw.interpreter_enabled():
+        bm, bn, warps, stages = 16, 16, 4, 1
+    elif d <= 64:
+        bm, bn, warps, stages = 64, 64, 4, 3
+    elif d <= 128:
+        bm, bn, warps, stages = 64, 64, 4, 2
+    else:
+        bm, bn, warps, stages = 32, 32, 4, 1
+    return min(bm, q_block), min(bn, kv_block), warps, stages
+
+
+def _pick(lists, i, dummy):
+    return lists[i] if lists is not None and lists[i] is not None else dummy
+
+
+def flex_bwd(dout, query, key, value, out, lse, dlse, scale, smod, mmod, lists, tlists, q_block, kv_block):
+    """(dq, dk, dv). lists: the block mask's (kv_num, kv_idx, full_num, full_idx), tlists its transposed
+    (q_num, q_idx, full_q_num, full_q_idx); None for no block mask. smod / mmod: traced mods or None."""
+    B, H, Sq, D = query.shape
+    Hkv, Sk, Dv = key.shape[1], key.shape[2], value.shape[3]
+    dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+    if Sq == 0 or Sk == 0 or B * H == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    delta = torch.empty(B, H, Sq, dtype=torch.float32, device=query.device)
+    bdv = triton.next_power_of_2(Dv)
+    pm = 64 if bdv <= 128 else 32
+    # the dense preprocess reads (batch, sequence, head) strides
+    bwd_preprocess_kernel[(triton.cdiv(Sq, pm), B * H, 1)](
+        out, dout, dlse if dlse is not None else lse, delta, out.stride(0), out.stride(2), out.stride(1),
+        dout.stride(0), dout.stride(2), dout.stride(1), lse.stride(0), lse.stride(1),
+        *((dlse.stride(0), dlse.stride(1)) if dlse is not None else (0, 0)), lse, Sq, H, B * H,
+        DV=Dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=False, HAS_DLSE=dlse is not None, num_warps=4,
+    )
+    dense = lists is None
+    bm, bn, warps, stages = _config(max(D, Dv), q_block, kv_block)
+    even = (Sq % bm == 0 and Sk % bn == 0) if dense else (Sq % q_block == 0 and Sk % kv_block == 0)
+    caps = (smod.capture_args() if smod else (), mmod.capture_args() if mmod else ())
+    meta = dict(SCORE_GRAD=smod.grad_fn() if smod else None, MASK_MOD=mmod.fn if mmod else None, DENSE=dense,
+                EVEN=even, Q_BLOCK=q_block, KV_BLOCK=kv_block, BLOCK_M=bm, BLOCK_N=bn,
+                BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=bdv, num_warps=warps, num_stages=stages)
+    qkv = (query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
+           value.stride(0), value.stride(1), value.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
+    tail = (H // Hkv, Sq, Sk, D, Dv, scale)
+    dummy = lse  # never read where a block-mask tensor is absent
+    tl_ = [_pick(tlists, i, dummy) for i in range(4)]
+    flex_bwd_dkdv_kernel[(triton.cdiv(Sk, bn), B * Hkv)](
+        query, key, value, dout, lse, delta, dk, dv, *tl_, *caps, *qkv,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0),
+        lse.stride(1), *(s for t in (tlists or (None,) * 4) for s in mask_strides(t)), Hkv, *tail,
+        HAS_FULL=tlists is not None and tlists[2] is not None, **meta,
+    )
+    fl = [_pick(lists, i, dummy) for i in range(4)]
+    flex_bwd_dq_kernel[(triton.cdiv(Sq, bm), B * H)](
+        query, key, value, dout, lse, delta, dq, *fl, *caps, *qkv, dq.stride(0), dq.stride(1), dq.stride(2),
+        lse.stride(0), lse.stride(1), *(s for t in (lists or (None,) * 4) for s in mask_strides(t)), H, *tail,
+        HAS_FULL=lists is not None and lists[2] is not None, **meta,
+    )
+    return dq, dk, dv
