@@ -74,7 +74,7 @@ for s in $steps; do
       grep -E "^(FAILED|ERROR)" "$OUT/bwd_tests.log" | head -10 ;;
     sweep-bwd)
       timeout 500 python3 scripts/sweep_bwd.py ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
-      summary+=("sweep-bwd rc=$rc"); cat "$OUT/sweep_bwd.log" | grep "^D=" ;;
+      summary+=("sweep-bwd rc=$rc"); grep -E "^(D=|FLEX)" "$OUT/sweep_bwd.log" ;;
     bench-bwd)
       timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")

@@ -1,9 +1,10 @@
 """Time variants of the backward kernels (ops/dense/bwd.py FORCE tiles, SPLIT masking) on the GPU, gradients
 checked first.
 
-    python scripts/sweep_bwd.py [--quick]
+    python scripts/sweep_bwd.py [--quick] [--flex]
 Prints backward TFLOPS (2.5x forward FLOPs) per (D, causal, N) and variant; N=1K runs again at the end (a
-drift check).
+drift check). --flex: flex backward tile configs (ops/flex/bwd.py FORCE) on three of the flex grid's mods at
+N=8192, in ms next to torch's compiled flex backward.
 """
 import sys
 
@@ -16,12 +17,15 @@ from tileattn.ops.dense import bwd
 
 # (name, split, tiles: (BLOCK_M, BLOCK_N, warps, stages) of dK/dV, the same of dQ; None: bwd._tiles's)
 CANDIDATES = [
-    ("mask-all", False, None),
-    ("split", True, None),
-    ("split-dkdv8w", True, ((64, 64, 8, 2), (64, 64, 4, 2))),
-    ("split-s3", True, ((64, 64, 4, 3), (64, 64, 4, 3))),
-    ("split-64x128", True, ((64, 128, 8, 2), (128, 64, 8, 2))),
+    ("table", True, None),
+    ("kv128-8w", True, ((64, 128, 8, 2), (128, 64, 8, 2))),
+    ("kv128-8w-s3", True, ((64, 128, 8, 3), (128, 64, 8, 3))),
+    ("kv128/q64", True, ((64, 128, 8, 2), (64, 64, 4, 2))),
+    ("kv64/q128", True, ((64, 64, 4, 2), (128, 64, 8, 2))),
+    ("32x128-4w", True, ((32, 128, 4, 2), (128, 32, 4, 2))),
 ]
+FLEX_CANDIDATES = [None, ((64, 128, 8, 2), (128, 64, 8, 2)), ((64, 128, 8, 3), (128, 64, 8, 3)),
+                   ((64, 128, 8, 2), (64, 64, 4, 2)), ((64, 64, 4, 3), (64, 64, 4, 3))]
 
 
 def measure(D, causal, N, B=4, H=32):
@@ -47,7 +51,35 @@ def measure(D, causal, N, B=4, H=32):
     torch.cuda.empty_cache()
 
 
+def flex_sweep(N=8192):
+    from torch.nn.attention.flex_attention import create_block_mask
+    from tileattn.bench import flex as fx
+    from tileattn.ops.flex import bwd as fbwd
+    B, H, D = fx.B, fx.H, fx.D
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+    flex_c = fx._torch_flex()
+    for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
+        if name not in ("causal", "document", "softcap_causal"):
+            continue
+        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")
+        o = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
+        line = [f"torch {do_bench(lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)):.3f}"]
+        for cfg in FLEX_CANDIDATES:
+            fbwd.FORCE = cfg
+            try:
+                out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+                ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                line.append(f"{cfg}: {ms:.3f}")
+            except Exception as e:  # noqa: BLE001
+                line.append(f"{cfg}: {type(e).__name__} {str(e)[:60]}")
+        fbwd.FORCE = None
+        print(f"FLEX {name} N={N} ms: " + " | ".join(line), flush=True)
+
+
 def main():
+    if "--flex" in sys.argv:
+        flex_sweep()
     seqlens = (1024, 4096) if "--quick" in sys.argv else (1024, 2048, 4096, 16384)
     for D in (64, 128):
         for causal in (False, True):

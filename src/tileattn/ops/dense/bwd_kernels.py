@@ -16,7 +16,7 @@ i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); lse / delta are [B, Hq, Sq] 
 import triton
 import triton.language as tl
 
-from .kernels import key_range, tanh, visible
+from .kernels import key_range, tanh
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -84,9 +84,32 @@ def _row_stats(LSE, DELTA, off, o_m, m_ok):
 
 
 @triton.jit
-def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr):
-    """dZ' = P * (dO V^T - delta) (* (1 - tanh^2) with a softcap): the gradient of the raw scores / scale."""
-    dz = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+def _q_axis(x, TRANS: tl.constexpr):
+    """A per-query vector broadcast along a tile's query axis (rows; columns of a transposed tile)."""
+    if TRANS:
+        return x[None, :]
+    else:
+        return x[:, None]
+
+
+@triton.jit
+def _k_axis(x, TRANS: tl.constexpr):
+    """A per-key vector broadcast along a tile's key axis (columns; rows of a transposed tile)."""
+    if TRANS:
+        return x[:, None]
+    else:
+        return x[None, :]
+
+
+@triton.jit
+def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr, TRANS: tl.constexpr):
+    """dZ' = P * (dO V^T - delta) (* (1 - tanh^2) with a softcap): the gradient of the raw scores / scale
+    (TRANS: of a transposed tile, [keys, queries])."""
+    if TRANS:
+        dp = tl.dot(v, tl.trans(do))
+    else:
+        dp = tl.dot(do, tl.trans(v))
+    dz = p * (dp - _q_axis(delta, TRANS))
     if HAS_SOFTCAP:
         dz = dz * (1.0 - t * t)
     return dz
@@ -94,10 +117,16 @@ def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
+           TRANS: tl.constexpr):
     """(P [BLOCK_M, BLOCK_N] float32, tanh term): recomputed probabilities. MASKED: 0 where the rule hides a key
-    or for rows that saw nothing (lse = -inf); else the caller knows every (row, key) of the tile is visible."""
-    s = tl.dot(q, tl.trans(k))
+    or for rows that saw nothing (lse = -inf); else the caller knows every (row, key) of the tile is visible.
+    TRANS: P^T [BLOCK_N, BLOCK_M] (the dK/dV kernel's orientation: its dots then take P^T and dZ^T from
+    registers as they are, where P would need a transpose through shared memory)."""
+    if TRANS:
+        s = tl.dot(k, tl.trans(q))
+    else:
+        s = tl.dot(q, tl.trans(k))
     if HAS_SOFTCAP:
         t = tanh(s * softcap_scale)
         z2 = t * softcap_out
@@ -105,11 +134,15 @@ def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale,
         t = s
         z2 = s * qk_scale
     if MASKED:
-        vis = visible(o_m, o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
-        vis = vis & (m_ok & (lse > float("-inf")))[:, None]
-        p = tl.where(vis, tl.exp2(z2 - (lse * LOG2E)[:, None]), 0.0)
+        # the visibility rule of kernels.visible, in either orientation
+        vis = _k_axis(o_n < seqlen_k, TRANS) & _q_axis(m_ok & (lse > float("-inf")), TRANS)
+        if HAS_RIGHT:
+            vis = vis & (_k_axis(o_n, TRANS) <= _q_axis(o_m + off_diag + right, TRANS))
+        if HAS_LEFT:
+            vis = vis & (_k_axis(o_n, TRANS) >= _q_axis(o_m + off_diag - left, TRANS))
+        p = tl.where(vis, tl.exp2(z2 - _q_axis(lse * LOG2E, TRANS)), 0.0)
     else:
-        p = tl.exp2(z2 - (lse * LOG2E)[:, None])
+        p = tl.exp2(z2 - _q_axis(lse * LOG2E, TRANS))
     return p, t
 
 
@@ -125,11 +158,10 @@ def _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_
     q = _tile(hq, qrows, stride_qs, m_ok, o_d, D)
     do = _tile(hdo, qrows, stride_ds, m_ok, o_dv, DV_)
     lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
-    p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-                  HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED)
-    dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-    dz = _dscores(p, t, do, v, delta, HAS_SOFTCAP)
-    dk += tl.dot(tl.trans(dz.to(q.dtype)), q)
+    pt, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                   softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, True)
+    dv += tl.dot(pt.to(do.dtype), do)
+    dk += tl.dot(_dscores(pt, t, do, v, delta, HAS_SOFTCAP, True).to(q.dtype), q)
     return dk, dv
 
 
@@ -241,8 +273,8 @@ def _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m
     k = _tile(hk, krows, stride_ks, n_ok, o_d, D)
     v = _tile(hv, krows, stride_vs, n_ok, o_dv, DV_)
     p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-                  HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED)
-    return dq + tl.dot(_dscores(p, t, do, v, delta, HAS_SOFTCAP).to(k.dtype), k)
+                  HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, False)
+    return dq + tl.dot(_dscores(p, t, do, v, delta, HAS_SOFTCAP, False).to(k.dtype), k)
 
 
 @triton.jit

@@ -5,28 +5,19 @@ Gradients come in the dtypes and layouts ([B, H, S, D]) of query, key and value;
 import torch
 import triton
 
-from ... import hw
+from ..dense import bwd as dense_bwd
 from ..dense.bwd_kernels import bwd_preprocess_kernel
 from .bwd_kernels import flex_bwd_dkdv_kernel, flex_bwd_dq_kernel
 from .launch_sm90 import mask_strides
 
-FORCE = None  # sweeps: (BLOCK_M, BLOCK_N, num_warps, num_stages) of both kernels
+FORCE = None  # sweeps: ((BLOCK_M, BLOCK_N, num_warps, num_stages) of dK/dV, the same of dQ)
 
 
 def _config(d, q_block, kv_block):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of both kernels: the dense backward's tiles
-    (ops/dense/bwd.py, measured there), within the mask's blocks; small under the interpreter."""
-    if FORCE is not None:
-        return FORCE
-    if hw.interpreter_enabled():
-        bm, bn, warps, stages = 16, 16, 4, 1
-    elif d <= 64:
-        bm, bn, warps, stages = 64, 64, 4, 3
-    elif d <= 128:
-        bm, bn, warps, stages = 64, 64, 4, 2
-    else:
-        bm, bn, warps, stages = 32, 32, 4, 1
-    return min(bm, q_block), min(bn, kv_block), warps, stages
+    """(dK/dV config, dQ config), each (BLOCK_M, BLOCK_N, num_warps, num_stages): the dense backward's table
+    (ops/dense/bwd.py, measured there) with the tiles kept within the mask's blocks."""
+    cfgs = FORCE if FORCE is not None else dense_bwd._tiles(d)
+    return tuple((min(bm, q_block), min(bn, kv_block), w, st) for bm, bn, w, st in cfgs)
 
 
 def _pick(lists, i, dummy):
@@ -56,27 +47,29 @@ def flex_bwd(dout, query, key, value, out, lse, dlse, scale, smod, mmod, lists, 
         DV=Dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=False, HAS_DLSE=dlse is not None, num_warps=4,
     )
     dense = lists is None
-    bm, bn, warps, stages = _config(max(D, Dv), q_block, kv_block)
-    even = (Sq % bm == 0 and Sk % bn == 0) if dense else (Sq % q_block == 0 and Sk % kv_block == 0)
+    (km, kn, kw, ks), (qm, qn, qw, qs) = _config(max(D, Dv), q_block, kv_block)
+    blocks = (km, kn, qm, qn) if dense else (q_block, kv_block)
+    even = Sq % max(blocks[0::2]) == 0 and Sk % max(blocks[1::2]) == 0
     caps = (smod.capture_args() if smod else (), mmod.capture_args() if mmod else ())
     meta = dict(SCORE_GRAD=smod.grad_fn() if smod else None, MASK_MOD=mmod.fn if mmod else None, DENSE=dense,
-                EVEN=even, Q_BLOCK=q_block, KV_BLOCK=kv_block, BLOCK_M=bm, BLOCK_N=bn,
-                BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=bdv, num_warps=warps, num_stages=stages)
+                EVEN=even, Q_BLOCK=q_block, KV_BLOCK=kv_block, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=bdv)
     qkv = (query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
            value.stride(0), value.stride(1), value.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
     tail = (H // Hkv, Sq, Sk, D, Dv, scale)
     dummy = lse  # never read where a block-mask tensor is absent
     tl_ = [_pick(tlists, i, dummy) for i in range(4)]
-    flex_bwd_dkdv_kernel[(triton.cdiv(Sk, bn), B * Hkv)](
+    flex_bwd_dkdv_kernel[(triton.cdiv(Sk, kn), B * Hkv)](
         query, key, value, dout, lse, delta, dk, dv, *tl_, *caps, *qkv,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0),
         lse.stride(1), *(s for t in (tlists or (None,) * 4) for s in mask_strides(t)), Hkv, *tail,
-        HAS_FULL=tlists is not None and tlists[2] is not None, **meta,
+        HAS_FULL=tlists is not None and tlists[2] is not None, BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks,
+        **meta,
     )
     fl = [_pick(lists, i, dummy) for i in range(4)]
-    flex_bwd_dq_kernel[(triton.cdiv(Sq, bm), B * H)](
+    flex_bwd_dq_kernel[(triton.cdiv(Sq, qm), B * H)](
         query, key, value, dout, lse, delta, dq, *fl, *caps, *qkv, dq.stride(0), dq.stride(1), dq.stride(2),
         lse.stride(0), lse.stride(1), *(s for t in (lists or (None,) * 4) for s in mask_strides(t)), H, *tail,
-        HAS_FULL=lists is not None and lists[2] is not None, **meta,
+        HAS_FULL=lists is not None and lists[2] is not None, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs,
+        **meta,
     )
     return dq, dk, dv

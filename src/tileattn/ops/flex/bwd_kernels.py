@@ -15,30 +15,38 @@ lse / delta [B, Hq, Sq] float32. EVEN (Sq, Sk multiples of the mask's blocks): f
 import triton
 import triton.language as tl
 
-from ..dense.bwd_kernels import _row_stats, _tile
+from ..dense.bwd_kernels import _k_axis, _q_axis, _row_stats, _tile
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
 def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD: tl.constexpr,
-             MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr):
-    """(P, dS) of one [BLOCK_M, BLOCK_N] tile, float32 (dS: the gradient of the scaled scores)."""
-    s = tl.dot(q, tl.trans(k)) * scale
+             MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr, TRANS: tl.constexpr):
+    """(P, dS) of one [BLOCK_M, BLOCK_N] tile, float32 (dS: the gradient of the scaled scores); TRANS: both
+    transposed, [BLOCK_N, BLOCK_M] (the dK/dV kernel's orientation, see ops/dense/bwd_kernels._probs)."""
+    qi, ki = _q_axis(o_m, TRANS), _k_axis(o_n, TRANS)
+    if TRANS:
+        s = tl.dot(k, tl.trans(q)) * scale
+    else:
+        s = tl.dot(q, tl.trans(k)) * scale
     if SCORE_GRAD is not None:
-        z, dz = SCORE_GRAD(s, b, h, o_m[:, None], o_n[None, :], caps_s)
+        z, dz = SCORE_GRAD(s, b, h, qi, ki, caps_s)
     else:
         z = s
         dz = 1.0
     # a row that saw nothing has lse -inf: use 0 so its scores (-inf wherever it is not masked) give P = 0
-    p = tl.exp2((z - tl.where(lse == float("-inf"), 0.0, lse)[:, None]) * LOG2E)
+    p = tl.exp2((z - _q_axis(tl.where(lse == float("-inf"), 0.0, lse), TRANS)) * LOG2E)
     if APPLY_MASK or not EVEN:
-        keep = m_ok[:, None] & n_ok[None, :]
+        keep = _q_axis(m_ok, TRANS) & _k_axis(n_ok, TRANS)
         if APPLY_MASK and MASK_MOD is not None:
-            keep = keep & MASK_MOD(b, h, o_m[:, None], o_n[None, :], caps_m)
+            keep = keep & MASK_MOD(b, h, qi, ki, caps_m)
         p = tl.where(keep, p, 0.0)
-    ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None]) * dz
-    return p, ds
+    if TRANS:
+        dp = tl.dot(v, tl.trans(do))
+    else:
+        dp = tl.dot(do, tl.trans(v))
+    return p, p * (dp - _q_axis(delta, TRANS)) * dz
 
 
 @triton.jit
@@ -55,10 +63,10 @@ def _dkdv_blocks(dk, dv, k, v, NUM, IDX, num_off, idx_off, hq, hdo, LSE, DELTA, 
         q = _tile(hq, rows, stride_qs, m_ok, o_d, head_dim)
         do = _tile(hdo, rows, stride_ds, m_ok, o_dv, head_dim_v)
         lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
-        p, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
-                         MASK_MOD, APPLY_MASK, EVEN)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+        pt, dst = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
+                           MASK_MOD, APPLY_MASK, EVEN, True)
+        dv += tl.dot(pt.to(do.dtype), do)
+        dk += tl.dot(dst.to(q.dtype), q)
     return dk, dv
 
 
@@ -105,10 +113,10 @@ def flex_bwd_dkdv_kernel(
                 q = _tile(hq, o_m.to(tl.int64), stride_qm, m_ok, o_d, head_dim)
                 do = _tile(hdo, o_m.to(tl.int64), stride_dm, m_ok, o_dv, head_dim_v)
                 lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
-                p, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m,
-                                 SCORE_GRAD, MASK_MOD, False, EVEN)
-                dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-                dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+                pt, dst = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m,
+                                   SCORE_GRAD, MASK_MOD, False, EVEN, True)
+                dv += tl.dot(pt.to(do.dtype), do)
+                dk += tl.dot(dst.to(q.dtype), q)
         else:
             dk, dv = _dkdv_blocks(dk, dv, k, v, Q_NUM, Q_IDX, b * stride_nb + h * stride_nh + kvb * stride_nm,
                                   b * stride_ib + h * stride_ih + kvb * stride_im, hq, hdo, LSE, DELTA, hl,
@@ -140,7 +148,7 @@ def _dq_blocks(dq, q, do, lse, delta, NUM, IDX, num_off, idx_off, hk, hv, stride
         k = _tile(hk, o_n.to(tl.int64), stride_kn, n_ok, o_d, head_dim)
         v = _tile(hv, o_n.to(tl.int64), stride_vn, n_ok, o_dv, head_dim_v)
         _, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
-                         MASK_MOD, APPLY_MASK, EVEN)
+                         MASK_MOD, APPLY_MASK, EVEN, False)
         dq += tl.dot(ds.to(k.dtype), k)
     return dq
 
@@ -184,7 +192,7 @@ def flex_bwd_dq_kernel(
             k = _tile(hk_, o_n.to(tl.int64), stride_kn, n_ok, o_d, head_dim)
             v = _tile(hv, o_n.to(tl.int64), stride_vn, n_ok, o_dv, head_dim_v)
             _, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
-                             MASK_MOD, False, EVEN)
+                             MASK_MOD, False, EVEN, False)
             dq += tl.dot(ds.to(k.dtype), k)
     else:
         dq = _dq_blocks(dq, q, do, lse, delta, KV_NUM, KV_IDX, b * stride_nb + h * stride_nh + qb * stride_nm,
