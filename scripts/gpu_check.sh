@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [profile-bwd] [bench-bwd]
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -75,6 +75,9 @@ for s in $steps; do
     sweep-bwd)
       timeout 500 python3 scripts/sweep_bwd.py ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
       summary+=("sweep-bwd rc=$rc"); grep -E "^(D=|FLEX)" "$OUT/sweep_bwd.log" ;;
+    profile-bwd)
+      timeout 300 python3 scripts/profile_bwd.py > "$OUT/profile_bwd.log" 2>&1; rc=$?
+      summary+=("profile-bwd rc=$rc"); grep "^PROF" "$OUT/profile_bwd.log" ;;
     bench-bwd)
       timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")
