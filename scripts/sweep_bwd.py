@@ -1,7 +1,7 @@
 """Time variants of the backward kernels (ops/dense/bwd.py FORCE tiles, SPLIT masking) on the GPU, gradients
 checked first.
 
-    python scripts/sweep_bwd.py [--quick] [--flex]
+    python scripts/sweep_bwd.py [--quick] [--flex | --flex-only]
 Prints backward TFLOPS (2.5x forward FLOPs) per (D, causal, N) and variant; N=1K runs again at the end (a
 drift check). --flex: flex backward tile configs (ops/flex/bwd.py FORCE) on three of the flex grid's mods at
 N=8192, in ms next to torch's compiled flex backward.
@@ -25,7 +25,8 @@ CANDIDATES = [
     ("32x128-4w", True, ((32, 128, 4, 2), (128, 32, 4, 2))),
 ]
 FLEX_CANDIDATES = [None, ((64, 128, 8, 2), (128, 64, 8, 2)), ((64, 128, 8, 3), (128, 64, 8, 3)),
-                   ((64, 128, 8, 2), (64, 64, 4, 2)), ((64, 64, 4, 3), (64, 64, 4, 3))]
+                   ((64, 128, 8, 3), (64, 64, 4, 2)), ((128, 128, 8, 2), (128, 64, 8, 2)),
+                   ((64, 64, 4, 2), (128, 64, 8, 3))]
 
 
 def measure(D, causal, N, B=4, H=32):
@@ -78,8 +79,10 @@ def flex_sweep(N=8192):
 
 
 def main():
-    if "--flex" in sys.argv:
+    if "--flex" in sys.argv or "--flex-only" in sys.argv:
         flex_sweep()
+    if "--flex-only" in sys.argv:
+        return
     seqlens = (1024, 4096) if "--quick" in sys.argv else (1024, 2048, 4096, 16384)
     for D in (64, 128):
         for causal in (False, True):

@@ -74,6 +74,13 @@ def test_user_mod_backward(device):
     check_grads(q, k, v, score_mod, mask_mod, gqa=True, block=(16, 32), with_lse=True, mask_b=1, mask_h=1)
 
 
+def test_even_shapes_backward(device):
+    """Lengths that are multiples of the mask's blocks and a power-of-two head dim: no bounds masks at all."""
+    q, k, v = qkv(1, 2, 128, 128, 32, DT, device)
+    check_grads(q, k, v, mods.alibi(mods.alibi_slopes(2, device=device)), mods.causal, block=(32, 32))
+    check_grads(q, k, v, None, None)
+
+
 def test_dense_backward_with_lse(device):
     """No block mask (every block full), a score mod, lse in the loss, a ragged length."""
     q, k, v = qkv(1, 2, 50, 50, 32, DT, device)

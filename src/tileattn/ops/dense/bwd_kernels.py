@@ -69,11 +69,23 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
 
 
 @triton.jit
-def _tile(ptr, rows, stride_s, ok, cols, ncols):
-    """[len(rows), len(cols)] tile of a row-major operand: rows (int64) of stride stride_s from ptr, masked by ok
-    and cols < ncols (zeros there)."""
-    return tl.load(ptr + rows[:, None] * stride_s + cols[None, :], mask=ok[:, None] & (cols < ncols)[None, :],
-                   other=0.0)
+def _tile(ptr, rows, stride_s, ok, cols, ncols, UNMASKED: tl.constexpr = False):
+    """[len(rows), len(cols)] tile of a row-major operand: rows of stride stride_s from ptr, masked by ok and
+    cols < ncols (zeros there); UNMASKED: the caller knows every element is inside."""
+    if UNMASKED:
+        return tl.load(ptr + rows[:, None] * stride_s + cols[None, :])
+    else:
+        return tl.load(ptr + rows[:, None] * stride_s + cols[None, :], mask=ok[:, None] & (cols < ncols)[None, :],
+                       other=0.0)
+
+
+@triton.jit
+def _offsets(rows, ROW64: tl.constexpr):
+    """Row indices for _tile: int32 unless rows * stride can pass 2^31 (ROW64, the launcher's check)."""
+    if ROW64:
+        return rows.to(tl.int64)
+    else:
+        return rows
 
 
 @triton.jit

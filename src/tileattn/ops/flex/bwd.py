@@ -50,9 +50,12 @@ def flex_bwd(dout, query, key, value, out, lse, dlse, scale, smod, mmod, lists, 
     (km, kn, kw, ks), (qm, qn, qw, qs) = _config(max(D, Dv), q_block, kv_block)
     blocks = (km, kn, qm, qn) if dense else (q_block, kv_block)
     even = Sq % max(blocks[0::2]) == 0 and Sk % max(blocks[1::2]) == 0
+    load_even = even and D == triton.next_power_of_2(D) and Dv == bdv
+    row_stride = max(query.stride(2), key.stride(2), value.stride(2), dout.stride(2))
+    row64 = (max(Sq, Sk) + 1) * row_stride >= 2 ** 31
     caps = (smod.capture_args() if smod else (), mmod.capture_args() if mmod else ())
     meta = dict(SCORE_GRAD=smod.grad_fn() if smod else None, MASK_MOD=mmod.fn if mmod else None, DENSE=dense,
-                EVEN=even, Q_BLOCK=q_block, KV_BLOCK=kv_block, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=bdv)
+                EVEN=even, LOAD_EVEN=load_even, ROW64=row64, Q_BLOCK=q_block, KV_BLOCK=kv_block, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=bdv)
     qkv = (query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
            value.stride(0), value.stride(1), value.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
     tail = (H // Hkv, Sq, Sk, D, Dv, scale)

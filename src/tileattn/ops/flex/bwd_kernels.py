@@ -10,12 +10,14 @@ mask's transposed lists (torch's BlockMask q_num_blocks / q_indices: partial blo
 full_q_num_blocks / full_q_indices: full blocks) for every query head of its group (GQA: dK, dV summed in the
 program). `flex_bwd_dq_kernel`: one program per (BLOCK_M queries, batch * query head) walks the forward lists.
 Layouts are the forward's (kernels.py): q / dq [B, Hq, Sq, D], k / dk [B, Hkv, Sk, D], v / dv [B, Hkv, Sk, Dv],
-lse / delta [B, Hq, Sq] float32. EVEN (Sq, Sk multiples of the mask's blocks): full tiles need no bounds mask.
+lse / delta [B, Hq, Sq] float32. EVEN (Sq, Sk multiples of the mask's blocks): full tiles need no bounds mask;
+LOAD_EVEN (EVEN and head dims powers of two): no load needs a mask. ROW64: row offsets in int64 (the launcher
+found S * row stride >= 2^31), else int32.
 """
 import triton
 import triton.language as tl
 
-from ..dense.bwd_kernels import _k_axis, _q_axis, _row_stats, _tile
+from ..dense.bwd_kernels import _k_axis, _offsets, _q_axis, _row_stats, _tile
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -53,15 +55,15 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
 def _dkdv_blocks(dk, dv, k, v, NUM, IDX, num_off, idx_off, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, b, h,
                  o_n, n_ok, o_d, o_dv, seqlen_q, head_dim, head_dim_v, scale, caps_s, caps_m,
                  SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr,
-                 Q_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr):
+                 LOAD_EVEN: tl.constexpr, ROW64: tl.constexpr, Q_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr):
     """dK, dV plus the contributions of the query blocks listed in IDX (NUM of them)."""
     PER: tl.constexpr = Q_BLOCK // BLOCK_M
     for i in range(0, tl.load(NUM + num_off) * PER):  # one flat loop over tiles (it pipelines, a nested one not)
         o_m = tl.load(IDX + idx_off + i // PER) * Q_BLOCK + (i % PER) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = o_m < seqlen_q
-        rows = o_m.to(tl.int64)
-        q = _tile(hq, rows, stride_qs, m_ok, o_d, head_dim)
-        do = _tile(hdo, rows, stride_ds, m_ok, o_dv, head_dim_v)
+        rows = _offsets(o_m, ROW64)
+        q = _tile(hq, rows, stride_qs, m_ok, o_d, head_dim, LOAD_EVEN)
+        do = _tile(hdo, rows, stride_ds, m_ok, o_dv, head_dim_v, LOAD_EVEN)
         lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
         pt, dst = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
                            MASK_MOD, APPLY_MASK, EVEN, True)
@@ -79,8 +81,9 @@ def flex_bwd_dkdv_kernel(
     stride_fnb, stride_fnh, stride_fnm, stride_fib, stride_fih, stride_fim,
     num_kv_heads, group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, scale,
     SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr, DENSE: tl.constexpr, HAS_FULL: tl.constexpr,
-    EVEN: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN: tl.constexpr, LOAD_EVEN: tl.constexpr, ROW64: tl.constexpr, Q_BLOCK: tl.constexpr,
+    KV_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     """Grid (cdiv(Sk, BLOCK_N), B * Hkv). Block-mask tensors [Bm, Hm, KV blocks(, Q blocks)] (stride 0 on a
     broadcast dim); BLOCK_N divides KV_BLOCK, BLOCK_M divides Q_BLOCK. Without a block mask (DENSE) every
@@ -110,8 +113,8 @@ def flex_bwd_dkdv_kernel(
             for m0 in range(0, seqlen_q, BLOCK_M):
                 o_m = m0 + tl.arange(0, BLOCK_M)
                 m_ok = o_m < seqlen_q
-                q = _tile(hq, o_m.to(tl.int64), stride_qm, m_ok, o_d, head_dim)
-                do = _tile(hdo, o_m.to(tl.int64), stride_dm, m_ok, o_dv, head_dim_v)
+                q = _tile(hq, _offsets(o_m, ROW64), stride_qm, m_ok, o_d, head_dim, LOAD_EVEN)
+                do = _tile(hdo, _offsets(o_m, ROW64), stride_dm, m_ok, o_dv, head_dim_v, LOAD_EVEN)
                 lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
                 pt, dst = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m,
                                    SCORE_GRAD, MASK_MOD, False, EVEN, True)
@@ -121,14 +124,15 @@ def flex_bwd_dkdv_kernel(
             dk, dv = _dkdv_blocks(dk, dv, k, v, Q_NUM, Q_IDX, b * stride_nb + h * stride_nh + kvb * stride_nm,
                                   b * stride_ib + h * stride_ih + kvb * stride_im, hq, hdo, LSE, DELTA, hl,
                                   stride_qm, stride_dm, b, h, o_n, n_ok, o_d, o_dv, seqlen_q, head_dim, head_dim_v,
-                                  scale, caps_s, caps_m, SCORE_GRAD, MASK_MOD, True, EVEN, Q_BLOCK, BLOCK_M)
+                                  scale, caps_s, caps_m, SCORE_GRAD, MASK_MOD, True, EVEN, LOAD_EVEN, ROW64, Q_BLOCK,
+                                  BLOCK_M)
             if HAS_FULL:
                 dk, dv = _dkdv_blocks(dk, dv, k, v, FULL_NUM, FULL_IDX,
                                       b * stride_fnb + h * stride_fnh + kvb * stride_fnm,
                                       b * stride_fib + h * stride_fih + kvb * stride_fim, hq, hdo, LSE, DELTA, hl,
                                       stride_qm, stride_dm, b, h, o_n, n_ok, o_d, o_dv, seqlen_q, head_dim,
-                                      head_dim_v, scale, caps_s, caps_m, SCORE_GRAD, MASK_MOD, False, EVEN, Q_BLOCK,
-                                      BLOCK_M)
+                                      head_dim_v, scale, caps_s, caps_m, SCORE_GRAD, MASK_MOD, False, EVEN, LOAD_EVEN,
+                                      ROW64, Q_BLOCK, BLOCK_M)
     tl.store(DK + b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + rows[:, None] * stride_dkn + o_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (o_d < head_dim)[None, :])
     tl.store(DV + b64 * stride_dvb + hk.to(tl.int64) * stride_dvh + rows[:, None] * stride_dvn + o_dv[None, :],
@@ -138,15 +142,15 @@ def flex_bwd_dkdv_kernel(
 @triton.jit
 def _dq_blocks(dq, q, do, lse, delta, NUM, IDX, num_off, idx_off, hk, hv, stride_kn, stride_vn, b, h, o_m, m_ok,
                o_d, o_dv, seqlen_k, head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD: tl.constexpr,
-               MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr, KV_BLOCK: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+               MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr, LOAD_EVEN: tl.constexpr,
+               ROW64: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ plus the contributions of the key blocks listed in IDX (NUM of them)."""
     PER: tl.constexpr = KV_BLOCK // BLOCK_N
     for i in range(0, tl.load(NUM + num_off) * PER):  # one flat loop over tiles (it pipelines, a nested one not)
         o_n = tl.load(IDX + idx_off + i // PER) * KV_BLOCK + (i % PER) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = o_n < seqlen_k
-        k = _tile(hk, o_n.to(tl.int64), stride_kn, n_ok, o_d, head_dim)
-        v = _tile(hv, o_n.to(tl.int64), stride_vn, n_ok, o_dv, head_dim_v)
+        k = _tile(hk, _offsets(o_n, ROW64), stride_kn, n_ok, o_d, head_dim, LOAD_EVEN)
+        v = _tile(hv, _offsets(o_n, ROW64), stride_vn, n_ok, o_dv, head_dim_v, LOAD_EVEN)
         _, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
                          MASK_MOD, APPLY_MASK, EVEN, False)
         dq += tl.dot(ds.to(k.dtype), k)
@@ -162,8 +166,9 @@ def flex_bwd_dq_kernel(
     stride_fnb, stride_fnh, stride_fnm, stride_fib, stride_fih, stride_fim,
     num_heads, group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, scale,
     SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr, DENSE: tl.constexpr, HAS_FULL: tl.constexpr,
-    EVEN: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN: tl.constexpr, LOAD_EVEN: tl.constexpr, ROW64: tl.constexpr, Q_BLOCK: tl.constexpr,
+    KV_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     """Grid (cdiv(Sq, BLOCK_M), B * Hq). The forward's block lists [Bm, Hm, Q blocks(, KV blocks)]."""
     i_m = tl.program_id(0)
@@ -189,8 +194,8 @@ def flex_bwd_dq_kernel(
         for n0 in range(0, seqlen_k, BLOCK_N):
             o_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = o_n < seqlen_k
-            k = _tile(hk_, o_n.to(tl.int64), stride_kn, n_ok, o_d, head_dim)
-            v = _tile(hv, o_n.to(tl.int64), stride_vn, n_ok, o_dv, head_dim_v)
+            k = _tile(hk_, _offsets(o_n, ROW64), stride_kn, n_ok, o_d, head_dim, LOAD_EVEN)
+            v = _tile(hv, _offsets(o_n, ROW64), stride_vn, n_ok, o_dv, head_dim_v, LOAD_EVEN)
             _, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
                              MASK_MOD, False, EVEN, False)
             dq += tl.dot(ds.to(k.dtype), k)
@@ -198,12 +203,12 @@ def flex_bwd_dq_kernel(
         dq = _dq_blocks(dq, q, do, lse, delta, KV_NUM, KV_IDX, b * stride_nb + h * stride_nh + qb * stride_nm,
                         b * stride_ib + h * stride_ih + qb * stride_im, hk_, hv, stride_kn, stride_vn, b, h, o_m,
                         m_ok, o_d, o_dv, seqlen_k, head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD,
-                        MASK_MOD, True, EVEN, KV_BLOCK, BLOCK_N)
+                        MASK_MOD, True, EVEN, LOAD_EVEN, ROW64, KV_BLOCK, BLOCK_N)
         if HAS_FULL:
             dq = _dq_blocks(dq, q, do, lse, delta, FULL_NUM, FULL_IDX,
                             b * stride_fnb + h * stride_fnh + qb * stride_fnm,
                             b * stride_fib + h * stride_fih + qb * stride_fim, hk_, hv, stride_kn, stride_vn, b, h,
                             o_m, m_ok, o_d, o_dv, seqlen_k, head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD,
-                            MASK_MOD, False, EVEN, KV_BLOCK, BLOCK_N)
+                            MASK_MOD, False, EVEN, LOAD_EVEN, ROW64, KV_BLOCK, BLOCK_N)
     tl.store(DQ + b64 * stride_dqb + h64 * stride_dqh + rows[:, None] * stride_dqm + o_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (o_d < head_dim)[None, :])
