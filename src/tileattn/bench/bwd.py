@@ -1,7 +1,8 @@
 """`tileattn bench bwd`: attention backward on the dense grid against SDPA's cuDNN and FLASH backward.
 
 Backward only: the forward runs once outside the timed region and each timed call is
-torch.autograd.grad(out, (q, k, v), dout, retain_graph=True). FLOPs 2.5x the forward's (targets.md). Before
+torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); providers are timed interleaved over two rounds,
+the best median kept (common.bench_rounds). FLOPs 2.5x the forward's (targets.md). Before
 timing, tileattn's gradients of (batch 0, head 0) are checked against autograd through the float32 reference
 (tolerance rule; autograd through the same reference in the inputs' dtype is the input-precision error).
 Flex rows: the flex grid's six mods at N=8192 (B=4, H=16, D=128, bf16; bench/flex.py's functions and torch
@@ -13,7 +14,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
-from .common import attn_tflops, do_bench, finish, fmt, geomean, results_header
+from .common import attn_tflops, bench_rounds, finish, fmt, geomean, results_header
 from .dense import _sdpa
 
 PROVIDERS = ("tileattn", "cudnn", "fa2")
@@ -74,11 +75,10 @@ def _flex_rows(rows, log, N=8192):
             failures += 1
             log(f"CHECK FAILED flex {case}: {info}")
         out_t = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
-        ms = {}
-        for p, o in (("tileattn", out), ("flex", out_t)):
-            if p == "tileattn" and not ok:
-                continue
-            ms[p] = do_bench(lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+        outs = {"tileattn": out, "flex": out_t} if ok else {"flex": out_t}
+        ms = bench_rounds({p: (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+                           for p, o in outs.items()})
+        for p in outs:
             rows.append({"case": case, "provider": p, "ms": ms[p], "gbps": None,
                          "tflops": flops / (ms[p] * 1e-3) / 1e12, **({"check": info} if p == "tileattn" else {})})
         if "tileattn" in ms:
@@ -120,11 +120,11 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                         outs[p] = (_sdpa(p)(qh, kh, vh, causal), (qh, kh, vh), douth)
                     except Exception as e:  # noqa: BLE001 - a peer that refuses a shape is reported
                         log(f"{p} refused {case}: {type(e).__name__}: {str(e)[:100]}")
-                ms = {}
-                for p, (o, x, g) in outs.items():
-                    if p == "tileattn" and not ok:
-                        continue
-                    ms[p] = do_bench(lambda: torch.autograd.grad(o, x, g, retain_graph=True))
+                if not ok:
+                    del outs["tileattn"]
+                ms = bench_rounds({p: (lambda o=o, x=x, g=g: torch.autograd.grad(o, x, g, retain_graph=True))
+                                   for p, (o, x, g) in outs.items()})
+                for p in outs:
                     rows.append({"case": case, "provider": p, "ms": ms[p], "gbps": None,
                                  "tflops": 2.5 * attn_tflops(B, H, N, N, D, D, causal, ms[p]),
                                  **({"check": info} if p == "tileattn" else {})})

@@ -14,6 +14,17 @@ def do_bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def bench_rounds(fns, rounds=2):
+    """{name: best of `rounds` do_bench medians} with the functions interleaved round by round (the order
+    reversed every other round), so that slow drift of the clocks cannot favour whichever runs first."""
+    times = {p: [] for p in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for p in (order if r % 2 == 0 else order[::-1]):
+            times[p].append(do_bench(fns[p]))
+    return {p: min(t) for p, t in times.items()}
+
+
 def attn_tflops(B, H, Sq, Sk, D, Dv, causal, ms):
     flops = 2.0 * B * H * Sq * Sk * (D + Dv)
     if causal and Sq == Sk:
