@@ -235,3 +235,25 @@ class _TensorMaps(dict):
     def __init__(self, desc, meta):
         super().__init__()
         self.desc, self.meta = desc, meta
+
+
+_CACHED = {}  # (kernel, frozen values, tensor dtypes, options, device) -> KernelLauncher, least recent first
+_CACHED_MAX = 256
+
+
+def launch_cached(kernel, grid, args, kwargs):
+    """`kernel[grid](*args, **kwargs)` through a KernelLauncher kept per specialization: every tensor argument
+    varies, every other argument (and the tensors' dtypes, the launch options, the device) keys the cache.
+    For kernels called with positional tensors and plain scalars (no tuples or descriptors)."""
+    pos = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    tensors = [args[i] for i in pos]
+    key = (kernel, tuple(None if isinstance(a, torch.Tensor) else a for a in args),
+           tuple(t.dtype for t in tensors), tuple(kwargs.items()), tensors[0].device if tensors else None)
+    launcher = _CACHED.pop(key, None)
+    if launcher is None:
+        names = list(inspect.signature(kernel.fn).parameters)
+        launcher = KernelLauncher(kernel, args, kwargs, varying=[names[i] for i in pos])
+    _CACHED[key] = launcher  # most recent last
+    while len(_CACHED) > _CACHED_MAX:
+        _CACHED.pop(next(iter(_CACHED)))
+    launcher(grid, *tensors)

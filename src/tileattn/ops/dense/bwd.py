@@ -8,6 +8,7 @@ import torch
 import triton
 
 from ... import hw
+from ...launcher import launch_cached
 from .bwd_kernels import bwd_dkdv_kernel, bwd_dq_kernel, bwd_preprocess_kernel
 from .kernels import LOG2E
 from .launch import MAX_GRID_Y
@@ -75,11 +76,10 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     (km, kn, kw, ks), (qm, qn, qw, qs) = _tiles(max(d, dv))
     pm = 64 if bdv <= 128 else 32
-    bwd_preprocess_kernel[_grid(triton.cdiv(sq, pm), batch * hq)](
+    launch_cached(bwd_preprocess_kernel, _grid(triton.cdiv(sq, pm), batch * hq), (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
-        *gls, cu_q_arg, sq, hq, batch * hq, DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
-        HAS_DLSE=dlse is not None, num_warps=4,
-    )
+        *gls, cu_q_arg, sq, hq, batch * hq), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
+                                                  HAS_DLSE=dlse is not None, num_warps=4))
     if softcap > 0:
         qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
     else:
@@ -92,13 +92,13 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
                   ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen, MASKING=masking)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
-    bwd_dkdv_kernel[_grid(triton.cdiv(sk, kn), batch * hkv)](
+    # launch_cached: the normal kernel[grid](...) path costs ~100 us of host time per launch, more than the
+    # whole backward of small problems (the GPU would wait on the host)
+    launch_cached(bwd_dkdv_kernel, _grid(triton.cdiv(sk, kn), batch * hkv), (
         q, k, v, do, lse, delta, dk, dvv, *qkv_strides, *_strides(dk, varlen), *_strides(dvv, varlen), *ls,
-        cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, batch * hkv, *tail, BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks,
-        **common,
-    )
-    bwd_dq_kernel[_grid(triton.cdiv(sq, qm), batch * hq)](
+        cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, batch * hkv, *tail),
+        dict(BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks, **common))
+    launch_cached(bwd_dq_kernel, _grid(triton.cdiv(sq, qm), batch * hq), (
         q, k, v, do, lse, delta, dq, *qkv_strides, *_strides(dq, varlen), *ls, cu_q_arg, cu_k_arg, sq, sk, hq,
-        hq // hkv, batch * hq, *tail, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common,
-    )
+        hq // hkv, batch * hq, *tail), dict(BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common))
     return dq, dk, dvv
