@@ -180,3 +180,43 @@ def test_backward_under_torch_compile(device):
     compiled = grads(torch.compile(fn, backend="aot_eager", fullgraph=True), (q, k, v), [w])
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
+
+
+class _RefForwardKernelBackward(torch.autograd.Function):
+    """The float64 reference forward with tileattn's backward kernels (ops/dense/bwd.py) as its gradient, for
+    torch.autograd.gradcheck: finite differences of the exact forward against the kernels' gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, window, softcap):
+        out, lse = attention_ref(q, k, v, causal=causal, window=window, softcap=softcap, dtype=torch.float64)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.opts = (causal, window, softcap)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from tileattn.ops.dense.bwd import attn_bwd
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, window, softcap = ctx.opts
+        left, right = window
+        if causal:
+            right = 0
+        dq, dk, dv = attn_bwd(dout.contiguous(), q, k, v, out, lse, dlse, None, None, 0, 0, q.shape[-1] ** -0.5,
+                              left, right, softcap, True)
+        return dq, dk, dv, None, None, None
+
+
+@pytest.mark.parametrize("causal,window,softcap,hkv,sq,sk", [
+    (True, (-1, -1), 0.0, 1, 7, 9),     # causal, MQA, Sq != Sk, ragged tiles
+    (False, (3, 2), 2.0, 2, 6, 6),      # window and softcap
+    (False, (-1, -1), 0.0, 2, 16, 16),  # whole tiles, no rule: the unmasked kernels
+])
+def test_float64_gradcheck(causal, window, softcap, hkv, sq, sk, device):
+    """float64 gradcheck of the backward kernels (out and lse both in the loss; fast mode: random projections
+    of the Jacobian, a few backward calls instead of one per output element)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(1, sq, 2, 8, dtype=torch.float64, device=device, generator=g).requires_grad_()
+    k = torch.randn(1, sk, hkv, 8, dtype=torch.float64, device=device, generator=g).requires_grad_()
+    v = torch.randn(1, sk, hkv, 8, dtype=torch.float64, device=device, generator=g).requires_grad_()
+    assert torch.autograd.gradcheck(lambda q, k, v: _RefForwardKernelBackward.apply(q, k, v, causal, window, softcap),
+                                    (q, k, v), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)

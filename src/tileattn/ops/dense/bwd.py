@@ -6,6 +6,7 @@ the dtypes and layouts of q, k, v; deterministic (no atomics: see bwd_kernels.py
 """
 import torch
 import triton
+import triton.language as tl
 
 from ... import hw
 from ...launcher import launch_cached
@@ -68,7 +69,10 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     span = sq + sk
     left = min(left, span) if left >= 0 else left
     right = min(right, span) if right >= 0 else right
-    delta = torch.empty_like(lse)
+    # float64 (the CPU suite's gradcheck calls attn_bwd directly; the public API takes 16-bit inputs):
+    # float64 accumulation and delta
+    acc = tl.float64 if q.dtype == torch.float64 else tl.float32
+    delta = torch.empty_like(lse, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     ls = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     gls = ((0, dlse.stride(0)) if varlen else (dlse.stride(0), dlse.stride(1))) if dlse is not None else (0, 0)
     cu_k_arg = cu_k if varlen else lse
@@ -79,7 +83,7 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     launch_cached(bwd_preprocess_kernel, _grid(triton.cdiv(sq, pm), batch * hq), (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
         *gls, cu_q_arg, sq, hq, batch * hq), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
-                                                  HAS_DLSE=dlse is not None, num_warps=4))
+                                                  HAS_DLSE=dlse is not None, ACC=acc, num_warps=4))
     if softcap > 0:
         qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
     else:
@@ -89,7 +93,8 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     ragged = varlen or sq % km or sk % kn or sq % qm or sk % qn
     masking = (2 if SPLIT else 1) if (left >= 0 or right >= 0 or ragged) else 0
     common = dict(D=d, DV_=dv, BLOCK_D=bd, BLOCK_DV=bdv, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
-                  ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen, MASKING=masking)
+                  ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen, MASKING=masking,
+                  ACC=acc)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
     # launch_cached: the normal kernel[grid](...) path costs ~100 us of host time per launch, more than the

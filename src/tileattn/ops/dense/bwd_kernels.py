@@ -36,7 +36,7 @@ def _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
                           stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh,
                           DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
-                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr):
+                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32):
     """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
     layout (dlse contiguous along the sequence)."""
     i_m = tl.program_id(0)
@@ -62,7 +62,7 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
         glb = i_b.to(tl.int64) * stride_glb
     o = _tile(O + ob + i_h * stride_oh, rows, stride_os, m_ok, o_d, DV)
     do = _tile(DO + db + i_h * stride_dh, rows, stride_ds, m_ok, o_d, DV)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    delta = tl.sum(o.to(ACC) * do.to(ACC), 1)
     if HAS_DLSE:
         delta -= tl.load(DLSE + glb + i_h * stride_glh + o_m, mask=m_ok, other=0.0)
     tl.store(DELTA + lb + i_h * stride_lh + o_m, delta, mask=m_ok)
@@ -114,13 +114,13 @@ def _k_axis(x, TRANS: tl.constexpr):
 
 
 @triton.jit
-def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr, TRANS: tl.constexpr):
+def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr, TRANS: tl.constexpr, ACC: tl.constexpr):
     """dZ' = P * (dO V^T - delta) (* (1 - tanh^2) with a softcap): the gradient of the raw scores / scale
     (TRANS: of a transposed tile, [keys, queries])."""
     if TRANS:
-        dp = tl.dot(v, tl.trans(do))
+        dp = tl.dot(v, tl.trans(do), out_dtype=ACC)
     else:
-        dp = tl.dot(do, tl.trans(v))
+        dp = tl.dot(do, tl.trans(v), out_dtype=ACC)
     dz = p * (dp - _q_axis(delta, TRANS))
     if HAS_SOFTCAP:
         dz = dz * (1.0 - t * t)
@@ -130,15 +130,15 @@ def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr, TRANS: tl.constexpr)
 @triton.jit
 def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
            HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
-           TRANS: tl.constexpr):
+           TRANS: tl.constexpr, ACC: tl.constexpr):
     """(P [BLOCK_M, BLOCK_N] float32, tanh term): recomputed probabilities. MASKED: 0 where the rule hides a key
     or for rows that saw nothing (lse = -inf); else the caller knows every (row, key) of the tile is visible.
     TRANS: P^T [BLOCK_N, BLOCK_M] (the dK/dV kernel's orientation: its dots then take P^T and dZ^T from
     registers as they are, where P would need a transpose through shared memory)."""
     if TRANS:
-        s = tl.dot(k, tl.trans(q))
+        s = tl.dot(k, tl.trans(q), out_dtype=ACC)
     else:
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), out_dtype=ACC)
     if HAS_SOFTCAP:
         t = tanh(s * softcap_scale)
         z2 = t * softcap_out
@@ -162,7 +162,7 @@ def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale,
 def _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d, o_dv, seqlen_q,
                seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D: tl.constexpr,
                DV_: tl.constexpr, BLOCK_M: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-               HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+               HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr, ACC: tl.constexpr):
     """(dK, dV) plus query block m0's contribution (hq, hdo: the head's q / dO; hl: its lse / delta offset)."""
     o_m = m0 + tl.arange(0, BLOCK_M)
     m_ok = o_m < seqlen_q
@@ -171,9 +171,9 @@ def _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_
     do = _tile(hdo, qrows, stride_ds, m_ok, o_dv, DV_)
     lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
     pt, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                   softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, True)
-    dv += tl.dot(pt.to(do.dtype), do)
-    dk += tl.dot(_dscores(pt, t, do, v, delta, HAS_SOFTCAP, True).to(q.dtype), q)
+                   softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, True, ACC)
+    dv = tl.dot(pt.to(do.dtype), do, dv, out_dtype=ACC)
+    dk = tl.dot(_dscores(pt, t, do, v, delta, HAS_SOFTCAP, True, ACC).to(q.dtype), q, dk, out_dtype=ACC)
     return dk, dv
 
 
@@ -186,7 +186,7 @@ def bwd_dkdv_kernel(
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, MASKING: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, MASKING: tl.constexpr, ACC: tl.constexpr = tl.float32,
 ):
     """Grid (key blocks, B * Hkv folded over y and z). dK, dV of one key block, summed over the kv head's query
     heads. MASKING 0: no tile needs the mask (the launcher knows); 1: every tile is masked; 2: tiles inside the
@@ -226,8 +226,8 @@ def bwd_dkdv_kernel(
         m_lo = (m_lo // BLOCK_M) * BLOCK_M
     if HAS_LEFT:
         m_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off_diag + left + 1, 0), seqlen_q)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], ACC)
     if MASKING == 2:
         # query blocks that see every key of the block, [f_lo, f_hi): i >= n0 + BLOCK_N - 1 - OFF - RIGHT,
         # i <= n0 - OFF + LEFT, whole blocks inside the sequence and keys inside theirs. The rest of
@@ -254,19 +254,19 @@ def bwd_dkdv_kernel(
             for m0 in range(m_lo, m_hi, BLOCK_M):
                 dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d,
                                     o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                                    softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True)
+                                    softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True, ACC)
         else:
             for m0 in range(f_lo, f_hi, BLOCK_M):
                 dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d,
                                     o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                                    softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, False)
+                                    softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, False, ACC)
             if MASKING == 2:
                 for i in range(0, n_masked):
                     m0 = tl.where(i < n_before, m_lo + i * BLOCK_M, f_hi + (i - n_before) * BLOCK_M)
                     dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n,
                                         o_d, o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
                                         softcap_scale, softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT,
-                                        HAS_SOFTCAP, True)
+                                        HAS_SOFTCAP, True, ACC)
     tl.store(DK + dkb + i_hk * stride_dkh + krows[:, None] * stride_dks + o_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (o_d < D)[None, :])
     tl.store(DV + dvb + i_hk * stride_dvh + krows[:, None] * stride_dvs + o_dv[None, :],
@@ -277,7 +277,7 @@ def bwd_dkdv_kernel(
 def _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv, seqlen_k, off_diag,
              left, right, qk_scale, softcap_scale, softcap_out, D: tl.constexpr, DV_: tl.constexpr,
              BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-             MASKED: tl.constexpr):
+             MASKED: tl.constexpr, ACC: tl.constexpr):
     """dQ plus key block n0's contribution (hk, hv: the kv head's K / V)."""
     o_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = o_n < seqlen_k
@@ -285,8 +285,8 @@ def _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m
     k = _tile(hk, krows, stride_ks, n_ok, o_d, D)
     v = _tile(hv, krows, stride_vs, n_ok, o_dv, DV_)
     p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-                  HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, False)
-    return dq + tl.dot(_dscores(p, t, do, v, delta, HAS_SOFTCAP, False).to(k.dtype), k)
+                  HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, False, ACC)
+    return tl.dot(_dscores(p, t, do, v, delta, HAS_SOFTCAP, False, ACC).to(k.dtype), k, dq, out_dtype=ACC)
 
 
 @triton.jit
@@ -298,7 +298,7 @@ def bwd_dq_kernel(
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, MASKING: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, MASKING: tl.constexpr, ACC: tl.constexpr = tl.float32,
 ):
     """Grid (query blocks, B * Hq folded over y and z). dQ of one query block (MASKING as bwd_dkdv_kernel)."""
     i_m = tl.program_id(0)
@@ -338,16 +338,16 @@ def bwd_dq_kernel(
     n_before = tl.cdiv(full_lo - lo, BLOCK_N)  # full_lo: a block start or hi
     n_masked = n_before + tl.cdiv(hi - full_hi, BLOCK_N)
     hk, hv = K + kb + i_hk * stride_kh, V + vb + i_hk * stride_vh
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     for n0 in range(full_lo, full_hi, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv, seqlen_k,
                       off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N, HAS_LEFT,
-                      HAS_RIGHT, HAS_SOFTCAP, MASKING == 1)
+                      HAS_RIGHT, HAS_SOFTCAP, MASKING == 1, ACC)
     if MASKING == 2:
         for i in range(0, n_masked):
             n0 = tl.where(i < n_before, lo + i * BLOCK_N, full_hi + (i - n_before) * BLOCK_N)
             dq = _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv,
                           seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N,
-                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True)
+                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True, ACC)
     tl.store(DQ + dqb + i_h * stride_dqh + qrows[:, None] * stride_dqs + o_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (o_d < D)[None, :])

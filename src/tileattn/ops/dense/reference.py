@@ -46,9 +46,10 @@ def attention_ref(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap
         s = softcap * torch.tanh(s / softcap)
     vis = visibility_mask(Sq, Sk, causal, window, align_bottom_right, device=q.device)
     s = s.masked_fill(~vis, float("-inf"))
-    lse = torch.logsumexp(s.float(), dim=-1)  # [B, Hq, Sq]
+    wide = torch.float64 if dtype == torch.float64 else torch.float32  # the softmax's precision
+    lse = torch.logsumexp(s.to(wide), dim=-1)  # [B, Hq, Sq]
     seen = vis.any(dim=-1)  # [Sq]
-    p = torch.exp(s.float() - torch.where(seen, lse, torch.zeros_like(lse))[..., None]).to(dtype)
+    p = torch.exp(s.to(wide) - torch.where(seen, lse, torch.zeros_like(lse))[..., None]).to(dtype)
     if quantize_p is not None:
         from .fp8 import P_SHIFT
         p = (p * 2.0 ** P_SHIFT).to(quantize_p).to(dtype) * 2.0 ** -P_SHIFT
