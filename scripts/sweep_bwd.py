@@ -1,4 +1,4 @@
-"""Time variants of the backward kernels (ops/dense/bwd.py FORCE tiles, SPLIT masking) on the GPU, gradients
+"""Time variants of the backward kernels (ops/dense/bwd.py FORCE tiles) on the GPU, gradients
 checked first.
 
     python scripts/sweep_bwd.py [--quick] [--flex | --flex-only]
@@ -15,14 +15,14 @@ from tileattn.bench.bwd import _check
 from tileattn.bench.common import attn_tflops, do_bench
 from tileattn.ops.dense import bwd
 
-# (name, split, tiles: (BLOCK_M, BLOCK_N, warps, stages) of dK/dV, the same of dQ; None: bwd._tiles's)
+# (name, tiles: (BLOCK_M, BLOCK_N, warps, stages) of dK/dV, the same of dQ; None: bwd._tiles's)
 CANDIDATES = [
-    ("table", True, None),
-    ("kv128-8w", True, ((64, 128, 8, 2), (128, 64, 8, 2))),
-    ("kv128-8w-s3", True, ((64, 128, 8, 3), (128, 64, 8, 3))),
-    ("kv128/q64", True, ((64, 128, 8, 2), (64, 64, 4, 2))),
-    ("kv64/q128", True, ((64, 64, 4, 2), (128, 64, 8, 2))),
-    ("32x128-4w", True, ((32, 128, 4, 2), (128, 32, 4, 2))),
+    ("table", None),
+    ("kv128-8w", ((64, 128, 8, 2), (128, 64, 8, 2))),
+    ("kv128-8w-s3", ((64, 128, 8, 3), (128, 64, 8, 3))),
+    ("kv128/q64", ((64, 128, 8, 2), (64, 64, 4, 2))),
+    ("kv64/q128", ((64, 64, 4, 2), (128, 64, 8, 2))),
+    ("32x128-4w", ((32, 128, 4, 2), (128, 32, 4, 2))),
 ]
 FLEX_CANDIDATES = [None, ((64, 128, 8, 2), (128, 64, 8, 2)), ((64, 128, 8, 3), (128, 64, 8, 3)),
                    ((64, 128, 8, 3), (64, 64, 4, 2)), ((128, 128, 8, 2), (128, 64, 8, 2)),
@@ -33,8 +33,8 @@ def measure(D, causal, N, B=4, H=32):
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
     dout = torch.randn_like(q)
     line = []
-    for name, split, tiles in CANDIDATES:
-        bwd.SPLIT, bwd.FORCE = split, tiles
+    for name, tiles in CANDIDATES:
+        bwd.FORCE = tiles
         try:
             out = tileattn.attention(q, k, v, causal=causal)
             g = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -46,7 +46,7 @@ def measure(D, causal, N, B=4, H=32):
             line.append(f"{name}: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}")
         except Exception as e:  # noqa: BLE001
             line.append(f"{name}: {type(e).__name__} {str(e)[:60]}")
-    bwd.SPLIT, bwd.FORCE = True, None
+    bwd.FORCE = None
     print(f"D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
     del q, k, v, dout
     torch.cuda.empty_cache()

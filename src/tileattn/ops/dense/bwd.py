@@ -21,7 +21,6 @@ def _grid(blocks, bh):
 
 
 FORCE = None  # scripts/sweep_bwd.py: ((BLOCK_M, BLOCK_N, warps, stages) of dK/dV, the same of dQ)
-SPLIT = True  # scripts/sweep_bwd.py: False masks every tile (MASKING 1) where some tile needs the mask
 
 
 def _tiles(d):
@@ -88,12 +87,12 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
         qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
     else:
         qk_scale, softcap_scale, softcap_out = scale * LOG2E, 1.0, 1.0
-    # MASKING 0 where no tile can need the mask (no window or causal rule, whole tiles), else masked tiles only
-    # where the rule cuts them (2)
+    # no mask code at all where no tile can need it (no window or causal rule, whole tiles); else only the
+    # tiles the rule cuts run masked
     ragged = varlen or sq % km or sk % kn or sq % qm or sk % qn
-    masking = (2 if SPLIT else 1) if (left >= 0 or right >= 0 or ragged) else 0
+    needs_mask = bool(left >= 0 or right >= 0 or ragged)
     common = dict(D=d, DV_=dv, BLOCK_D=bd, BLOCK_DV=bdv, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
-                  ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen, MASKING=masking,
+                  ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen, NEEDS_MASK=needs_mask,
                   ACC=acc)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)

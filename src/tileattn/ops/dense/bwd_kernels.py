@@ -186,11 +186,11 @@ def bwd_dkdv_kernel(
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, MASKING: tl.constexpr, ACC: tl.constexpr = tl.float32,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, NEEDS_MASK: tl.constexpr, ACC: tl.constexpr = tl.float32,
 ):
     """Grid (key blocks, B * Hkv folded over y and z). dK, dV of one key block, summed over the kv head's query
-    heads. MASKING 0: no tile needs the mask (the launcher knows); 1: every tile is masked; 2: tiles inside the
-    rule run unmasked, the others masked."""
+    heads. Tiles inside the visibility rule run unmasked; NEEDS_MASK (the launcher: a rule or partial tiles)
+    adds the loop over the tiles it cuts, masked."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     if i_bh >= num_bh:
@@ -228,7 +228,7 @@ def bwd_dkdv_kernel(
         m_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off_diag + left + 1, 0), seqlen_q)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], ACC)
-    if MASKING == 2:
+    if NEEDS_MASK:
         # query blocks that see every key of the block, [f_lo, f_hi): i >= n0 + BLOCK_N - 1 - OFF - RIGHT,
         # i <= n0 - OFF + LEFT, whole blocks inside the sequence and keys inside theirs. The rest of
         # [m_lo, m_hi) ([m_lo, f_lo) and [f_hi, m_hi)) runs masked.
@@ -250,23 +250,16 @@ def bwd_dkdv_kernel(
     for g in range(0, group_size):
         i_h = i_hk * group_size + g  # int64 (i_hk is): head offsets of head-major layouts can pass 2^31
         hq, hdo, hl = Q + qb + i_h * stride_qh, DO + db + i_h * stride_dh, lb + i_h * stride_lh
-        if MASKING == 1:
-            for m0 in range(m_lo, m_hi, BLOCK_M):
+        for m0 in range(f_lo, f_hi, BLOCK_M):
+            dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d, o_dv,
+                                seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D,
+                                DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, False, ACC)
+        if NEEDS_MASK:
+            for i in range(0, n_masked):
+                m0 = tl.where(i < n_before, m_lo + i * BLOCK_M, f_hi + (i - n_before) * BLOCK_M)
                 dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d,
                                     o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
                                     softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True, ACC)
-        else:
-            for m0 in range(f_lo, f_hi, BLOCK_M):
-                dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d,
-                                    o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                                    softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, False, ACC)
-            if MASKING == 2:
-                for i in range(0, n_masked):
-                    m0 = tl.where(i < n_before, m_lo + i * BLOCK_M, f_hi + (i - n_before) * BLOCK_M)
-                    dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n,
-                                        o_d, o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
-                                        softcap_scale, softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT,
-                                        HAS_SOFTCAP, True, ACC)
     tl.store(DK + dkb + i_hk * stride_dkh + krows[:, None] * stride_dks + o_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (o_d < D)[None, :])
     tl.store(DV + dvb + i_hk * stride_dvh + krows[:, None] * stride_dvs + o_dv[None, :],
@@ -298,9 +291,9 @@ def bwd_dq_kernel(
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, MASKING: tl.constexpr, ACC: tl.constexpr = tl.float32,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, NEEDS_MASK: tl.constexpr, ACC: tl.constexpr = tl.float32,
 ):
-    """Grid (query blocks, B * Hq folded over y and z). dQ of one query block (MASKING as bwd_dkdv_kernel)."""
+    """Grid (query blocks, B * Hq folded over y and z). dQ of one query block (NEEDS_MASK as bwd_dkdv_kernel)."""
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     if i_bh >= num_bh:
@@ -331,7 +324,7 @@ def bwd_dq_kernel(
     lse, delta = _row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
     lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
                                          HAS_RIGHT)
-    if MASKING != 2:
+    if not NEEDS_MASK:
         full_lo, full_hi = lo, hi
     elif m0 + BLOCK_M > seqlen_q:  # a partial query block: rows past the sequence are masked everywhere
         full_lo, full_hi = hi, hi
@@ -342,8 +335,8 @@ def bwd_dq_kernel(
     for n0 in range(full_lo, full_hi, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv, seqlen_k,
                       off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N, HAS_LEFT,
-                      HAS_RIGHT, HAS_SOFTCAP, MASKING == 1, ACC)
-    if MASKING == 2:
+                      HAS_RIGHT, HAS_SOFTCAP, False, ACC)
+    if NEEDS_MASK:
         for i in range(0, n_masked):
             n0 = tl.where(i < n_before, lo + i * BLOCK_N, full_hi + (i - n_before) * BLOCK_N)
             dq = _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv,

@@ -48,10 +48,18 @@ def _mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
     if seq is not None and tuple(seq) != (seqlen_q, seqlen_k):
         raise ValueError(f"block_mask: made for (Q_LEN, KV_LEN) = {tuple(seq)}, the inputs have "
                          f"({seqlen_q}, {seqlen_k})")
-    num, idx = block_mask.kv_num_blocks, block_mask.kv_indices
-    fnum, fidx = block_mask.full_kv_num_blocks, block_mask.full_kv_indices
-    for name, t in (("kv_num_blocks", num), ("kv_indices", idx), ("full_kv_num_blocks", fnum),
-                    ("full_kv_indices", fidx)):
+    num, idx, fnum, fidx = _checked_lists(
+        block_mask, ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"), batch, heads,
+        triton.cdiv(seqlen_q, q_block), "query", device)
+    return num, idx, fnum, fidx, q_block, kv_block, block_mask.mask_mod
+
+
+def _checked_lists(block_mask, names, batch, heads, blocks, what, device):
+    """The four block-list tensors `names` (count, indices, full count, full indices; the full pair may be None)
+    of a BlockMask, checked: int32 on device, batch / head dims broadcasting to (batch, heads), at least
+    `blocks` rows of `what` blocks; indices made contiguous along the list."""
+    lists = [getattr(block_mask, n, None) for n in names]
+    for name, t in zip(names, lists):
         if t is None:
             continue
         if t.device != device or t.dtype != torch.int32:
@@ -59,12 +67,12 @@ def _mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
         if t.shape[0] not in (1, batch) or t.shape[1] not in (1, heads):
             raise ValueError(f"block_mask.{name}: batch / head dims {tuple(t.shape[:2])} do not broadcast to "
                              f"({batch}, {heads})")
-        if t.shape[2] < triton.cdiv(seqlen_q, q_block):
-            raise ValueError(f"block_mask.{name}: {t.shape[2]} query blocks, the queries need "
-                             f"{triton.cdiv(seqlen_q, q_block)}")
-    idx = idx if idx.stride(-1) == 1 else idx.contiguous()
-    fidx = fidx if fidx is None or fidx.stride(-1) == 1 else fidx.contiguous()
-    return num, idx, fnum, fidx, q_block, kv_block, block_mask.mask_mod
+        if t.shape[2] < blocks:
+            raise ValueError(f"block_mask.{name}: {t.shape[2]} {what} blocks, the inputs need {blocks}")
+    for i in (1, 3):
+        if lists[i] is not None and lists[i].stride(-1) != 1:
+            lists[i] = lists[i].contiguous()
+    return tuple(lists)
 
 
 def _transposed_lists(block_mask, batch, heads, seqlen_k, device):
@@ -74,20 +82,8 @@ def _transposed_lists(block_mask, batch, heads, seqlen_k, device):
     if num is None or idx is None:
         raise ValueError("block_mask: has no q_num_blocks / q_indices (made with compute_q_blocks=False?); the "
                          "backward pass needs them")
-    fnum, fidx = getattr(block_mask, "full_q_num_blocks", None), getattr(block_mask, "full_q_indices", None)
-    kv_blocks = triton.cdiv(seqlen_k, block_mask.BLOCK_SIZE[1])
-    for name, t in (("q_num_blocks", num), ("q_indices", idx), ("full_q_num_blocks", fnum),
-                    ("full_q_indices", fidx)):
-        if t is None:
-            continue
-        if t.device != device or t.dtype != torch.int32:
-            raise ValueError(f"block_mask.{name}: expected int32 on {device}, got {t.dtype} on {t.device}")
-        if t.shape[0] not in (1, batch) or t.shape[1] not in (1, heads) or t.shape[2] < kv_blocks:
-            raise ValueError(f"block_mask.{name}: shape {tuple(t.shape)} does not cover ({batch}, {heads}, "
-                             f"{kv_blocks} key blocks)")
-    idx = idx if idx.stride(-1) == 1 else idx.contiguous()
-    fidx = fidx if fidx is None or fidx.stride(-1) == 1 else fidx.contiguous()
-    return num, idx, fnum, fidx
+    return _checked_lists(block_mask, ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"), batch,
+                          heads, triton.cdiv(seqlen_k, block_mask.BLOCK_SIZE[1]), "key", device)
 
 
 def _value_shape(value):

@@ -48,8 +48,9 @@ def flex_bwd(dout, query, key, value, out, lse, dlse, scale, smod, mmod, lists, 
     )
     dense = lists is None
     (km, kn, kw, ks), (qm, qn, qw, qs) = _config(max(D, Dv), q_block, kv_block)
-    blocks = (km, kn, qm, qn) if dense else (q_block, kv_block)
-    even = Sq % max(blocks[0::2]) == 0 and Sk % max(blocks[1::2]) == 0
+    # whole tiles only (the tiles are powers of two, so the larger one dividing means both do)
+    q_tile, kv_tile = (max(km, qm), max(kn, qn)) if dense else (q_block, kv_block)
+    even = Sq % q_tile == 0 and Sk % kv_tile == 0
     load_even = even and D == triton.next_power_of_2(D) and Dv == bdv
     row_stride = max(query.stride(2), key.stride(2), value.stride(2), dout.stride(2))
     row64 = (max(Sq, Sk) + 1) * row_stride >= 2 ** 31

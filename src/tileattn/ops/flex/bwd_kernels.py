@@ -52,6 +52,24 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
 
 
 @triton.jit
+def _dkdv_tile(dk, dv, k, v, o_m, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, b, h, o_n, n_ok, o_d, o_dv,
+               seqlen_q, head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD: tl.constexpr,
+               MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr, LOAD_EVEN: tl.constexpr,
+               ROW64: tl.constexpr):
+    """dK, dV plus the contribution of query rows o_m."""
+    m_ok = o_m < seqlen_q
+    rows = _offsets(o_m, ROW64)
+    q = _tile(hq, rows, stride_qs, m_ok, o_d, head_dim, LOAD_EVEN)
+    do = _tile(hdo, rows, stride_ds, m_ok, o_dv, head_dim_v, LOAD_EVEN)
+    lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
+    pt, dst = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
+                       MASK_MOD, APPLY_MASK, EVEN, True)
+    dv += tl.dot(pt.to(do.dtype), do)
+    dk += tl.dot(dst.to(q.dtype), q)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_blocks(dk, dv, k, v, NUM, IDX, num_off, idx_off, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, b, h,
                  o_n, n_ok, o_d, o_dv, seqlen_q, head_dim, head_dim_v, scale, caps_s, caps_m,
                  SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr,
@@ -60,15 +78,9 @@ def _dkdv_blocks(dk, dv, k, v, NUM, IDX, num_off, idx_off, hq, hdo, LSE, DELTA, 
     PER: tl.constexpr = Q_BLOCK // BLOCK_M
     for i in range(0, tl.load(NUM + num_off) * PER):  # one flat loop over tiles (it pipelines, a nested one not)
         o_m = tl.load(IDX + idx_off + i // PER) * Q_BLOCK + (i % PER) * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_ok = o_m < seqlen_q
-        rows = _offsets(o_m, ROW64)
-        q = _tile(hq, rows, stride_qs, m_ok, o_d, head_dim, LOAD_EVEN)
-        do = _tile(hdo, rows, stride_ds, m_ok, o_dv, head_dim_v, LOAD_EVEN)
-        lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
-        pt, dst = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
-                           MASK_MOD, APPLY_MASK, EVEN, True)
-        dv += tl.dot(pt.to(do.dtype), do)
-        dk += tl.dot(dst.to(q.dtype), q)
+        dk, dv = _dkdv_tile(dk, dv, k, v, o_m, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, b, h, o_n, n_ok, o_d,
+                            o_dv, seqlen_q, head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD, MASK_MOD,
+                            APPLY_MASK, EVEN, LOAD_EVEN, ROW64)
     return dk, dv
 
 
@@ -111,15 +123,9 @@ def flex_bwd_dkdv_kernel(
         hl = b64 * stride_lb + h64 * stride_lh
         if DENSE:
             for m0 in range(0, seqlen_q, BLOCK_M):
-                o_m = m0 + tl.arange(0, BLOCK_M)
-                m_ok = o_m < seqlen_q
-                q = _tile(hq, _offsets(o_m, ROW64), stride_qm, m_ok, o_d, head_dim, LOAD_EVEN)
-                do = _tile(hdo, _offsets(o_m, ROW64), stride_dm, m_ok, o_dv, head_dim_v, LOAD_EVEN)
-                lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
-                pt, dst = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m,
-                                   SCORE_GRAD, MASK_MOD, False, EVEN, True)
-                dv += tl.dot(pt.to(do.dtype), do)
-                dk += tl.dot(dst.to(q.dtype), q)
+                dk, dv = _dkdv_tile(dk, dv, k, v, m0 + tl.arange(0, BLOCK_M), hq, hdo, LSE, DELTA, hl, stride_qm,
+                                    stride_dm, b, h, o_n, n_ok, o_d, o_dv, seqlen_q, head_dim, head_dim_v, scale,
+                                    caps_s, caps_m, SCORE_GRAD, MASK_MOD, False, EVEN, LOAD_EVEN, ROW64)
         else:
             dk, dv = _dkdv_blocks(dk, dv, k, v, Q_NUM, Q_IDX, b * stride_nb + h * stride_nh + kvb * stride_nm,
                                   b * stride_ib + h * stride_ih + kvb * stride_im, hq, hdo, LSE, DELTA, hl,
@@ -140,6 +146,19 @@ def flex_bwd_dkdv_kernel(
 
 
 @triton.jit
+def _dq_tile(dq, q, do, lse, delta, o_n, hk, hv, stride_kn, stride_vn, b, h, o_m, m_ok, o_d, o_dv, seqlen_k,
+             head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr,
+             APPLY_MASK: tl.constexpr, EVEN: tl.constexpr, LOAD_EVEN: tl.constexpr, ROW64: tl.constexpr):
+    """dQ plus the contribution of keys o_n."""
+    n_ok = o_n < seqlen_k
+    k = _tile(hk, _offsets(o_n, ROW64), stride_kn, n_ok, o_d, head_dim, LOAD_EVEN)
+    v = _tile(hv, _offsets(o_n, ROW64), stride_vn, n_ok, o_dv, head_dim_v, LOAD_EVEN)
+    _, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
+                     MASK_MOD, APPLY_MASK, EVEN, False)
+    return dq + tl.dot(ds.to(k.dtype), k)
+
+
+@triton.jit
 def _dq_blocks(dq, q, do, lse, delta, NUM, IDX, num_off, idx_off, hk, hv, stride_kn, stride_vn, b, h, o_m, m_ok,
                o_d, o_dv, seqlen_k, head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD: tl.constexpr,
                MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr, LOAD_EVEN: tl.constexpr,
@@ -148,12 +167,9 @@ def _dq_blocks(dq, q, do, lse, delta, NUM, IDX, num_off, idx_off, hk, hv, stride
     PER: tl.constexpr = KV_BLOCK // BLOCK_N
     for i in range(0, tl.load(NUM + num_off) * PER):  # one flat loop over tiles (it pipelines, a nested one not)
         o_n = tl.load(IDX + idx_off + i // PER) * KV_BLOCK + (i % PER) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = o_n < seqlen_k
-        k = _tile(hk, _offsets(o_n, ROW64), stride_kn, n_ok, o_d, head_dim, LOAD_EVEN)
-        v = _tile(hv, _offsets(o_n, ROW64), stride_vn, n_ok, o_dv, head_dim_v, LOAD_EVEN)
-        _, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
-                         MASK_MOD, APPLY_MASK, EVEN, False)
-        dq += tl.dot(ds.to(k.dtype), k)
+        dq = _dq_tile(dq, q, do, lse, delta, o_n, hk, hv, stride_kn, stride_vn, b, h, o_m, m_ok, o_d, o_dv, seqlen_k,
+                      head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD, MASK_MOD, APPLY_MASK, EVEN, LOAD_EVEN,
+                      ROW64)
     return dq
 
 
@@ -192,13 +208,9 @@ def flex_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if DENSE:
         for n0 in range(0, seqlen_k, BLOCK_N):
-            o_n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = o_n < seqlen_k
-            k = _tile(hk_, _offsets(o_n, ROW64), stride_kn, n_ok, o_d, head_dim, LOAD_EVEN)
-            v = _tile(hv, _offsets(o_n, ROW64), stride_vn, n_ok, o_dv, head_dim_v, LOAD_EVEN)
-            _, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
-                             MASK_MOD, False, EVEN, False)
-            dq += tl.dot(ds.to(k.dtype), k)
+            dq = _dq_tile(dq, q, do, lse, delta, n0 + tl.arange(0, BLOCK_N), hk_, hv, stride_kn, stride_vn, b, h, o_m,
+                          m_ok, o_d, o_dv, seqlen_k, head_dim, head_dim_v, scale, caps_s, caps_m, SCORE_GRAD,
+                          MASK_MOD, False, EVEN, LOAD_EVEN, ROW64)
     else:
         dq = _dq_blocks(dq, q, do, lse, delta, KV_NUM, KV_IDX, b * stride_nb + h * stride_nh + qb * stride_nm,
                         b * stride_ib + h * stride_ih + qb * stride_im, hk_, hv, stride_kn, stride_vn, b, h, o_m,
