@@ -3,6 +3,7 @@
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [profile-bwd] [bench-bwd]
+#                                                        [sweep-large-d] [large-d-tests] [bench-large-d]
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -78,6 +79,9 @@ for s in $steps; do
     profile-bwd)
       timeout 300 python3 scripts/profile_bwd.py > "$OUT/profile_bwd.log" 2>&1; rc=$?
       summary+=("profile-bwd rc=$rc"); grep "^PROF" "$OUT/profile_bwd.log" ;;
+    sweep-large-d)
+      timeout 580 python3 scripts/sweep_large_d.py ${LARGE_D_ARGS:-} > "$OUT/sweep_large_d.log" 2>&1; rc=$?
+      summary+=("sweep-large-d rc=$rc"); grep -E "^(EFF|BEST|CFG)" "$OUT/sweep_large_d.log" | cut -c1-200 ;;
     bench-bwd)
       timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")

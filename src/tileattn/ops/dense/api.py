@@ -16,7 +16,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0
         q: [B, Sq, Hq, D]; k: [B, Sk, Hkv, D]; v: [B, Sk, Hkv, Dv]. float16, bfloat16, float8_e4m3fn or
             float8_e5m2, one dtype, one device. Any strides with a contiguous last dim (no copies are made;
             fp8 v may instead have a contiguous sequence dim, or be an `Fp8V`, see below). D and Dv:
-            multiples of 8 in [32, 256], Dv may differ from D.
+            multiples of 8 in [32, 1024], Dv may differ from D. Above 256 (float16/bfloat16 only) a kernel
+            that tiles the head dim serves the call (ops/dense/large_d.py); gradients take D, Dv <= 256.
         causal: query i sees key j iff j <= i + Sk - Sq (aligned bottom-right, as FlashAttention >= 2.1;
             with Sq > Sk the first Sq - Sk query rows see nothing).
         scale: multiplier of q.k; default D ** -0.5.
@@ -106,6 +107,10 @@ def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bott
     if q.dtype in fp8.FP8_DTYPES:
         out_dtype = out_dtype or torch.bfloat16
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if grad and max(q.shape[-1], v.shape[-1]) > checks.MAX_GRAD_HEAD_DIM:
+        raise ValueError(f"q, k or v requires grad, but the backward takes head dims up to "
+                         f"{checks.MAX_GRAD_HEAD_DIM} (got D={q.shape[-1]}, Dv={v.shape[-1]}); run the forward "
+                         f"under torch.no_grad() or detach the inputs")
     # a tracked gradient needs the forward's lse (attn_bwd recomputes the probabilities from it)
     args = (q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale * qk_factor, left, right, float(softcap),
             bottom_right, bool(return_lse or grad), *dtensors, out_scale, out_dtype, v_packed)

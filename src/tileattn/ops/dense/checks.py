@@ -11,7 +11,9 @@ from ... import hw
 from .fp8 import FP8_DTYPES, is_fp8, is_seq_major
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16) + FP8_DTYPES
-MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 1024
+MAX_GRAD_HEAD_DIM = 256  # the backward kernels (bwd.py) hold a whole head dim per tile
+MAX_FP8_HEAD_DIM = 256  # fp8 kernels: the dense kernel's head dims (large_d.py takes float16/bfloat16)
 
 
 def _check_tensor(name, t, ndim, layout):
@@ -99,6 +101,9 @@ def check_inputs(q, k, v, *, varlen):
         raise ValueError(f"q and k head dims differ: {q.shape[-1]} vs {k.shape[-1]}")
     _check_head_dim("q/k", q.shape[-1])
     _check_head_dim("v", v.shape[-1])
+    if is_fp8(q.dtype) and max(q.shape[-1], v.shape[-1]) > MAX_FP8_HEAD_DIM:
+        raise ValueError(f"fp8 attention takes head dims up to {MAX_FP8_HEAD_DIM}, got D={q.shape[-1]}, "
+                         f"Dv={v.shape[-1]} (larger head dims run in float16 or bfloat16)")
 
 
 def check_cu_seqlens(cu_q, cu_k, total_q, total_k, max_q, max_k):

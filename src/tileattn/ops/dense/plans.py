@@ -10,7 +10,7 @@ import torch
 
 from ... import hw
 from ...launcher import KernelLauncher
-from . import launch_sm90
+from . import large_d, launch_sm90
 from .fp8 import fp8_v_layout, is_fp8
 from .checks import (check_cu_seqlens, check_device, check_inputs, check_options, check_sdpa_inputs,
                      effective_window)
@@ -221,6 +221,11 @@ def _new_plan(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, s
         return _Plan(fill, "no keys")
     if lse is None:
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    if large_d.applies(q.shape[-1], v.shape[-1]):
+        seqlen_q, seqlen_k = _seqlens(q, k, cu_q, max_q, max_k)
+        grid, launcher, _ = large_d.plan(q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k, scale, left, right,
+                                         softcap, bottom_right, return_lse)
+        return _Plan(fill, None, grid, launcher, _scales)
     if use_sm90(q, k, v, out, varlen, scale, softcap, right >= 0):
         v_prep = None
         if is_fp8(v.dtype) and not v_packed:  # packed once per call (fp8.py)

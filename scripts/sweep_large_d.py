@@ -1,0 +1,89 @@
+"""Time large-D kernel configs (ops/dense/large_d.py) on the large-d grid's shapes, each output checked first.
+
+    python scripts/sweep_large_d.py [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J]
+
+Prints one line per (config, D, causal): TFLOPS, ratio to SDPA's EFFICIENT backend, check; then BEST lines.
+"""
+import argparse
+import time
+
+import torch
+
+from tileattn.ops.dense import large_d
+from tileattn.ops.dense.launch import force_config
+from tileattn.ops.dense.reference import attention_ref
+from tileattn.tolerance import allowed_error
+from tileattn.bench.common import attn_tflops, do_bench, max_abs
+
+C = large_d.LargeDConfig
+CONFIGS = [
+    C(128, 64, 64, 256, 8, 3),
+    C(128, 64, 64, 256, 8, 3, True),
+    C(128, 128, 64, 256, 8, 3, True),
+    C(64, 64, 64, 256, 4, 3, True),
+    C(64, 128, 64, 256, 4, 3, True),
+    C(64, 64, 64, 512, 8, 3),
+    C(128, 64, 64, 128, 8, 3, True),
+    C(128, 64, 32, 256, 8, 4, True),
+    C(128, 64, 128, 256, 8, 2, True),
+    C(64, 128, 64, 512, 8, 2),
+    C(128, 32, 64, 256, 8, 3, True),
+    C(64, 64, 64, 256, 4, 4, True),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dims", default="320,512,1024")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=48)
+    ap.add_argument("--configs", default=None, help="comma-separated indices into CONFIGS")
+    ap.add_argument("--budget-s", type=float, default=500)
+    a = ap.parse_args()
+    t_start = time.time()
+    cfgs = CONFIGS if a.configs is None else [CONFIGS[int(i)] for i in a.configs.split(",")]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    best = {}
+    for D in (int(x) for x in a.dims.split(",")):
+        for causal in (bool(int(x)) for x in a.causal.split(",")):
+            B, H, N = 1, a.heads, a.n
+            q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16) for _ in range(3))
+            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+            ref, _ = attention_ref(q[:, :, :2], k[:, :, :2], v[:, :, :2], causal=causal)
+            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                eff_fn = lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
+                eff_out = eff_fn().transpose(1, 2)
+                eff_err = max_abs(eff_out[:, :, :2], ref)
+                eff_ms = do_bench(eff_fn)
+            eff_tf = attn_tflops(B, H, N, N, D, D, causal, eff_ms)
+            print(f"EFF D={D} causal={causal} {eff_tf:.0f} TFLOPS err={eff_err:.2e}", flush=True)
+            for i, cfg in enumerate(cfgs):
+                if time.time() - t_start > a.budget_s:
+                    print("budget exhausted", flush=True)
+                    break
+                import tileattn
+                try:
+                    with force_config(cfg):
+                        out = tileattn.attention(q, k, v, causal=causal)
+                        torch.cuda.synchronize()
+                        err = max_abs(out[:, :, :2], ref)
+                        ok = bool(torch.isfinite(out).all()) and err <= allowed_error(eff_err, ref, q.dtype)
+                        ms = do_bench(lambda: tileattn.attention(q, k, v, causal=causal)) if ok else None
+                        smem = large_d.compiled_smem(q, k, v, causal, cfg)
+                except Exception as e:
+                    print(f"CFG {i} {cfg} D={D} causal={causal} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    continue
+                tf = attn_tflops(B, H, N, N, D, D, causal, ms) if ms else 0.0
+                print(f"CFG {i} {cfg} D={D} causal={causal} smem={smem} err={err:.2e} ok={ok} "
+                      f"{tf:.0f} TFLOPS x{tf / eff_tf:.2f} eff", flush=True)
+                if ok and tf > best.get((D, causal), (0, None))[0]:
+                    best[(D, causal)] = (tf, i, tf / eff_tf)
+            del q, k, v, qh, kh, vh, ref, eff_out
+            torch.cuda.empty_cache()
+    for (D, causal), (tf, i, r) in sorted(best.items()):
+        print(f"BEST D={D} causal={causal}: cfg {i} {cfgs[i]} {tf:.0f} TFLOPS x{r:.2f} eff")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Host side of dense attention forward for large head dims (large_d_kernels.py): configs, grid, arguments.
+
+The dense API sends a problem here when D or Dv is above 256 (plans.py); nothing else changes for the
+caller. Shared memory is fixed by the config, not by the head dim: num_stages Q and K chunks of BLOCK_K
+columns, one [BLOCK_N, BLOCK_DV] V tile and the P tile.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ... import hw
+from .launch import MAX_GRID_Y, _descriptor, _forced, _scales, tma_ok
+
+# above this head dim (of Q/K or of V) the large-D kernel serves the problem
+LARGE_D_FROM = 257
+
+
+@dataclass(frozen=True)
+class LargeDConfig:
+    block_m: int
+    block_n: int
+    block_k: int  # head-dim columns of one Q K^T step
+    block_dv: int  # output columns per program, at most (the slice is min(block_dv, Dv rounded up to a power of 2))
+    num_warps: int
+    num_stages: int
+    use_tma: bool = False
+
+    def slice_dv(self, dv: int) -> int:
+        return min(self.block_dv, max(16, triton.next_power_of_2(dv)))
+
+    def smem_bytes(self, dv: int, elem_bytes: int) -> int:
+        """A lower bound of the kernel's shared memory (Q and K chunks in flight, the V tile, the P tile): a
+        pre-filter; on a GPU the compiled kernel's own figure decides."""
+        chunks = max(1, self.num_stages - 1) * (self.block_m + self.block_n) * self.block_k
+        return (chunks + self.block_n * self.slice_dv(dv) + self.block_m * self.block_n) * elem_bytes
+
+
+C = LargeDConfig
+
+# sm90 (H100), per Dv bucket (Dv rounded up to a multiple of 256: 256 for Dv <= 256 with D > 256).
+# Not swept yet: 128-row blocks (2 warpgroups), 256-column output slices.
+_SM90 = {
+    256: [C(128, 64, 64, 256, 8, 3)],
+    512: [C(128, 64, 64, 256, 8, 3)],
+    768: [C(128, 64, 64, 256, 8, 3)],
+    1024: [C(128, 64, 64, 256, 8, 3)],
+}
+# every budget, small to large; always tried after the table's own candidates
+_FALLBACK = [C(64, 64, 64, 128, 4, 2), C(64, 32, 32, 64, 4, 2), C(32, 32, 32, 64, 4, 1)]
+
+
+def applies(d: int, dv: int) -> bool:
+    """Whether the large-D kernel serves head dims (d, dv)."""
+    return max(d, dv) >= LARGE_D_FROM
+
+
+def candidates(arch: int, dv: int, elem_bytes: int, smem_budget: int):
+    """Configs for this problem, best first, that fit `smem_budget` bytes by the estimate. Never empty."""
+    table = _SM90 if arch >= 90 else {}
+    entries = table.get(256 * math.ceil(dv / 256), [])
+    out = []
+    for cfg in entries + _FALLBACK:
+        if cfg in out or (cfg.use_tma and arch < 90):
+            continue
+        if cfg.smem_bytes(dv, elem_bytes) <= smem_budget:
+            out.append(cfg)
+    return out or _FALLBACK[-1:]
+
+
+_choice_cache = {}
+
+
+def choose_config(q, v, run):
+    """forced (force_config with a LargeDConfig) > the first candidate whose compiled shared memory fits the
+    device's budget (or the emulated one, TILEATTN_SMEM_BUDGET). Cached per (device, dtype, Dv, budget)."""
+    forced = _forced.cfg
+    if isinstance(forced, LargeDConfig):
+        return forced
+    info = hw.device_info(q.device)
+    key = (q.device, q.dtype, v.shape[-1], info.smem_per_block)
+    cfg = _choice_cache.get(key)
+    if cfg is None:
+        cands = candidates(info.arch, v.shape[-1], q.element_size(), info.smem_per_block)
+        if q.device.type == "cuda":
+            cfg = next((c for c in cands if run(c, compile_only=True).metadata.shared <= info.smem_per_block),
+                       cands[-1])
+        else:
+            cfg = cands[0]
+        _choice_cache[key] = cfg
+    return cfg
+
+
+def kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
+                window_right, softcap, align_bottom_right, return_lse, cfg: LargeDConfig):
+    """(grid, args, kwargs) of attn_fwd_large_d_kernel for validated inputs and this config."""
+    varlen = cu_seqlens_q is not None
+    batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    hq, hkv, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    block_dv = cfg.slice_dv(dv)
+    slices = triton.cdiv(dv, block_dv)
+    if varlen:
+        sq, sk, sv, so = ((0,) + tuple(t.stride()) for t in (q, k, v, out))
+        sl = (0, lse.stride(0)) if return_lse else (0, 0)
+    else:
+        sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
+        sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
+    # TMA boxes take at most 256 elements per dimension
+    use_tma = cfg.use_tma and block_dv <= 256 and all(tma_ok(t) for t in (q, k, v))
+    if use_tma:
+        q_arg = _descriptor(q, cfg.block_m, cfg.block_k, varlen)
+        k_arg = _descriptor(k, cfg.block_n, cfg.block_k, varlen)
+        v_arg = _descriptor(v, cfg.block_n, block_dv, varlen)
+    else:
+        q_arg, k_arg, v_arg = q, k, v
+    num_bh = batch * hq
+    grid = (triton.cdiv(max(seqlen_q, 1), cfg.block_m) * slices, min(num_bh, MAX_GRID_Y),
+            triton.cdiv(num_bh, MAX_GRID_Y))
+    args = (q_arg, k_arg, v_arg, out, lse,
+            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2], sl[0], sl[1],
+            cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, hq, hq // hkv, num_bh,
+            *_scales(scale, softcap), window_left, window_right)
+    kwargs = dict(
+        D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_DV=block_dv,
+        NUM_SLICES=slices, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen,
+        RETURN_LSE=return_lse, USE_TMA=use_tma, REVERSE_M=window_right >= 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return grid, args, kwargs
+
+
+# the kernel parameters that change between calls of one plan (KernelLauncher's `varying`)
+VARYING = ("Q", "K", "V", "O", "LSE", "qk_scale", "softcap_scale", "softcap_out")
+VARYING_VARLEN = VARYING + ("cu_seqlens_q", "cu_seqlens_k")
+
+
+class PlanLauncher:
+    """A plan's launcher (plans._forward calls it with the dense kernel's values): drops the fp8 descales and
+    the output scale, which large head dims never have."""
+    __slots__ = ("launcher",)
+
+    def __init__(self, launcher):
+        self.launcher = launcher
+
+    def __call__(self, grid, q, k, v, out, lse, qd, kd, vd, qk_scale, softcap_scale, softcap_out, out_scale,
+                 *cu_seqlens):
+        self.launcher(grid, q, k, v, out, lse, qk_scale, softcap_scale, softcap_out, *cu_seqlens)
+
+
+def _launch_fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
+               window_right, softcap, align_bottom_right, return_lse):
+    """launch(cfg, compile_only=False) through Triton's normal path (compile_only: returns the compiled
+    kernel, whose .metadata.shared is its shared memory)."""
+    from .large_d_kernels import attn_fwd_large_d_kernel
+
+    def launch(cfg, compile_only=False):
+        grid, args, kwargs = kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale,
+                                         window_left, window_right, softcap, align_bottom_right, return_lse, cfg)
+        if compile_only:
+            return attn_fwd_large_d_kernel.warmup(*args, grid=grid, **kwargs)
+        return attn_fwd_large_d_kernel[grid](*args, **kwargs)
+
+    return launch
+
+
+def plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
+         softcap, align_bottom_right, return_lse):
+    """(grid, launcher, cfg) of a launch plan (plans.py): the config is chosen here (choose_config)."""
+    from .large_d_kernels import attn_fwd_large_d_kernel
+    from ...launcher import KernelLauncher
+    args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
+            softcap, align_bottom_right, return_lse)
+    cfg = choose_config(q, v, _launch_fn(*args))
+    grid, kargs, kwargs = kernel_call(*args, cfg)
+    varying = VARYING_VARLEN if cu_seqlens_q is not None else VARYING
+    return grid, PlanLauncher(KernelLauncher(attn_fwd_large_d_kernel, kargs, kwargs, varying)), cfg
+
+
+def compiled_smem(q, k, v, causal=False, cfg=None):
+    """Shared memory of the large-D kernel for these batched inputs (the chosen config, or cfg); compiles,
+    never runs."""
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    args = (q, k, v, out, lse, None, None, q.shape[1], k.shape[1], q.shape[-1] ** -0.5, -1, 0 if causal else -1,
+            0.0, True, False)
+    launch = _launch_fn(*args)
+    return launch(cfg or choose_config(q, v, launch), compile_only=True).metadata.shared

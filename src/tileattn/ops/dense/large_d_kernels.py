@@ -1,0 +1,194 @@
+"""Triton kernel of dense attention forward for large head dims (D or Dv above 256, up to 1024).
+
+Shared memory does not grow with the head dim:
+  - the scores S = Q K^T of a [BLOCK_M, BLOCK_N] tile are summed over chunks of BLOCK_K head-dim columns;
+    each step loads one Q chunk and one K chunk (Q is read again for every key block, mostly from L2), and
+    only those chunks are in flight (num_stages of them);
+  - the output head dim is cut into slices of BLOCK_DV columns, one slice per program, so the float32
+    accumulator [BLOCK_M, BLOCK_DV] stays in registers. Grid axis 0 enumerates (query block, slice) with the
+    slices of one query block adjacent: they read the same Q and K rows from L2 at about the same time. Every
+    slice recomputes S: a split into n slices costs n - 1 extra Q K^T products (large_d.py weighs this).
+The masking model, the three key ranges (masked / unmasked / masked) and the online softmax are those of
+kernels.py, whose helpers this kernel calls.
+
+Loads are pointer loads (rows clamped into the sequence instead of masked: a clamped key row is a real,
+finite key whose score is masked and whose probability is 0) or, with USE_TMA, tensor-descriptor loads
+(out-of-range rows and head-dim columns are zero-filled by the copy engine).
+
+Constexpr options beyond kernels.py's:
+    BLOCK_K      head-dim columns of one Q K^T step (EVEN_K: D is a multiple)
+    BLOCK_DV     output columns of one program (a power of two; EVEN_DV: Dv is a multiple)
+    NUM_SLICES   cdiv(Dv, BLOCK_DV)
+"""
+import triton
+import triton.language as tl
+
+from .kernels import _online_softmax_step, key_range, tanh, visible
+
+
+@triton.jit
+def _tile(src, row_off, cols, c0, ncols, i_b, i_h, seq_row0, r0,
+          ROWS: tl.constexpr, COLS: tl.constexpr, EVEN: tl.constexpr, USE_TMA: tl.constexpr,
+          IS_VARLEN: tl.constexpr):
+    """[ROWS, COLS] tile of Q, K or V: rows r0.. of this sequence (row_off: their offsets, pointer loads),
+    head-dim columns c0.. (< ncols unless EVEN)."""
+    if USE_TMA:
+        if IS_VARLEN:
+            x = src.load([seq_row0 + r0, i_h, c0]).reshape(ROWS, COLS)
+        else:
+            x = src.load([i_b, r0, i_h, c0]).reshape(ROWS, COLS)
+    else:
+        p = src + row_off[:, None] + (c0 + cols)[None, :]
+        if EVEN:
+            x = tl.load(p)
+        else:
+            x = tl.load(p, mask=(c0 + cols < ncols)[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _key_blocks(b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, i_b, i_h, i_hk, q_row0, k_row0,
+                m0, c0, start_n, end_n, o_m, o_n, o_k, o_dv, seqlen_k, off_diag, left, right,
+                qk_scale, softcap_scale, softcap_out,
+                D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, EVEN_K: tl.constexpr, EVEN_DV: tl.constexpr,
+                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Online softmax over the key blocks [start_n, end_n); MASKED applies the visibility rule per element."""
+    for n0 in tl.range(start_n, end_n, BLOCK_N):
+        rows = n0 + o_n
+        if MASKED:
+            rows = tl.minimum(rows, seqlen_k - 1)
+        k_off = rows.to(tl.int64) * stride_ks
+        # this slice of V is issued first: its load overlaps the Q K^T steps
+        b_v = _tile(v_src, rows.to(tl.int64) * stride_vs, o_dv, c0, DV, i_b, i_hk, k_row0, n0,
+                    BLOCK_N, BLOCK_DV, EVEN_DV, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_DV]
+        b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for d0 in tl.range(0, D, BLOCK_K):
+            b_q = _tile(q_src, q_off, o_k, d0, D, i_b, i_h, q_row0, m0, BLOCK_M, BLOCK_K, EVEN_K, USE_TMA,
+                        IS_VARLEN)  # [BLOCK_M, BLOCK_K]
+            b_k = _tile(k_src, k_off, o_k, d0, D, i_b, i_hk, k_row0, n0, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA,
+                        IS_VARLEN)  # [BLOCK_N, BLOCK_K]
+            b_s = tl.dot(b_q, tl.trans(b_k), b_s)
+        if HAS_SOFTCAP:
+            b_s = tanh(b_s * softcap_scale) * softcap_out
+        else:
+            b_s = b_s * qk_scale
+        if MASKED:
+            b_s = tl.where(visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT), b_s,
+                           float("-inf"))
+        b_acc, b_l, b_m = _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, MASKED, 0, False)
+    return b_acc, b_l, b_m
+
+
+@triton.jit
+def attn_fwd_large_d_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    cu_seqlens_q, cu_seqlens_k,
+    seqlen_q, seqlen_k, num_heads, group_size, num_bh,
+    qk_scale, softcap_scale, softcap_out, left, right,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_DV: tl.constexpr, NUM_SLICES: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr,
+    USE_TMA: tl.constexpr, REVERSE_M: tl.constexpr,
+):
+    """Grid: (cdiv(max Sq, BLOCK_M) * NUM_SLICES, Y, Z) with Y * Z >= num_bh = B * Hq. One program computes the
+    [BLOCK_M, BLOCK_DV] output tile of one query block and one slice of Dv; slice 0 also writes the lse."""
+    EVEN_K: tl.constexpr = D % BLOCK_K == 0
+    EVEN_DV: tl.constexpr = DV % BLOCK_DV == 0
+    i_m = tl.program_id(0) // NUM_SLICES
+    i_c = tl.program_id(0) % NUM_SLICES
+    if REVERSE_M:
+        i_m = tl.num_programs(0) // NUM_SLICES - 1 - i_m
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    i_hk = i_h // group_size
+
+    if IS_VARLEN:
+        q_row0 = tl.load(cu_seqlens_q + i_b)
+        seqlen_q = tl.load(cu_seqlens_q + i_b + 1) - q_row0
+        k_row0 = tl.load(cu_seqlens_k + i_b)
+        seqlen_k = tl.load(cu_seqlens_k + i_b + 1) - k_row0
+        q_base = q_row0.to(tl.int64) * stride_qs
+        k_base = k_row0.to(tl.int64) * stride_ks
+        v_base = k_row0.to(tl.int64) * stride_vs
+        o_base = q_row0.to(tl.int64) * stride_os
+        l_base = q_row0.to(tl.int64)  # varlen lse is [Hq, total_q]
+    else:
+        q_row0 = 0
+        k_row0 = 0
+        q_base = i_b.to(tl.int64) * stride_qb
+        k_base = i_b.to(tl.int64) * stride_kb
+        v_base = i_b.to(tl.int64) * stride_vb
+        o_base = i_b.to(tl.int64) * stride_ob
+        l_base = i_b.to(tl.int64) * stride_lb
+    m0 = i_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    c0 = i_c * BLOCK_DV
+
+    o_m = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query positions
+    o_n = tl.arange(0, BLOCK_N)
+    o_k = tl.arange(0, BLOCK_K)
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_m = o_m < seqlen_q
+    # rows past the sequence read its last row (their outputs are not stored)
+    q_off = tl.minimum(o_m, seqlen_q - 1).to(tl.int64) * stride_qs
+
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    else:
+        off_diag = 0
+    lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N,
+                                         HAS_LEFT, HAS_RIGHT)
+    if USE_TMA:
+        q_src = Q
+        k_src = K
+        v_src = V
+    else:
+        q_src = Q + q_base + i_h.to(tl.int64) * stride_qh
+        k_src = K + k_base + i_hk.to(tl.int64) * stride_kh
+        v_src = V + v_base + i_hk.to(tl.int64) * stride_vh
+
+    b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    b_acc, b_l, b_m = _key_blocks(
+        b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, i_b, i_h, i_hk, q_row0, k_row0, m0, c0,
+        lo, full_lo, o_m, o_n, o_k, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+        D, DV, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, EVEN_K, EVEN_DV, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        USE_TMA, IS_VARLEN)
+    b_acc, b_l, b_m = _key_blocks(
+        b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, i_b, i_h, i_hk, q_row0, k_row0, m0, c0,
+        full_lo, full_hi, o_m, o_n, o_k, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+        softcap_out, D, DV, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, EVEN_K, EVEN_DV, False, HAS_LEFT, HAS_RIGHT,
+        HAS_SOFTCAP, USE_TMA, IS_VARLEN)
+    b_acc, b_l, b_m = _key_blocks(
+        b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, i_b, i_h, i_hk, q_row0, k_row0, m0, c0,
+        full_hi, hi, o_m, o_n, o_k, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+        D, DV, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, EVEN_K, EVEN_DV, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        USE_TMA, IS_VARLEN)
+
+    # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
+    b_seen = b_l > 0.0
+    b_out = b_acc / tl.where(b_seen, b_l, 1.0)[:, None]
+    p_o = (O + o_base + i_h.to(tl.int64) * stride_oh + o_m.to(tl.int64)[:, None] * stride_os
+           + (c0 + o_dv)[None, :])
+    if EVEN_DV:
+        tl.store(p_o, b_out.to(O.dtype.element_ty), mask=m_m[:, None])
+    else:
+        tl.store(p_o, b_out.to(O.dtype.element_ty), mask=m_m[:, None] & (c0 + o_dv < DV)[None, :])
+    if RETURN_LSE:
+        if i_c == 0:
+            b_lse = tl.where(b_seen, (b_m + tl.log2(tl.where(b_seen, b_l, 1.0))) * 0.6931471805599453,
+                             float("-inf"))
+            tl.store(LSE + l_base + i_h.to(tl.int64) * stride_lh + o_m, b_lse, mask=m_m)
