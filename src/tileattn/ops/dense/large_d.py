@@ -40,12 +40,14 @@ class LargeDConfig:
 C = LargeDConfig
 
 # sm90 (H100), per Dv bucket (Dv rounded up to a multiple of 256: 256 for Dv <= 256 with D > 256).
-# Not swept yet: 128-row blocks (2 warpgroups), 256-column output slices.
+# scripts/sweep_large_d.py on the H100 (B=1, H=48, N=8192, fp16, non-causal, 2026-11-21): 128 x 128 tiles
+# with 64-column Q K^T steps, 256-column slices and TMA loads won at D = 320 / 512 / 1024 (230 / 292 / 193
+# TFLOPS); 128 x 64 tiles 149-199, 64-row tiles 125-196, 512-column slices (64-row tiles) 119-193.
 _SM90 = {
-    256: [C(128, 64, 64, 256, 8, 3)],
-    512: [C(128, 64, 64, 256, 8, 3)],
-    768: [C(128, 64, 64, 256, 8, 3)],
-    1024: [C(128, 64, 64, 256, 8, 3)],
+    256: [C(128, 128, 64, 256, 8, 3, True)],
+    512: [C(128, 128, 64, 256, 8, 3, True)],
+    768: [C(128, 128, 64, 256, 8, 3, True)],
+    1024: [C(128, 128, 64, 256, 8, 3, True)],
 }
 # every budget, small to large; always tried after the table's own candidates
 _FALLBACK = [C(64, 64, 64, 128, 4, 2), C(64, 32, 32, 64, 4, 2), C(32, 32, 32, 64, 4, 1)]
@@ -92,43 +94,58 @@ def choose_config(q, v, run):
     return cfg
 
 
+def slices(dv: int, cfg: LargeDConfig):
+    """The launches' output slices, [(first column, slice width, number of slices)]: full slices of the
+    config's width, then a narrower power-of-two tail slice in a second launch when that saves work (every
+    slice recomputes Q K^T; a tail of width t instead of w saves (w - t) columns of P V). Dv = 320 with
+    256-column slices: [(0, 256, 1), (256, 64, 1)]."""
+    w = cfg.slice_dv(dv)
+    full, rem = divmod(dv, w)
+    tail = max(16, triton.next_power_of_2(rem)) if rem else 0
+    if tail >= w or full == 0:
+        return [(0, w, full + (1 if rem else 0))]
+    return [(0, w, full)] + ([(full * w, tail, 1)] if rem else [])
+
+
 def kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
                 window_right, softcap, align_bottom_right, return_lse, cfg: LargeDConfig):
-    """(grid, args, kwargs) of attn_fwd_large_d_kernel for validated inputs and this config."""
+    """[(grid, args, kwargs)] of attn_fwd_large_d_kernel for validated inputs and this config: one launch per
+    entry of slices(), run in order."""
     varlen = cu_seqlens_q is not None
     batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
     hq, hkv, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    block_dv = cfg.slice_dv(dv)
-    slices = triton.cdiv(dv, block_dv)
     if varlen:
         sq, sk, sv, so = ((0,) + tuple(t.stride()) for t in (q, k, v, out))
         sl = (0, lse.stride(0)) if return_lse else (0, 0)
     else:
         sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
         sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
-    # TMA boxes take at most 256 elements per dimension
-    use_tma = cfg.use_tma and block_dv <= 256 and all(tma_ok(t) for t in (q, k, v))
-    if use_tma:
-        q_arg = _descriptor(q, cfg.block_m, cfg.block_k, varlen)
-        k_arg = _descriptor(k, cfg.block_n, cfg.block_k, varlen)
-        v_arg = _descriptor(v, cfg.block_n, block_dv, varlen)
-    else:
-        q_arg, k_arg, v_arg = q, k, v
     num_bh = batch * hq
-    grid = (triton.cdiv(max(seqlen_q, 1), cfg.block_m) * slices, min(num_bh, MAX_GRID_Y),
-            triton.cdiv(num_bh, MAX_GRID_Y))
-    args = (q_arg, k_arg, v_arg, out, lse,
-            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2], sl[0], sl[1],
-            cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, hq, hq // hkv, num_bh,
-            *_scales(scale, softcap), window_left, window_right)
-    kwargs = dict(
-        D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_DV=block_dv,
-        NUM_SLICES=slices, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen,
-        RETURN_LSE=return_lse, USE_TMA=use_tma, REVERSE_M=window_right >= 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return grid, args, kwargs
+    # TMA boxes take at most 256 elements per dimension
+    use_tma = cfg.use_tma and cfg.slice_dv(dv) <= 256 and all(tma_ok(t) for t in (q, k, v))
+    calls = []
+    for dv_start, block_dv, count in slices(dv, cfg):
+        if use_tma:
+            q_arg = _descriptor(q, cfg.block_m, cfg.block_k, varlen)
+            k_arg = _descriptor(k, cfg.block_n, cfg.block_k, varlen)
+            v_arg = _descriptor(v, cfg.block_n, block_dv, varlen)
+        else:
+            q_arg, k_arg, v_arg = q, k, v
+        grid = (triton.cdiv(max(seqlen_q, 1), cfg.block_m) * count, min(num_bh, MAX_GRID_Y),
+                triton.cdiv(num_bh, MAX_GRID_Y))
+        args = (q_arg, k_arg, v_arg, out, lse,
+                sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2], sl[0], sl[1],
+                cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, hq, hq // hkv, num_bh,
+                *_scales(scale, softcap), window_left, window_right)
+        kwargs = dict(
+            D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DV_START=dv_start,
+            BLOCK_DV=block_dv, NUM_SLICES=count, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+            ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen,
+            RETURN_LSE=return_lse and dv_start == 0, USE_TMA=use_tma, REVERSE_M=window_right >= 0,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        calls.append((grid, args, kwargs))
+    return calls
 
 
 # the kernel parameters that change between calls of one plan (KernelLauncher's `varying`)
@@ -137,45 +154,51 @@ VARYING_VARLEN = VARYING + ("cu_seqlens_q", "cu_seqlens_k")
 
 
 class PlanLauncher:
-    """A plan's launcher (plans._forward calls it with the dense kernel's values): drops the fp8 descales and
-    the output scale, which large head dims never have."""
-    __slots__ = ("launcher",)
+    """A plan's launcher: one KernelLauncher per launch of kernel_call, called in order with the dense kernel's
+    values (plans._forward), less the fp8 descales and the output scale, which large head dims never have."""
+    __slots__ = ("grids", "launchers")
 
-    def __init__(self, launcher):
-        self.launcher = launcher
+    def __init__(self, grids, launchers):
+        self.grids, self.launchers = grids, launchers
 
     def __call__(self, grid, q, k, v, out, lse, qd, kd, vd, qk_scale, softcap_scale, softcap_out, out_scale,
                  *cu_seqlens):
-        self.launcher(grid, q, k, v, out, lse, qk_scale, softcap_scale, softcap_out, *cu_seqlens)
+        for g, launcher in zip(self.grids, self.launchers):
+            launcher(g, q, k, v, out, lse, qk_scale, softcap_scale, softcap_out, *cu_seqlens)
 
 
 def _launch_fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
                window_right, softcap, align_bottom_right, return_lse):
-    """launch(cfg, compile_only=False) through Triton's normal path (compile_only: returns the compiled
-    kernel, whose .metadata.shared is its shared memory)."""
+    """launch(cfg, compile_only=False) through Triton's normal path (compile_only: returns the compiled kernel
+    of the first launch, whose .metadata.shared is the shared memory; a tail launch needs no more)."""
     from .large_d_kernels import attn_fwd_large_d_kernel
 
     def launch(cfg, compile_only=False):
-        grid, args, kwargs = kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale,
-                                         window_left, window_right, softcap, align_bottom_right, return_lse, cfg)
+        calls = kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
+                            window_right, softcap, align_bottom_right, return_lse, cfg)
         if compile_only:
+            grid, args, kwargs = calls[0]
             return attn_fwd_large_d_kernel.warmup(*args, grid=grid, **kwargs)
-        return attn_fwd_large_d_kernel[grid](*args, **kwargs)
+        for grid, args, kwargs in calls:
+            attn_fwd_large_d_kernel[grid](*args, **kwargs)
 
     return launch
 
 
 def plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
          softcap, align_bottom_right, return_lse):
-    """(grid, launcher, cfg) of a launch plan (plans.py): the config is chosen here (choose_config)."""
+    """(grid, launcher, cfg) of a launch plan (plans.py; the launcher carries its own grids): the config is
+    chosen here (choose_config)."""
     from .large_d_kernels import attn_fwd_large_d_kernel
     from ...launcher import KernelLauncher
     args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
             softcap, align_bottom_right, return_lse)
     cfg = choose_config(q, v, _launch_fn(*args))
-    grid, kargs, kwargs = kernel_call(*args, cfg)
+    calls = kernel_call(*args, cfg)
     varying = VARYING_VARLEN if cu_seqlens_q is not None else VARYING
-    return grid, PlanLauncher(KernelLauncher(attn_fwd_large_d_kernel, kargs, kwargs, varying)), cfg
+    launcher = PlanLauncher([g for g, _, _ in calls],
+                            [KernelLauncher(attn_fwd_large_d_kernel, a, kw, varying) for _, a, kw in calls])
+    return calls[0][0], launcher, cfg
 
 
 def compiled_smem(q, k, v, causal=False, cfg=None):

@@ -17,8 +17,9 @@ finite key whose score is masked and whose probability is 0) or, with USE_TMA, t
 
 Constexpr options beyond kernels.py's:
     BLOCK_K      head-dim columns of one Q K^T step (EVEN_K: D is a multiple)
-    BLOCK_DV     output columns of one program (a power of two; EVEN_DV: Dv is a multiple)
-    NUM_SLICES   cdiv(Dv, BLOCK_DV)
+    DV_START     first output column of this launch's slices (a second launch may take a narrower tail)
+    BLOCK_DV     output columns of one program (a power of two; EVEN_DV: Dv - DV_START is a multiple)
+    NUM_SLICES   slices of this launch: columns [DV_START, DV_START + NUM_SLICES * BLOCK_DV) clipped to Dv
 """
 import triton
 import triton.language as tl
@@ -93,15 +94,16 @@ def attn_fwd_large_d_kernel(
     seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_DV: tl.constexpr, NUM_SLICES: tl.constexpr,
+    DV_START: tl.constexpr, BLOCK_DV: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr,
     USE_TMA: tl.constexpr, REVERSE_M: tl.constexpr,
 ):
     """Grid: (cdiv(max Sq, BLOCK_M) * NUM_SLICES, Y, Z) with Y * Z >= num_bh = B * Hq. One program computes the
-    [BLOCK_M, BLOCK_DV] output tile of one query block and one slice of Dv; slice 0 also writes the lse."""
+    [BLOCK_M, BLOCK_DV] output tile of one query block and one slice of Dv; the first slice also writes the lse
+    (RETURN_LSE is only set on the launch with DV_START = 0)."""
     EVEN_K: tl.constexpr = D % BLOCK_K == 0
-    EVEN_DV: tl.constexpr = DV % BLOCK_DV == 0
+    EVEN_DV: tl.constexpr = (DV - DV_START) % BLOCK_DV == 0
     i_m = tl.program_id(0) // NUM_SLICES
     i_c = tl.program_id(0) % NUM_SLICES
     if REVERSE_M:
@@ -134,7 +136,7 @@ def attn_fwd_large_d_kernel(
     m0 = i_m * BLOCK_M
     if m0 >= seqlen_q:
         return
-    c0 = i_c * BLOCK_DV
+    c0 = DV_START + i_c * BLOCK_DV
 
     o_m = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query positions
     o_n = tl.arange(0, BLOCK_N)
