@@ -17,16 +17,14 @@ from tileattn.bench.common import attn_tflops, do_bench, max_abs
 
 C = large_d.LargeDConfig
 CONFIGS = [
-    C(128, 128, 64, 256, 8, 3, True),
     C(128, 128, 64, 256, 8, 3),
-    C(128, 128, 64, 256, 8, 4, True),
-    C(128, 128, 32, 256, 8, 4, True),
-    C(128, 128, 128, 256, 8, 2, True),
-    C(128, 128, 64, 256, 8, 2, True),
-    C(64, 64, 64, 256, 4, 3),
-    C(64, 64, 64, 256, 4, 3, True),
-    C(128, 128, 64, 128, 8, 3, True),
-    C(128, 64, 64, 256, 8, 3),
+    C(128, 128, 64, 256, 8, 4),
+    C(128, 64, 64, 256, 8, 3, 64),
+    C(128, 128, 64, 256, 8, 3, 64),
+    C(128, 64, 64, 256, 8, 4, 64),
+    C(64, 128, 64, 256, 4, 3, 64),
+    C(128, 128, 64, 256, 8, 4, 64),
+    C(128, 128, 64, 128, 8, 3),
 ]
 
 
@@ -68,7 +66,8 @@ def main():
                         err = max_abs(out[:, :, :2], ref)
                         ok = bool(torch.isfinite(out).all()) and err <= allowed_error(eff_err, ref, q.dtype)
                         ms = do_bench(lambda: tileattn.attention(q, k, v, causal=causal)) if ok else None
-                        smem = large_d.compiled_smem(q, k, v, causal, cfg)
+                        kern = large_d.compiled(q, k, v, causal, cfg)
+                        smem = f"{kern.metadata.shared} regs={kern.n_regs} spills={kern.n_spills}"
                 except Exception as e:
                     print(f"CFG {i} {cfg} D={D} causal={causal} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
                     continue

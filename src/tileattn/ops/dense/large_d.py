@@ -11,7 +11,7 @@ import torch
 import triton
 
 from ... import hw
-from .launch import MAX_GRID_Y, _descriptor, _forced, _scales, tma_ok
+from .launch import MAX_GRID_Y, _forced, _scales
 
 # above this head dim (of Q/K or of V) the large-D kernel serves the problem
 LARGE_D_FROM = 257
@@ -25,16 +25,17 @@ class LargeDConfig:
     block_dv: int  # output columns per program, at most (the slice is min(block_dv, Dv rounded up to a power of 2))
     num_warps: int
     num_stages: int
-    use_tma: bool = False
+    block_dv2: int = 0  # a remainder of Dv up to this many columns joins the last slice (a second accumulator)
 
     def slice_dv(self, dv: int) -> int:
         return min(self.block_dv, max(16, triton.next_power_of_2(dv)))
 
     def smem_bytes(self, dv: int, elem_bytes: int) -> int:
-        """A lower bound of the kernel's shared memory (Q and K chunks in flight, the V tile, the P tile): a
+        """A lower bound of the kernel's shared memory (Q and K chunks in flight, the V tiles, the P tile): a
         pre-filter; on a GPU the compiled kernel's own figure decides."""
         chunks = max(1, self.num_stages - 1) * (self.block_m + self.block_n) * self.block_k
-        return (chunks + self.block_n * self.slice_dv(dv) + self.block_m * self.block_n) * elem_bytes
+        v = self.block_n * (self.slice_dv(dv) + self.block_dv2)
+        return (chunks + v + self.block_m * self.block_n) * elem_bytes
 
 
 C = LargeDConfig
@@ -44,10 +45,10 @@ C = LargeDConfig
 # with 64-column Q K^T steps, 256-column slices and TMA loads won at D = 320 / 512 / 1024 (230 / 292 / 193
 # TFLOPS); 128 x 64 tiles 149-199, 64-row tiles 125-196, 512-column slices (64-row tiles) 119-193.
 _SM90 = {
-    256: [C(128, 128, 64, 256, 8, 3, True)],
-    512: [C(128, 128, 64, 256, 8, 3, True)],
-    768: [C(128, 128, 64, 256, 8, 3, True)],
-    1024: [C(128, 128, 64, 256, 8, 3, True)],
+    256: [C(128, 128, 64, 256, 8, 3)],
+    512: [C(128, 128, 64, 256, 8, 3)],
+    768: [C(128, 128, 64, 256, 8, 3)],
+    1024: [C(128, 128, 64, 256, 8, 3)],
 }
 # every budget, small to large; always tried after the table's own candidates
 _FALLBACK = [C(64, 64, 64, 128, 4, 2), C(64, 32, 32, 64, 4, 2), C(32, 32, 32, 64, 4, 1)]
@@ -64,7 +65,7 @@ def candidates(arch: int, dv: int, elem_bytes: int, smem_budget: int):
     entries = table.get(256 * math.ceil(dv / 256), [])
     out = []
     for cfg in entries + _FALLBACK:
-        if cfg in out or (cfg.use_tma and arch < 90):
+        if cfg in out:
             continue
         if cfg.smem_bytes(dv, elem_bytes) <= smem_budget:
             out.append(cfg)
@@ -95,16 +96,23 @@ def choose_config(q, v, run):
 
 
 def slices(dv: int, cfg: LargeDConfig):
-    """The launches' output slices, [(first column, slice width, number of slices)]: full slices of the
-    config's width, then a narrower power-of-two tail slice in a second launch when that saves work (every
-    slice recomputes Q K^T; a tail of width t instead of w saves (w - t) columns of P V). Dv = 320 with
-    256-column slices: [(0, 256, 1), (256, 64, 1)]."""
+    """The launches' output slices, [(first column, width, second accumulator's width, number of slices)].
+
+    Every slice recomputes Q K^T, so a remainder of Dv past the full slices goes, best first: into the last
+    slice's second accumulator (up to cfg.block_dv2 columns; Dv = 320 with 256 + 64: one Q K^T for all 320),
+    or into a narrower power-of-two slice of its own launch (Dv = 384: 256, then 128), or into one more
+    full-width slice with its columns past Dv masked."""
     w = cfg.slice_dv(dv)
     full, rem = divmod(dv, w)
-    tail = max(16, triton.next_power_of_2(rem)) if rem else 0
-    if tail >= w or full == 0:
-        return [(0, w, full + (1 if rem else 0))]
-    return [(0, w, full)] + ([(full * w, tail, 1)] if rem else [])
+    if rem == 0 or full == 0:
+        return [(0, w, 0, full + (1 if rem else 0))]
+    narrow = max(16, triton.next_power_of_2(rem))
+    if rem <= cfg.block_dv2:
+        head = [(0, w, 0, full - 1)] if full > 1 else []
+        return head + [((full - 1) * w, w, narrow, 1)]
+    if narrow >= w:
+        return [(0, w, 0, full + 1)]
+    return [(0, w, 0, full), (full * w, narrow, 0, 1)]
 
 
 def kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
@@ -121,27 +129,19 @@ def kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_
         sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
         sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     num_bh = batch * hq
-    # TMA boxes take at most 256 elements per dimension
-    use_tma = cfg.use_tma and cfg.slice_dv(dv) <= 256 and all(tma_ok(t) for t in (q, k, v))
     calls = []
-    for dv_start, block_dv, count in slices(dv, cfg):
-        if use_tma:
-            q_arg = _descriptor(q, cfg.block_m, cfg.block_k, varlen)
-            k_arg = _descriptor(k, cfg.block_n, cfg.block_k, varlen)
-            v_arg = _descriptor(v, cfg.block_n, block_dv, varlen)
-        else:
-            q_arg, k_arg, v_arg = q, k, v
+    for dv_start, block_dv, block_dv2, count in slices(dv, cfg):
         grid = (triton.cdiv(max(seqlen_q, 1), cfg.block_m) * count, min(num_bh, MAX_GRID_Y),
                 triton.cdiv(num_bh, MAX_GRID_Y))
-        args = (q_arg, k_arg, v_arg, out, lse,
+        args = (q, k, v, out, lse,
                 sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2], sl[0], sl[1],
                 cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, hq, hq // hkv, num_bh,
                 *_scales(scale, softcap), window_left, window_right)
         kwargs = dict(
             D=d, DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DV_START=dv_start,
-            BLOCK_DV=block_dv, NUM_SLICES=count, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-            ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen,
-            RETURN_LSE=return_lse and dv_start == 0, USE_TMA=use_tma, REVERSE_M=window_right >= 0,
+            BLOCK_DV=block_dv, BLOCK_DV2=block_dv2, NUM_SLICES=count, HAS_LEFT=window_left >= 0,
+            HAS_RIGHT=window_right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0,
+            IS_VARLEN=varlen, RETURN_LSE=return_lse and dv_start == 0, REVERSE_M=window_right >= 0,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         calls.append((grid, args, kwargs))
@@ -201,12 +201,12 @@ def plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scal
     return calls[0][0], launcher, cfg
 
 
-def compiled_smem(q, k, v, causal=False, cfg=None):
-    """Shared memory of the large-D kernel for these batched inputs (the chosen config, or cfg); compiles,
-    never runs."""
+def compiled(q, k, v, causal=False, cfg=None):
+    """The compiled large-D kernel (first launch) for these batched inputs, with the chosen config or cfg:
+    .metadata.shared is its shared memory, .n_regs / .n_spills its registers. Compiles, never runs."""
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     lse = torch.empty(0, dtype=torch.float32, device=q.device)
     args = (q, k, v, out, lse, None, None, q.shape[1], k.shape[1], q.shape[-1] ** -0.5, -1, 0 if causal else -1,
             0.0, True, False)
     launch = _launch_fn(*args)
-    return launch(cfg or choose_config(q, v, launch), compile_only=True).metadata.shared
+    return launch(cfg or choose_config(q, v, launch), compile_only=True)

@@ -11,65 +11,75 @@ Shared memory does not grow with the head dim:
 The masking model, the three key ranges (masked / unmasked / masked) and the online softmax are those of
 kernels.py, whose helpers this kernel calls.
 
-Loads are pointer loads (rows clamped into the sequence instead of masked: a clamped key row is a real,
-finite key whose score is masked and whose probability is 0) or, with USE_TMA, tensor-descriptor loads
-(out-of-range rows and head-dim columns are zero-filled by the copy engine).
+Loads are pointer loads with the rows clamped into the sequence instead of masked (a clamped key row is a
+real, finite key whose score is masked and whose probability is 0). Tensor-descriptor (TMA) loads were
+measured too and dropped: several configs gave wrong outputs on the H100 with triton 3.6 (bench/NOTES.md).
 
 Constexpr options beyond kernels.py's:
     BLOCK_K      head-dim columns of one Q K^T step (EVEN_K: D is a multiple)
-    DV_START     first output column of this launch's slices (a second launch may take a narrower tail)
+    DV_START     first output column of this launch's slices (a second launch may take the last slice)
     BLOCK_DV     output columns of one program (a power of two; EVEN_DV: Dv - DV_START is a multiple)
-    NUM_SLICES   slices of this launch: columns [DV_START, DV_START + NUM_SLICES * BLOCK_DV) clipped to Dv
+    BLOCK_DV2    0, or the width of a second, narrower accumulator that takes the columns just after the
+                 program's BLOCK_DV (the last slice of Dv = 320 is 256 + 64 columns: one Q K^T for all 320)
+    NUM_SLICES   slices of this launch: columns [DV_START, DV_START + NUM_SLICES * (BLOCK_DV + BLOCK_DV2))
 """
 import triton
 import triton.language as tl
 
-from .kernels import _online_softmax_step, key_range, tanh, visible
+from .kernels import key_range, tanh, visible
 
 
 @triton.jit
-def _tile(src, row_off, cols, c0, ncols, i_b, i_h, seq_row0, r0,
-          ROWS: tl.constexpr, COLS: tl.constexpr, EVEN: tl.constexpr, USE_TMA: tl.constexpr,
-          IS_VARLEN: tl.constexpr):
-    """[ROWS, COLS] tile of Q, K or V: rows r0.. of this sequence (row_off: their offsets, pointer loads),
-    head-dim columns c0.. (< ncols unless EVEN)."""
-    if USE_TMA:
-        if IS_VARLEN:
-            x = src.load([seq_row0 + r0, i_h, c0]).reshape(ROWS, COLS)
-        else:
-            x = src.load([i_b, r0, i_h, c0]).reshape(ROWS, COLS)
+def _tile(src, row_off, cols, c0, ncols, EVEN: tl.constexpr):
+    """Tile of Q, K or V: the rows at offsets row_off, head-dim columns c0 + cols (< ncols unless EVEN)."""
+    p = src + row_off[:, None] + (c0 + cols)[None, :]
+    if EVEN:
+        return tl.load(p)
+    return tl.load(p, mask=(c0 + cols < ncols)[None, :], other=0.0)
+
+
+@triton.jit
+def _softmax_pv(b_acc, b_acc2, b_l, b_m, b_s, b_v, b_v2, SAFE: tl.constexpr, HAS_DV2: tl.constexpr):
+    """kernels._online_softmax_step with a second accumulator (HAS_DV2; b_acc2 and b_v2 unused otherwise).
+    SAFE: rows may have seen nothing yet (m = -inf after masking): shift them by 0 so exp2 gives 0, not NaN."""
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    if SAFE:
+        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
     else:
-        p = src + row_off[:, None] + (c0 + cols)[None, :]
-        if EVEN:
-            x = tl.load(p)
-        else:
-            x = tl.load(p, mask=(c0 + cols < ncols)[None, :], other=0.0)
-    return x
+        b_shift = b_m_new
+    b_p = tl.exp2(b_s - b_shift[:, None])
+    b_alpha = tl.exp2(b_m - b_shift)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_p = b_p.to(b_v.dtype)
+    b_acc = tl.dot(b_p, b_v, b_acc * b_alpha[:, None])
+    if HAS_DV2:
+        b_acc2 = tl.dot(b_p, b_v2, b_acc2 * b_alpha[:, None])
+    return b_acc, b_acc2, b_l, b_m_new
 
 
 @triton.jit
-def _key_blocks(b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, i_b, i_h, i_hk, q_row0, k_row0,
-                m0, c0, start_n, end_n, o_m, o_n, o_k, o_dv, seqlen_k, off_diag, left, right,
-                qk_scale, softcap_scale, softcap_out,
+def _key_blocks(b_acc, b_acc2, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, c0, start_n, end_n,
+                o_m, o_n, o_k, o_dv, o_dv2, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
                 D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, EVEN_K: tl.constexpr, EVEN_DV: tl.constexpr,
-                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr, IS_VARLEN: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DV2: tl.constexpr, EVEN_K: tl.constexpr,
+                EVEN_DV: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr):
     """Online softmax over the key blocks [start_n, end_n); MASKED applies the visibility rule per element."""
     for n0 in tl.range(start_n, end_n, BLOCK_N):
         rows = n0 + o_n
         if MASKED:
             rows = tl.minimum(rows, seqlen_k - 1)
         k_off = rows.to(tl.int64) * stride_ks
+        v_off = rows.to(tl.int64) * stride_vs
         # this slice of V is issued first: its load overlaps the Q K^T steps
-        b_v = _tile(v_src, rows.to(tl.int64) * stride_vs, o_dv, c0, DV, i_b, i_hk, k_row0, n0,
-                    BLOCK_N, BLOCK_DV, EVEN_DV, USE_TMA, IS_VARLEN)  # [BLOCK_N, BLOCK_DV]
+        b_v = _tile(v_src, v_off, o_dv, c0, DV, EVEN_DV)  # [BLOCK_N, BLOCK_DV]
+        b_v2 = b_v
+        if BLOCK_DV2 > 0:
+            b_v2 = _tile(v_src, v_off, o_dv2, c0 + BLOCK_DV, DV, EVEN_DV)  # [BLOCK_N, BLOCK_DV2]
         b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for d0 in tl.range(0, D, BLOCK_K):
-            b_q = _tile(q_src, q_off, o_k, d0, D, i_b, i_h, q_row0, m0, BLOCK_M, BLOCK_K, EVEN_K, USE_TMA,
-                        IS_VARLEN)  # [BLOCK_M, BLOCK_K]
-            b_k = _tile(k_src, k_off, o_k, d0, D, i_b, i_hk, k_row0, n0, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA,
-                        IS_VARLEN)  # [BLOCK_N, BLOCK_K]
+            b_q = _tile(q_src, q_off, o_k, d0, D, EVEN_K)  # [BLOCK_M, BLOCK_K]
+            b_k = _tile(k_src, k_off, o_k, d0, D, EVEN_K)  # [BLOCK_N, BLOCK_K]
             b_s = tl.dot(b_q, tl.trans(b_k), b_s)
         if HAS_SOFTCAP:
             b_s = tanh(b_s * softcap_scale) * softcap_out
@@ -78,8 +88,8 @@ def _key_blocks(b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_v
         if MASKED:
             b_s = tl.where(visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT), b_s,
                            float("-inf"))
-        b_acc, b_l, b_m = _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, MASKED, 0, False)
-    return b_acc, b_l, b_m
+        b_acc, b_acc2, b_l, b_m = _softmax_pv(b_acc, b_acc2, b_l, b_m, b_s, b_v, b_v2, MASKED, BLOCK_DV2 > 0)
+    return b_acc, b_acc2, b_l, b_m
 
 
 @triton.jit
@@ -94,16 +104,17 @@ def attn_fwd_large_d_kernel(
     seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DV_START: tl.constexpr, BLOCK_DV: tl.constexpr, NUM_SLICES: tl.constexpr,
+    DV_START: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DV2: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr,
-    USE_TMA: tl.constexpr, REVERSE_M: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
 ):
     """Grid: (cdiv(max Sq, BLOCK_M) * NUM_SLICES, Y, Z) with Y * Z >= num_bh = B * Hq. One program computes the
-    [BLOCK_M, BLOCK_DV] output tile of one query block and one slice of Dv; the first slice also writes the lse
-    (RETURN_LSE is only set on the launch with DV_START = 0)."""
+    output tile of one query block and one slice of Dv (BLOCK_DV + BLOCK_DV2 columns); the first slice also
+    writes the lse (RETURN_LSE is only set on the launch with DV_START = 0)."""
     EVEN_K: tl.constexpr = D % BLOCK_K == 0
-    EVEN_DV: tl.constexpr = (DV - DV_START) % BLOCK_DV == 0
+    SLICE: tl.constexpr = BLOCK_DV + BLOCK_DV2
+    EVEN_DV: tl.constexpr = (DV - DV_START) % SLICE == 0
+    DV2_TILE: tl.constexpr = BLOCK_DV2 if BLOCK_DV2 > 0 else 16  # the unused second accumulator's shape
     i_m = tl.program_id(0) // NUM_SLICES
     i_c = tl.program_id(0) % NUM_SLICES
     if REVERSE_M:
@@ -126,8 +137,6 @@ def attn_fwd_large_d_kernel(
         o_base = q_row0.to(tl.int64) * stride_os
         l_base = q_row0.to(tl.int64)  # varlen lse is [Hq, total_q]
     else:
-        q_row0 = 0
-        k_row0 = 0
         q_base = i_b.to(tl.int64) * stride_qb
         k_base = i_b.to(tl.int64) * stride_kb
         v_base = i_b.to(tl.int64) * stride_vb
@@ -136,12 +145,13 @@ def attn_fwd_large_d_kernel(
     m0 = i_m * BLOCK_M
     if m0 >= seqlen_q:
         return
-    c0 = DV_START + i_c * BLOCK_DV
+    c0 = DV_START + i_c * SLICE
 
     o_m = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query positions
     o_n = tl.arange(0, BLOCK_N)
     o_k = tl.arange(0, BLOCK_K)
     o_dv = tl.arange(0, BLOCK_DV)
+    o_dv2 = tl.arange(0, DV2_TILE)
     m_m = o_m < seqlen_q
     # rows past the sequence read its last row (their outputs are not stored)
     q_off = tl.minimum(o_m, seqlen_q - 1).to(tl.int64) * stride_qs
@@ -152,45 +162,48 @@ def attn_fwd_large_d_kernel(
         off_diag = 0
     lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N,
                                          HAS_LEFT, HAS_RIGHT)
-    if USE_TMA:
-        q_src = Q
-        k_src = K
-        v_src = V
-    else:
-        q_src = Q + q_base + i_h.to(tl.int64) * stride_qh
-        k_src = K + k_base + i_hk.to(tl.int64) * stride_kh
-        v_src = V + v_base + i_hk.to(tl.int64) * stride_vh
+    q_src = Q + q_base + i_h.to(tl.int64) * stride_qh
+    k_src = K + k_base + i_hk.to(tl.int64) * stride_kh
+    v_src = V + v_base + i_hk.to(tl.int64) * stride_vh
 
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    b_acc, b_l, b_m = _key_blocks(
-        b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, i_b, i_h, i_hk, q_row0, k_row0, m0, c0,
-        lo, full_lo, o_m, o_n, o_k, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-        D, DV, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, EVEN_K, EVEN_DV, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        USE_TMA, IS_VARLEN)
-    b_acc, b_l, b_m = _key_blocks(
-        b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, i_b, i_h, i_hk, q_row0, k_row0, m0, c0,
-        full_lo, full_hi, o_m, o_n, o_k, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-        softcap_out, D, DV, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, EVEN_K, EVEN_DV, False, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, USE_TMA, IS_VARLEN)
-    b_acc, b_l, b_m = _key_blocks(
-        b_acc, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, i_b, i_h, i_hk, q_row0, k_row0, m0, c0,
-        full_hi, hi, o_m, o_n, o_k, o_dv, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-        D, DV, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, EVEN_K, EVEN_DV, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        USE_TMA, IS_VARLEN)
+    b_acc2 = tl.zeros([BLOCK_M, DV2_TILE], dtype=tl.float32)  # unused without BLOCK_DV2
+    for part in tl.static_range(3):  # masked, unmasked, masked
+        if part == 0:
+            start_n = lo
+            end_n = full_lo
+        elif part == 1:
+            start_n = full_lo
+            end_n = full_hi
+        else:
+            start_n = full_hi
+            end_n = hi
+        b_acc, b_acc2, b_l, b_m = _key_blocks(
+            b_acc, b_acc2, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, c0, start_n, end_n, o_m,
+            o_n, o_k, o_dv, o_dv2, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV,
+            BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, BLOCK_DV2, EVEN_K, EVEN_DV, part != 1, HAS_LEFT, HAS_RIGHT,
+            HAS_SOFTCAP)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     b_seen = b_l > 0.0
-    b_out = b_acc / tl.where(b_seen, b_l, 1.0)[:, None]
-    p_o = (O + o_base + i_h.to(tl.int64) * stride_oh + o_m.to(tl.int64)[:, None] * stride_os
-           + (c0 + o_dv)[None, :])
-    if EVEN_DV:
-        tl.store(p_o, b_out.to(O.dtype.element_ty), mask=m_m[:, None])
-    else:
-        tl.store(p_o, b_out.to(O.dtype.element_ty), mask=m_m[:, None] & (c0 + o_dv < DV)[None, :])
+    b_inv = 1.0 / tl.where(b_seen, b_l, 1.0)
+    p_o = O + o_base + i_h.to(tl.int64) * stride_oh + o_m.to(tl.int64)[:, None] * stride_os
+    _store(p_o, b_acc * b_inv[:, None], o_dv, c0, DV, m_m, EVEN_DV)
+    if BLOCK_DV2 > 0:
+        _store(p_o, b_acc2 * b_inv[:, None], o_dv2, c0 + BLOCK_DV, DV, m_m, EVEN_DV)
     if RETURN_LSE:
         if i_c == 0:
             b_lse = tl.where(b_seen, (b_m + tl.log2(tl.where(b_seen, b_l, 1.0))) * 0.6931471805599453,
                              float("-inf"))
             tl.store(LSE + l_base + i_h.to(tl.int64) * stride_lh + o_m, b_lse, mask=m_m)
+
+
+@triton.jit
+def _store(p_rows, x, cols, c0, ncols, row_ok, EVEN: tl.constexpr):
+    p = p_rows + (c0 + cols)[None, :]
+    if EVEN:
+        tl.store(p, x.to(p_rows.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(p, x.to(p_rows.dtype.element_ty), mask=row_ok[:, None] & (c0 + cols < ncols)[None, :])
