@@ -25,7 +25,7 @@ class LargeDConfig:
     block_dv: int  # output columns per program, at most (the slice is min(block_dv, Dv rounded up to a power of 2))
     num_warps: int
     num_stages: int
-    block_dv2: int = 0  # a remainder of Dv up to this many columns joins the last slice (a second accumulator)
+    block_dv2: int = 0  # a second accumulator's columns: a program's slice is block_dv + block_dv2 columns
     v_first: bool = True  # a key block's V is loaded before its Q K^T steps (else after)
 
     def slice_dv(self, dv: int) -> int:
@@ -96,24 +96,32 @@ def choose_config(q, v, run):
     return cfg
 
 
+def _pow2(n):
+    return max(16, triton.next_power_of_2(n))
+
+
+def _cover(dv, w, w2):
+    """Slices of w + w2 columns, then one narrower last slice for the remainder (its own launch)."""
+    full, rem = divmod(dv, w + w2)
+    out = [(0, w, w2, full)] if full else []
+    if rem:
+        last = (_pow2(rem), 0) if rem <= w else (w, _pow2(rem - w))
+        out.append((full * (w + w2), min(last[0], w), last[1], 1))
+    return out
+
+
 def slices(dv: int, cfg: LargeDConfig):
     """The launches' output slices, [(first column, width, second accumulator's width, number of slices)].
 
-    Every slice recomputes Q K^T, so a remainder of Dv past the full slices goes, best first: into the last
-    slice's second accumulator (up to cfg.block_dv2 columns; Dv = 320 with 256 + 64: one Q K^T for all 320),
-    or into a narrower power-of-two slice of its own launch (Dv = 384: 256, then 128), or into one more
-    full-width slice with its columns past Dv masked."""
+    A program's slice is block_dv + block_dv2 columns (two accumulators), or block_dv alone. Every slice
+    recomputes Q K^T, so the split with the fewest slices wins, then the one with fewer masked columns: Dv =
+    320 with 256 + 64 is one slice; Dv = 1024 with 256 + 128 is 2 x 384, then a launch of one 256-column
+    slice; Dv = 512 is 2 x 256."""
     w = cfg.slice_dv(dv)
-    full, rem = divmod(dv, w)
-    if rem == 0 or full == 0:
-        return [(0, w, 0, full + (1 if rem else 0))]
-    narrow = max(16, triton.next_power_of_2(rem))
-    if rem <= cfg.block_dv2:
-        head = [(0, w, 0, full - 1)] if full > 1 else []
-        return head + [((full - 1) * w, w, narrow, 1)]
-    if narrow >= w:
-        return [(0, w, 0, full + 1)]
-    return [(0, w, 0, full), (full * w, narrow, 0, 1)]
+    splits = [_cover(dv, w, 0)]
+    if cfg.block_dv2 and dv > w:
+        splits.append(_cover(dv, w, cfg.block_dv2))
+    return min(splits, key=lambda sp: (sum(n for *_, n in sp), sum(n * (a + b) for _, a, b, n in sp)))
 
 
 def kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left,
