@@ -27,6 +27,7 @@ class LargeDConfig:
     num_stages: int
     block_dv2: int = 0  # a second accumulator's columns: a program's slice is block_dv + block_dv2 columns
     v_first: bool = True  # a key block's V is loaded before its Q K^T steps (else after)
+    flatten: bool = False  # the unmasked key loop and its Q K^T steps flattened into one pipelined loop
 
     def slice_dv(self, dv: int) -> int:
         return min(self.block_dv, max(16, triton.next_power_of_2(dv)))
@@ -151,7 +152,7 @@ def kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_
             BLOCK_DV=block_dv, BLOCK_DV2=block_dv2, NUM_SLICES=count, HAS_LEFT=window_left >= 0,
             HAS_RIGHT=window_right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0,
             IS_VARLEN=varlen, RETURN_LSE=return_lse and dv_start == 0, REVERSE_M=window_right >= 0,
-            V_FIRST=cfg.v_first,
+            V_FIRST=cfg.v_first, FLATTEN=cfg.flatten,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         calls.append((grid, args, kwargs))

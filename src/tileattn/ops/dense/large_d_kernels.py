@@ -22,6 +22,7 @@ Constexpr options beyond kernels.py's:
     BLOCK_DV2    0, or the width of a second, narrower accumulator that takes the columns just after the
                  program's BLOCK_DV (the last slice of Dv = 320 is 256 + 64 columns: one Q K^T for all 320)
     V_FIRST      load a key block's V before its Q K^T steps (else after them)
+    FLATTEN      let the compiler flatten the unmasked key loop with its Q K^T steps into one pipelined loop
     NUM_SLICES   slices of this launch: columns [DV_START, DV_START + NUM_SLICES * (BLOCK_DV + BLOCK_DV2))
 """
 import triton
@@ -64,9 +65,9 @@ def _key_blocks(b_acc, b_acc2, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, 
                 D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DV2: tl.constexpr, EVEN_K: tl.constexpr,
                 EVEN_DV: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, V_FIRST: tl.constexpr):
+                HAS_SOFTCAP: tl.constexpr, V_FIRST: tl.constexpr, FLATTEN: tl.constexpr):
     """Online softmax over the key blocks [start_n, end_n); MASKED applies the visibility rule per element."""
-    for n0 in tl.range(start_n, end_n, BLOCK_N):
+    for n0 in tl.range(start_n, end_n, BLOCK_N, flatten=FLATTEN):
         rows = n0 + o_n
         if MASKED:
             rows = tl.minimum(rows, seqlen_k - 1)
@@ -113,7 +114,7 @@ def attn_fwd_large_d_kernel(
     DV_START: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DV2: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
-    V_FIRST: tl.constexpr,
+    V_FIRST: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """Grid: (cdiv(max Sq, BLOCK_M) * NUM_SLICES, Y, Z) with Y * Z >= num_bh = B * Hq. One program computes the
     output tile of one query block and one slice of Dv (BLOCK_DV + BLOCK_DV2 columns); the first slice also
@@ -191,7 +192,7 @@ def attn_fwd_large_d_kernel(
             b_acc, b_acc2, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, c0, start_n, end_n, o_m,
             o_n, o_k, o_dv, o_dv2, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV,
             BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, BLOCK_DV2, EVEN_K, EVEN_DV, part != 1, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, V_FIRST)
+            HAS_SOFTCAP, V_FIRST, FLATTEN and part == 1)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     b_seen = b_l > 0.0
