@@ -82,6 +82,14 @@ for s in $steps; do
     sweep-large-d)
       timeout 580 python3 scripts/sweep_large_d.py ${LARGE_D_ARGS:-} > "$OUT/sweep_large_d.log" 2>&1; rc=$?
       summary+=("sweep-large-d rc=$rc"); grep -E "^(EFF|BEST|CFG)" "$OUT/sweep_large_d.log" | cut -c1-200 ;;
+    large-d-tests)
+      timeout 500 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_large_d.py > "$OUT/large_d_tests.log" 2>&1; rc=$?
+      summary+=("large-d-tests rc=$rc: $(tail -n 1 "$OUT/large_d_tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/large_d_tests.log" | head -10 ;;
+    bench-large-d)
+      timeout 560 python3 -m tileattn bench large-d --out "$OUT/large_d.json" ${LARGE_D_BENCH_ARGS:-} > "$OUT/bench_large_d.log" 2>&1; rc=$?
+      summary+=("bench-large-d rc=$rc: $(grep '^summary' "$OUT/bench_large_d.log" | cut -c1-400)")
+      grep -E "^  B=|CHECK" "$OUT/bench_large_d.log" ;;
     bench-bwd)
       timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")

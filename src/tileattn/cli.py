@@ -5,6 +5,7 @@
     tileattn bench mla [--dtype bf16|fp16] [--out FILE]
     tileattn bench flex [--out FILE]
     tileattn bench bwd [--dtype fp16|bf16] [--seqlens ...] [--out FILE]
+    tileattn bench large-d [--dtype fp16|bf16] [--head-dims 256,320,...] [--out FILE]
     tileattn info
 
 With no CUDA GPU, `bench` says so and runs a small correctness demo through the Triton interpreter.
@@ -13,7 +14,7 @@ import argparse
 import os
 import sys
 
-SUITES = ("dense", "fp8", "mla", "flex", "bwd")
+SUITES = ("dense", "fp8", "mla", "flex", "bwd", "large-d")
 
 
 def _parser():
@@ -26,7 +27,7 @@ def _parser():
     b.add_argument("--providers", default="tileattn,cudnn,fa2,flex",
                    help="comma-separated subset of tileattn,cudnn,fa2,flex")
     b.add_argument("--fp8-dtypes", default="e4m3,e5m2", help="fp8 suite: comma-separated subset of e4m3,e5m2")
-    b.add_argument("--head-dims", default="64,128")
+    b.add_argument("--head-dims", default=None, help="default: the suite's grid (dense, fp8: 64,128)")
     b.add_argument("--seqlens", default=None, help="comma-separated N values (default: the suite's grid)")
     b.add_argument("--out", default=None, help="results JSON (default: bench/results/<suite>.json)")
     b.add_argument("--plot", default=None, help="PNG plot (default: next to the JSON)")
@@ -47,7 +48,7 @@ def main(argv=None):
         os.environ.setdefault("TRITON_INTERPRET", "1")
         from .bench.dense import cpu_demo
         return 0 if cpu_demo() else 1
-    out = args.out or os.path.join("bench", "results", f"{args.suite}.json")
+    out = args.out or os.path.join("bench", "results", f"{args.suite.replace('-', '_')}.json")
     if args.suite == "bwd":
         from .bench import bwd
         seqlens = tuple(int(x) for x in args.seqlens.split(",")) if args.seqlens else (1024, 2048, 4096, 8192, 16384)
@@ -64,7 +65,13 @@ def main(argv=None):
         doc = mla.run(dtype=args.dtype or "bf16", out_json=out)
         print(f"\nwrote {out}")
         return 1 if doc["summary"]["check_failures"] else 0
-    head_dims = tuple(int(x) for x in args.head_dims.split(","))
+    if args.suite == "large-d":
+        from .bench import large_d
+        dims = tuple(int(x) for x in args.head_dims.split(",")) if args.head_dims else large_d.HEAD_DIMS
+        doc = large_d.run(dtype=args.dtype or "fp16", head_dims=dims, out_json=out)
+        print(f"\nwrote {out}")
+        return 1 if doc["summary"]["check_failures"] else 0
+    head_dims = tuple(int(x) for x in (args.head_dims or "64,128").split(","))
     seqlens = [int(x) for x in args.seqlens.split(",")] if args.seqlens else None
     if args.suite == "fp8":
         from .bench import fp8

@@ -26,8 +26,6 @@ class LargeDConfig:
     num_warps: int
     num_stages: int
     block_dv2: int = 0  # a second accumulator's columns: a program's slice is block_dv + block_dv2 columns
-    v_first: bool = True  # a key block's V is loaded before its Q K^T steps (else after)
-    flatten: bool = False  # the unmasked key loop and its Q K^T steps flattened into one pipelined loop
 
     def slice_dv(self, dv: int) -> int:
         return min(self.block_dv, max(16, triton.next_power_of_2(dv)))
@@ -42,16 +40,27 @@ class LargeDConfig:
 
 C = LargeDConfig
 
-# sm90 (H100), per Dv bucket (Dv rounded up to a multiple of 256: 256 for Dv <= 256 with D > 256).
-# scripts/sweep_large_d.py on the H100 (B=1, H=48, N=8192, fp16, non-causal, 2026-11-21): 128 x 128 tiles
-# with 64-column Q K^T steps, 256-column slices and TMA loads won at D = 320 / 512 / 1024 (230 / 292 / 193
-# TFLOPS); 128 x 64 tiles 149-199, 64-row tiles 125-196, 512-column slices (64-row tiles) 119-193.
+# sm90 (H100), per (Dv bucket, causal): Dv up to 320 / 384 / 512 / 768 / 1024 (any Dv <= 256 with D > 256
+# takes the first). Chosen by scripts/sweep_large_d.py on the H100 (B=1, H=48, N=8192, fp16, D = Dv, 2026-11-21,
+# bench/NOTES.md "Large head dims"), TFLOPS non-causal / causal:
+#   D=320  128x128, 256 + 64 columns, 3 stages: 353 / 342 (two slices of 256: 250 / 257)
+#   D=384  128x64, 256 + 128 columns, 4 stages: 296 / 301 (128x128, 256 then 128: 272 / 266)
+#   D=512  128x128, 2 x 256 columns, 4 stages: 294 / 288
+#   D=768  128x128, 3 x 256, 4 stages non-causal 248, 3 stages causal 239 (256 + 128 slices spill: 187-228)
+#   D=1024 128x128, 4 x 256, 4 stages non-causal 206, 3 stages causal 198 (256 + 128: 130-171)
 _SM90 = {
-    256: [C(128, 128, 64, 256, 8, 3)],
-    512: [C(128, 128, 64, 256, 8, 3)],
-    768: [C(128, 128, 64, 256, 8, 3)],
-    1024: [C(128, 128, 64, 256, 8, 3)],
+    (320, False): [C(128, 128, 64, 256, 8, 3, 64)],
+    (320, True): [C(128, 128, 64, 256, 8, 3, 64)],
+    (384, False): [C(128, 64, 64, 256, 8, 4, 128)],
+    (384, True): [C(128, 64, 64, 256, 8, 4, 128)],
+    (512, False): [C(128, 128, 64, 256, 8, 4), C(128, 128, 64, 256, 8, 3)],
+    (512, True): [C(128, 128, 64, 256, 8, 4), C(128, 128, 64, 256, 8, 3)],
+    (768, False): [C(128, 128, 64, 256, 8, 4), C(128, 128, 64, 256, 8, 3)],
+    (768, True): [C(128, 128, 64, 256, 8, 3)],
+    (1024, False): [C(128, 128, 64, 256, 8, 4), C(128, 128, 64, 256, 8, 3)],
+    (1024, True): [C(128, 128, 64, 256, 8, 3)],
 }
+_BUCKETS = (320, 384, 512, 768, 1024)
 # every budget, small to large; always tried after the table's own candidates
 _FALLBACK = [C(64, 64, 64, 128, 4, 2), C(64, 32, 32, 64, 4, 2), C(32, 32, 32, 64, 4, 1)]
 
@@ -61,15 +70,13 @@ def applies(d: int, dv: int) -> bool:
     return max(d, dv) >= LARGE_D_FROM
 
 
-def candidates(arch: int, dv: int, elem_bytes: int, smem_budget: int):
+def candidates(arch: int, dv: int, causal: bool, elem_bytes: int, smem_budget: int):
     """Configs for this problem, best first, that fit `smem_budget` bytes by the estimate. Never empty."""
     table = _SM90 if arch >= 90 else {}
-    entries = table.get(256 * math.ceil(dv / 256), [])
+    bucket = next(b for b in _BUCKETS if dv <= b)
     out = []
-    for cfg in entries + _FALLBACK:
-        if cfg in out:
-            continue
-        if cfg.smem_bytes(dv, elem_bytes) <= smem_budget:
+    for cfg in table.get((bucket, causal), []) + _FALLBACK:
+        if cfg not in out and cfg.smem_bytes(dv, elem_bytes) <= smem_budget:
             out.append(cfg)
     return out or _FALLBACK[-1:]
 
@@ -77,17 +84,18 @@ def candidates(arch: int, dv: int, elem_bytes: int, smem_budget: int):
 _choice_cache = {}
 
 
-def choose_config(q, v, run):
+def choose_config(q, v, causal, run):
     """forced (force_config with a LargeDConfig) > the first candidate whose compiled shared memory fits the
-    device's budget (or the emulated one, TILEATTN_SMEM_BUDGET). Cached per (device, dtype, Dv, budget)."""
+    device's budget (or the emulated one, TILEATTN_SMEM_BUDGET). Cached per (device, dtype, Dv, causal,
+    budget). causal: the mask has a right bound."""
     forced = _forced.cfg
     if isinstance(forced, LargeDConfig):
         return forced
     info = hw.device_info(q.device)
-    key = (q.device, q.dtype, v.shape[-1], info.smem_per_block)
+    key = (q.device, q.dtype, v.shape[-1], causal, info.smem_per_block)
     cfg = _choice_cache.get(key)
     if cfg is None:
-        cands = candidates(info.arch, v.shape[-1], q.element_size(), info.smem_per_block)
+        cands = candidates(info.arch, v.shape[-1], causal, q.element_size(), info.smem_per_block)
         if q.device.type == "cuda":
             cfg = next((c for c in cands if run(c, compile_only=True).metadata.shared <= info.smem_per_block),
                        cands[-1])
@@ -106,8 +114,10 @@ def _cover(dv, w, w2):
     full, rem = divmod(dv, w + w2)
     out = [(0, w, w2, full)] if full else []
     if rem:
-        last = (_pow2(rem), 0) if rem <= w else (w, _pow2(rem - w))
-        out.append((full * (w + w2), min(last[0], w), last[1], 1))
+        last = (min(_pow2(rem), w), 0) if rem <= w else (w, _pow2(rem - w))
+        if out and last == (w, w2):  # the same width as the full slices: one more of them, masked
+            return [(0, w, w2, full + 1)]
+        out.append((full * (w + w2), last[0], last[1], 1))
     return out
 
 
@@ -152,7 +162,6 @@ def kernel_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_
             BLOCK_DV=block_dv, BLOCK_DV2=block_dv2, NUM_SLICES=count, HAS_LEFT=window_left >= 0,
             HAS_RIGHT=window_right >= 0, ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0,
             IS_VARLEN=varlen, RETURN_LSE=return_lse and dv_start == 0, REVERSE_M=window_right >= 0,
-            V_FIRST=cfg.v_first, FLATTEN=cfg.flatten,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         calls.append((grid, args, kwargs))
@@ -204,7 +213,7 @@ def plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scal
     from ...launcher import KernelLauncher
     args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
             softcap, align_bottom_right, return_lse)
-    cfg = choose_config(q, v, _launch_fn(*args))
+    cfg = choose_config(q, v, window_right >= 0, _launch_fn(*args))
     calls = kernel_call(*args, cfg)
     varying = VARYING_VARLEN if cu_seqlens_q is not None else VARYING
     launcher = PlanLauncher([g for g, _, _ in calls],
@@ -220,4 +229,4 @@ def compiled(q, k, v, causal=False, cfg=None):
     args = (q, k, v, out, lse, None, None, q.shape[1], k.shape[1], q.shape[-1] ** -0.5, -1, 0 if causal else -1,
             0.0, True, False)
     launch = _launch_fn(*args)
-    return launch(cfg or choose_config(q, v, launch), compile_only=True)
+    return launch(cfg or choose_config(q, v, causal, launch), compile_only=True)

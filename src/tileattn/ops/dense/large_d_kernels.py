@@ -21,8 +21,6 @@ Constexpr options beyond kernels.py's:
     BLOCK_DV     output columns of one program (a power of two; EVEN_DV: Dv - DV_START is a multiple)
     BLOCK_DV2    0, or the width of a second, narrower accumulator that takes the columns just after the
                  program's BLOCK_DV (the last slice of Dv = 320 is 256 + 64 columns: one Q K^T for all 320)
-    V_FIRST      load a key block's V before its Q K^T steps (else after them)
-    FLATTEN      let the compiler flatten the unmasked key loop with its Q K^T steps into one pipelined loop
     NUM_SLICES   slices of this launch: columns [DV_START, DV_START + NUM_SLICES * (BLOCK_DV + BLOCK_DV2))
 """
 import triton
@@ -65,19 +63,20 @@ def _key_blocks(b_acc, b_acc2, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, 
                 D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DV2: tl.constexpr, EVEN_K: tl.constexpr,
                 EVEN_DV: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, V_FIRST: tl.constexpr, FLATTEN: tl.constexpr):
+                HAS_SOFTCAP: tl.constexpr):
     """Online softmax over the key blocks [start_n, end_n); MASKED applies the visibility rule per element."""
-    for n0 in tl.range(start_n, end_n, BLOCK_N, flatten=FLATTEN):
+    for n0 in tl.range(start_n, end_n, BLOCK_N):
         rows = n0 + o_n
         if MASKED:
             rows = tl.minimum(rows, seqlen_k - 1)
         k_off = rows.to(tl.int64) * stride_ks
         v_off = rows.to(tl.int64) * stride_vs
-        if V_FIRST:  # this slice of V is issued first: its load overlaps the Q K^T steps (in registers)
-            b_v = _tile(v_src, v_off, o_dv, c0, DV, EVEN_DV)  # [BLOCK_N, BLOCK_DV]
-            b_v2 = b_v
-            if BLOCK_DV2 > 0:
-                b_v2 = _tile(v_src, v_off, o_dv2, c0 + BLOCK_DV, DV, EVEN_DV)  # [BLOCK_N, BLOCK_DV2]
+        # this slice of V is issued first, its load overlapping the Q K^T steps (loading it after them was
+        # 3-10% slower on the H100, bench/NOTES.md)
+        b_v = _tile(v_src, v_off, o_dv, c0, DV, EVEN_DV)  # [BLOCK_N, BLOCK_DV]
+        b_v2 = b_v
+        if BLOCK_DV2 > 0:
+            b_v2 = _tile(v_src, v_off, o_dv2, c0 + BLOCK_DV, DV, EVEN_DV)  # [BLOCK_N, BLOCK_DV2]
         b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for d0 in tl.range(0, D, BLOCK_K):
             b_q = _tile(q_src, q_off, o_k, d0, D, EVEN_K)  # [BLOCK_M, BLOCK_K]
@@ -87,11 +86,6 @@ def _key_blocks(b_acc, b_acc2, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, 
             b_s = tanh(b_s * softcap_scale) * softcap_out
         else:
             b_s = b_s * qk_scale
-        if not V_FIRST:
-            b_v = _tile(v_src, v_off, o_dv, c0, DV, EVEN_DV)
-            b_v2 = b_v
-            if BLOCK_DV2 > 0:
-                b_v2 = _tile(v_src, v_off, o_dv2, c0 + BLOCK_DV, DV, EVEN_DV)
         if MASKED:
             b_s = tl.where(visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT), b_s,
                            float("-inf"))
@@ -114,7 +108,6 @@ def attn_fwd_large_d_kernel(
     DV_START: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DV2: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
-    V_FIRST: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """Grid: (cdiv(max Sq, BLOCK_M) * NUM_SLICES, Y, Z) with Y * Z >= num_bh = B * Hq. One program computes the
     output tile of one query block and one slice of Dv (BLOCK_DV + BLOCK_DV2 columns); the first slice also
@@ -192,7 +185,7 @@ def attn_fwd_large_d_kernel(
             b_acc, b_acc2, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, stride_vs, c0, start_n, end_n, o_m,
             o_n, o_k, o_dv, o_dv2, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV,
             BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_DV, BLOCK_DV2, EVEN_K, EVEN_DV, part != 1, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, V_FIRST, FLATTEN and part == 1)
+            HAS_SOFTCAP)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     b_seen = b_l > 0.0
