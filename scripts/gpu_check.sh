@@ -3,7 +3,7 @@
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [profile-bwd] [bench-bwd]
-#                                                        [sweep-large-d] [large-d-tests] [bench-large-d]
+#                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -38,6 +38,11 @@ for s in $steps; do
         tests/dense/test_attention.py -k "gpu_matrix and fp16 and (B2-Sq127 or B1-Sq1-) or gpu_varlen or sm90_dispatch or sm90_persistent" \
         > "$OUT/sanitize.log" 2>&1; rc=$?
       summary+=("sanitize rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize.log" | tail -n 2 | tr '\n' ' ')") ;;
+    sanitize-large-d)
+      timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
+        tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal)" \
+        > "$OUT/sanitize_large_d.log" 2>&1; rc=$?
+      summary+=("sanitize-large-d rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_large_d.log" | tail -n 2 | tr '\n' ' ')") ;;
     sweep)
       python3 scripts/sweep_dense.py --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330} > "$OUT/sweep.log" 2>&1; rc=$?
       summary+=("sweep rc=$rc"); grep -E "^BEST|^  D=" "$OUT/sweep.log" ;;
