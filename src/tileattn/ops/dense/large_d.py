@@ -4,7 +4,6 @@ The dense API sends a problem here when D or Dv is above 256 (plans.py); nothing
 caller. Shared memory is fixed by the config, not by the head dim: num_stages Q and K chunks of BLOCK_K
 columns, one [BLOCK_N, BLOCK_DV] V tile and the P tile.
 """
-import math
 from dataclasses import dataclass
 
 import torch
