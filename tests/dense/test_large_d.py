@@ -12,6 +12,7 @@ from tileattn import hw
 from tileattn.ops.dense import large_d, plans
 from tileattn.ops.dense.launch import force_config
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
+from tests.dense.test_attention import _cu
 from tests.helpers import assert_close, randn
 
 C = large_d.LargeDConfig
@@ -95,8 +96,7 @@ def test_slices_cover_dv(dv):
 
 def test_varlen_large_d(device):
     lq, lk = [5, 0, 40, 17], [9, 3, 40, 0]
-    cq = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=device)
-    ck = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=device)
+    cq, ck = _cu(lq, device), _cu(lk, device)
     q = randn(sum(lq), 4, 320, dtype=torch.float16, device=device)
     k = randn(sum(lk), 2, 320, dtype=torch.float16, device=device)
     v = randn(sum(lk), 2, 384, dtype=torch.float16, device=device)

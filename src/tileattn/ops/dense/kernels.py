@@ -83,6 +83,32 @@ def visible(o_m, o_j, seqlen_k, off_diag, left, right, HAS_LEFT: tl.constexpr, H
     return vis
 
 
+@triton.jit
+def seq_bases(i_b, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, stride_qb, stride_qs, stride_kb, stride_ks,
+              stride_vb, stride_vs, stride_ob, stride_os, stride_lb, IS_VARLEN: tl.constexpr):
+    """Sequence b's (seqlen_q, seqlen_k, first key row, int64 element offsets of its Q, K, V, O and lse):
+    from cu_seqlens (varlen: packed rows, lse [Hq, total_q]) or from the batch strides. (Shared with the
+    large-D kernel.)"""
+    if IS_VARLEN:
+        q_row0 = tl.load(cu_seqlens_q + i_b)
+        seqlen_q = tl.load(cu_seqlens_q + i_b + 1) - q_row0
+        k_row0 = tl.load(cu_seqlens_k + i_b)  # int32: also a tensor-descriptor coordinate
+        seqlen_k = tl.load(cu_seqlens_k + i_b + 1) - k_row0
+        q_base = q_row0.to(tl.int64) * stride_qs
+        k_base = k_row0.to(tl.int64) * stride_ks
+        v_base = k_row0.to(tl.int64) * stride_vs
+        o_base = q_row0.to(tl.int64) * stride_os
+        l_base = q_row0.to(tl.int64)  # varlen lse is [Hq, total_q]
+    else:
+        k_row0 = 0
+        q_base = i_b.to(tl.int64) * stride_qb
+        k_base = i_b.to(tl.int64) * stride_kb
+        v_base = i_b.to(tl.int64) * stride_vb
+        o_base = i_b.to(tl.int64) * stride_ob
+        l_base = i_b.to(tl.int64) * stride_lb
+    return seqlen_q, seqlen_k, k_row0, q_base, k_base, v_base, o_base, l_base
+
+
 # the packed fp8 V layout's key order, written once in fp8.py (it also runs on torch tensors there)
 packed_key_pos = triton.jit(fp8.packed_key_pos)
 
@@ -139,9 +165,10 @@ def round_mantissa(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, SAFE: tl.constexpr, P_SHIFT: tl.constexpr,
-                         ROUND_P: tl.constexpr):
-    """Fold one block of log2-scores b_s [BLOCK_M, BLOCK_N] and its values b_v into (acc, l, m).
+def softmax_probs(b_l, b_m, b_s, SAFE: tl.constexpr, P_SHIFT: tl.constexpr):
+    """The online-softmax update of one block of log2-scores b_s [BLOCK_M, BLOCK_N]: returns (p, alpha, l, m),
+    p the block's probabilities and alpha the factor that rescales what was accumulated before. (Shared with
+    the large-D kernel.)
 
     SAFE: rows may have seen nothing yet (m = -inf after masking); shift them by 0 so exp2 gives 0, not NaN.
     P_SHIFT: p (and so l) carries a factor 2 ** P_SHIFT, which out = acc / l cancels.
@@ -157,6 +184,15 @@ def _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, SAFE: tl.constexpr, P_SHIFT:
         b_p = tl.exp2(b_s - b_shift[:, None])
     b_alpha = tl.exp2(b_m - b_shift)  # [BLOCK_M]
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    return b_p, b_alpha, b_l, b_m_new
+
+
+@triton.jit
+def _online_softmax_step(b_acc, b_l, b_m, b_s, b_v, SAFE: tl.constexpr, P_SHIFT: tl.constexpr,
+                         ROUND_P: tl.constexpr):
+    """Fold one block of log2-scores b_s [BLOCK_M, BLOCK_N] and its values b_v into (acc, l, m) (SAFE,
+    P_SHIFT: softmax_probs)."""
+    b_p, b_alpha, b_l, b_m_new = softmax_probs(b_l, b_m, b_s, SAFE, P_SHIFT)
     b_acc = b_acc * b_alpha[:, None]
     if ROUND_P:
         b_p = round_mantissa(b_p, b_v.dtype.fp_mantissa_width)
@@ -246,23 +282,9 @@ def attn_fwd_kernel(
     i_h = i_bh % num_heads
     i_hk = i_h // group_size
 
-    if IS_VARLEN:
-        q_row0 = tl.load(cu_seqlens_q + i_b)
-        seqlen_q = tl.load(cu_seqlens_q + i_b + 1) - q_row0
-        k_row0 = tl.load(cu_seqlens_k + i_b)
-        seqlen_k = tl.load(cu_seqlens_k + i_b + 1) - k_row0
-        q_base = q_row0.to(tl.int64) * stride_qs
-        k_base = k_row0.to(tl.int64) * stride_ks
-        v_base = k_row0.to(tl.int64) * stride_vs
-        o_base = q_row0.to(tl.int64) * stride_os
-        l_base = q_row0.to(tl.int64)  # varlen lse is [Hq, total_q]
-    else:
-        k_row0 = 0
-        q_base = i_b.to(tl.int64) * stride_qb
-        k_base = i_b.to(tl.int64) * stride_kb
-        v_base = i_b.to(tl.int64) * stride_vb
-        o_base = i_b.to(tl.int64) * stride_ob
-        l_base = i_b.to(tl.int64) * stride_lb
+    seqlen_q, seqlen_k, k_row0, q_base, k_base, v_base, o_base, l_base = seq_bases(
+        i_b, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, stride_qb, stride_qs, stride_kb, stride_ks,
+        stride_vb, stride_vs, stride_ob, stride_os, stride_lb, IS_VARLEN)
     m0 = i_m * BLOCK_M
     if m0 >= seqlen_q:
         return

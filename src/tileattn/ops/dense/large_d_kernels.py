@@ -26,7 +26,7 @@ Constexpr options beyond kernels.py's:
 import triton
 import triton.language as tl
 
-from .kernels import key_range, tanh, visible
+from .kernels import key_range, seq_bases, softmax_probs, tanh, visible
 
 
 @triton.jit
@@ -40,21 +40,13 @@ def _tile(src, row_off, cols, c0, ncols, EVEN: tl.constexpr):
 
 @triton.jit
 def _softmax_pv(b_acc, b_acc2, b_l, b_m, b_s, b_v, b_v2, SAFE: tl.constexpr, HAS_DV2: tl.constexpr):
-    """kernels._online_softmax_step with a second accumulator (HAS_DV2; b_acc2 and b_v2 unused otherwise).
-    SAFE: rows may have seen nothing yet (m = -inf after masking): shift them by 0 so exp2 gives 0, not NaN."""
-    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-    if SAFE:
-        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    else:
-        b_shift = b_m_new
-    b_p = tl.exp2(b_s - b_shift[:, None])
-    b_alpha = tl.exp2(b_m - b_shift)
-    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    """kernels._online_softmax_step with a second accumulator (HAS_DV2; b_acc2 and b_v2 unused otherwise)."""
+    b_p, b_alpha, b_l, b_m = softmax_probs(b_l, b_m, b_s, SAFE, 0)
     b_p = b_p.to(b_v.dtype)
     b_acc = tl.dot(b_p, b_v, b_acc * b_alpha[:, None])
     if HAS_DV2:
         b_acc2 = tl.dot(b_p, b_v2, b_acc2 * b_alpha[:, None])
-    return b_acc, b_acc2, b_l, b_m_new
+    return b_acc, b_acc2, b_l, b_m
 
 
 @triton.jit
@@ -127,22 +119,9 @@ def attn_fwd_large_d_kernel(
     i_h = i_bh % num_heads
     i_hk = i_h // group_size
 
-    if IS_VARLEN:
-        q_row0 = tl.load(cu_seqlens_q + i_b)
-        seqlen_q = tl.load(cu_seqlens_q + i_b + 1) - q_row0
-        k_row0 = tl.load(cu_seqlens_k + i_b)
-        seqlen_k = tl.load(cu_seqlens_k + i_b + 1) - k_row0
-        q_base = q_row0.to(tl.int64) * stride_qs
-        k_base = k_row0.to(tl.int64) * stride_ks
-        v_base = k_row0.to(tl.int64) * stride_vs
-        o_base = q_row0.to(tl.int64) * stride_os
-        l_base = q_row0.to(tl.int64)  # varlen lse is [Hq, total_q]
-    else:
-        q_base = i_b.to(tl.int64) * stride_qb
-        k_base = i_b.to(tl.int64) * stride_kb
-        v_base = i_b.to(tl.int64) * stride_vb
-        o_base = i_b.to(tl.int64) * stride_ob
-        l_base = i_b.to(tl.int64) * stride_lb
+    seqlen_q, seqlen_k, _, q_base, k_base, v_base, o_base, l_base = seq_bases(
+        i_b, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, stride_qb, stride_qs, stride_kb, stride_ks,
+        stride_vb, stride_vs, stride_ob, stride_os, stride_lb, IS_VARLEN)
     m0 = i_m * BLOCK_M
     if m0 >= seqlen_q:
         return
