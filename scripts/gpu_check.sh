@@ -4,6 +4,7 @@
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
+#                                                        [ncu-fwd] (NCU_CASES: ';'-separated profile_fwd.py argument lists)
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -95,6 +96,17 @@ for s in $steps; do
       timeout 560 python3 -m tileattn bench large-d --out "$OUT/large_d.json" ${LARGE_D_BENCH_ARGS:-} > "$OUT/bench_large_d.log" 2>&1; rc=$?
       summary+=("bench-large-d rc=$rc: $(grep '^summary' "$OUT/bench_large_d.log" | cut -c1-400)")
       grep -E "^  B=|CHECK" "$OUT/bench_large_d.log" ;;
+    ncu-fwd)
+      rc=0; i=0
+      IFS=';' read -ra cases <<< "${NCU_CASES:---provider tileattn --D 1024 --causal;--provider tileattn --H 8 --N 16384 --D 256;--provider cudnn --H 8 --N 16384 --D 256}"
+      for c in "${cases[@]}"; do
+        i=$((i + 1))
+        timeout 240 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
+          --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section LaunchStats \
+          --section Occupancy python3 scripts/profile_fwd.py $c > "$OUT/ncu_$i.txt" 2>&1 || rc=$?
+        summary+=("ncu case $i ($c) rc=$rc")
+        grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Pipes Busy|Max Bandwidth|Stall|Shared Memory  " "$OUT/ncu_$i.txt" | cut -c1-160 | head -40
+      done ;;
     bench-bwd)
       timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")
