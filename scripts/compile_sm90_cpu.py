@@ -3,6 +3,7 @@ shared memory of each variant, from ptxas, before spending device time.
 
     python scripts/compile_sm90_cpu.py [--dtype fp16|e4m3|e5m2] [--d 128] [--causal] [--vrow]
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--mla-cfg BN:ST:REGS] [--hq 64] [--sq 1]
+    python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse] [--ld-cfg BN:BK:ST:DVS]
 
 Triton compiles through its bundled ptxas; a stand-in driver answers the device queries (sm90, 132 SMs).
 """
@@ -46,6 +47,9 @@ def main():
     p.add_argument("--cfg", default=None, help="BM:BN:ST:REGS[:Q_SLOTS]")
     p.add_argument("--mla", action="store_true", help="the MLA decode split kernel")
     p.add_argument("--mla-cfg", default="32:4:240", help="BN:ST:REGS")
+    p.add_argument("--large-d", action="store_true", help="the large-D kernel (large_d_sm90.py)")
+    p.add_argument("--dv", type=int, default=0)
+    p.add_argument("--ld-cfg", default=None, help="BN:BK:ST:DVS")
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--sq", type=int, default=1)
     args = p.parse_args()
@@ -55,6 +59,8 @@ def main():
     hw.device_info = lambda dev: type("I", (), {"num_sms": 132, "smem_per_block": 232448})()
     if args.mla:
         return report(compile_mla(args))
+    if args.large_d:
+        return report(compile_large_d(args))
     from tileattn.ops.dense import launch_sm90
     from tileattn.ops.dense.fp8 import fp8_v_layout
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
@@ -97,6 +103,21 @@ def compile_mla(args):
     bt = torch.zeros(B, 16, dtype=torch.int32)
     out, lse = torch.empty_like(qn), torch.empty(B, args.hq, args.sq)
     kernel, grid, a, kw = launch_sm90.kernel_call(plan, qn, qp, ckv, kpe, bt, torch.ones(1), out, lse, True)
+    return kernel.warmup(*a, grid=grid, **kw)
+
+
+def compile_large_d(args):
+    from tileattn.ops.dense import large_d
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype if args.dtype in ("fp16", "bf16") else "fp16"]
+    B, N, H, D, DV = 1, 1024, 2, args.d, args.dv or args.d
+    q, k = (torch.randn(B, N, H, D).to(dt) for _ in range(2))
+    v = torch.randn(B, N, H, DV).to(dt)
+    out, lse = torch.empty(B, N, H, DV, dtype=dt), torch.empty(B, H, N, dtype=torch.float32)
+    cfg = large_d.SM90
+    if args.ld_cfg:
+        bn, bk, st, dvs = (int(x) for x in args.ld_cfg.split(":"))
+        cfg = large_d.LargeDSm90Config(bn, bk, st, dvs)
+    kernel, grid, a, kw = large_d.kernel_call_sm90(q, k, v, out, lse, D ** -0.5, args.causal, True, args.lse, cfg)
     return kernel.warmup(*a, grid=grid, **kw)
 
 

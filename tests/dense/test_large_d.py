@@ -185,3 +185,51 @@ def test_gpu_table_configs_compile_without_exceeding_smem(dims, device):
     q, k, v = _inputs(1, 256, 256, 1, 1, D, Dv, torch.float16, device)
     for causal in (False, True):
         assert large_d.compiled(q, k, v, causal).metadata.shared <= hw.device_info(q.device).smem_per_block
+
+
+def _sm90(q, k, v):
+    return large_d.supports_sm90(q, k, v, None, False, q.shape[-1] ** -0.5, -1, 0, 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(512, 512), (576, 512), (128, 512), (520, 520), (1024, 1024)],
+                         ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("shape", [(2, 383, 517), (1, 300, 50), (1, 1, 700), (1, 129, 129)],
+                         ids=lambda s: "B{}-Sq{}-Sk{}".format(*s))
+def test_gpu_large_d_sm90(dims, shape, device):
+    """The Gluon kernel (large_d_sm90.py): head dims that are no multiple of its 64-column chunk or of its
+    256-column slice, fewer chunks than ring buffers, Sq > Sk (query blocks that see no key), a single row."""
+    B, Sq, Sk = shape
+    D, Dv = dims
+    q, k, v = _inputs(B, Sq, Sk, 8, 2, D, Dv, torch.bfloat16 if D == 520 else torch.float16, device)
+    if not _sm90(q, k, v):
+        pytest.skip("the Gluon kernel needs an sm90 GPU and triton 3.6")
+    for causal in (False, True):
+        _check(q, k, v, causal=causal)
+    # SDPA's causal mask is aligned top-left
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    out = tileattn.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True).transpose(1, 2)
+    ref, _ = attention_ref(q, k, v, causal=True, align_bottom_right=False)
+    ref_lp, _ = attention_ref(q, k, v, causal=True, align_bottom_right=False, dtype=q.dtype)
+    assert_close("out", out, ref, ref_lp)
+
+
+@pytest.mark.gpu
+def test_gpu_large_d_sm90_is_used_and_matches_triton(device, monkeypatch):
+    """On an H100 the plan for Dv >= 512 (no window, no softcap) takes the Gluon kernel; TILEATTN_SM90=0 takes
+    the Triton kernel, and both agree."""
+    q, k, v = _inputs(2, 700, 900, 4, 1, 768, 768, torch.float16, device)
+    if not _sm90(q, k, v):
+        pytest.skip("the Gluon kernel needs an sm90 GPU and triton 3.6")
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=device)
+    lse = torch.empty(0, dtype=torch.float32, device=device)
+    _, launcher, cfg = large_d.plan(q, k, v, out, lse, None, None, 700, 900, 768 ** -0.5, -1, 0, 0.0, True, False)
+    assert isinstance(launcher, large_d.Sm90Launcher) and cfg == large_d.SM90
+    gluon_out = tileattn.attention(q, k, v, causal=True)
+    monkeypatch.setenv("TILEATTN_SM90", "0")
+    plans.clear_plans()
+    triton_out = tileattn.attention(q, k, v, causal=True)
+    ref, _ = attention_ref(q, k, v, causal=True)
+    ref_lp, _ = attention_ref(q, k, v, causal=True, dtype=q.dtype)
+    assert_close("gluon", gluon_out, ref, ref_lp)
+    assert_close("triton", triton_out, ref, ref_lp)

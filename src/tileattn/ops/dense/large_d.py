@@ -80,6 +80,79 @@ def candidates(arch: int, dv: int, causal: bool, elem_bytes: int, smem_budget: i
     return out or _FALLBACK[-1:]
 
 
+# ---- Hopper: the Gluon kernel (large_d_sm90.py) -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LargeDSm90Config:
+    block_n: int = 128  # keys per block
+    block_k: int = 64  # head-dim columns per ring buffer
+    stages: int = 4  # ring buffers (Q chunk halves + K chunk)
+    dvs: int = 256  # output columns per CTA (two warpgroups x 64 rows x dvs float32 accumulators)
+    consumer_regs: int = 240
+
+    def smem_bytes(self, elem_bytes: int) -> int:
+        return (self.stages * (128 + self.block_n) * self.block_k + self.block_n * self.dvs) * elem_bytes + 1024
+
+
+SM90 = LargeDSm90Config()
+# the parameters that change between calls of one plan
+VARYING_SM90 = ("q_desc", "k_desc", "v_desc", "O", "LSE", "sm_scale")
+
+
+def supports_sm90(q, k, v, out, varlen, scale, window_left, window_right, softcap) -> bool:
+    """Whether the Gluon kernel serves this problem: an sm90 GPU with triton 3.6 (launch_sm90.available), 16-bit
+    batched inputs aligned for TMA, Dv >= 512 (narrower outputs keep the Triton kernel's second accumulator),
+    no window or softcap (causal is a right bound of 0), B * Hq within the grid's y limit. TILEATTN_SM90=0 or a
+    forced Triton config keeps the Triton kernel."""
+    import os
+
+    from .launch import tma_ok
+    from . import launch_sm90
+    if _forced.cfg is not None or os.environ.get("TILEATTN_SM90", "1") in ("", "0"):
+        return False
+    if varlen or hw.interpreter_enabled() or q.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9 or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if v.shape[-1] < 512 or window_left >= 0 or window_right > 0 or softcap > 0 or scale <= 0:
+        return False
+    if q.shape[0] * q.shape[2] > MAX_GRID_Y or min(q.shape[1], k.shape[1]) == 0:
+        return False
+    if SM90.smem_bytes(q.element_size()) > hw.device_info(q.device).smem_per_block:
+        return False
+    return all(tma_ok(t) and t.stride(-1) == 1 for t in (q, k, v)) and launch_sm90.available()
+
+
+def kernel_call_sm90(q, k, v, out, lse, scale, causal, align_bottom_right, return_lse, cfg=SM90):
+    """(kernel, grid, args, kwargs) of the Gluon kernel for supported inputs."""
+    from .large_d_sm90 import attn_fwd_large_d_sm90_kernel
+    from .launch_sm90 import _desc
+    from .kernels import LOG2E
+    batch, seqlen_q, hq, d = q.shape
+    seqlen_k, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    num_slices = triton.cdiv(dv, cfg.dvs)
+    sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
+    grid = (triton.cdiv(seqlen_q, 128) * num_slices, batch * hq)
+    args = (_desc(q, [1, 64, 1, cfg.block_k]), _desc(k, [1, cfg.block_n, 1, cfg.block_k]),
+            _desc(v, [1, cfg.block_n, 1, cfg.dvs]), out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
+            seqlen_q, seqlen_k, hq, hq // hkv, scale * LOG2E)
+    kwargs = dict(D=d, DV=dv, NUM_SLICES=num_slices, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+                  CAUSAL=causal, ALIGN_BOTTOM_RIGHT=align_bottom_right, RETURN_LSE=return_lse, REVERSE_M=causal,
+                  num_warps=4)
+    return attn_fwd_large_d_sm90_kernel, grid, args, kwargs
+
+
+class Sm90Launcher:
+    """A plan's launcher for the Gluon kernel, called with the dense kernel's values (plans._forward)."""
+    __slots__ = ("launcher", )
+
+    def __init__(self, launcher):
+        self.launcher = launcher
+
+    def __call__(self, grid, q, k, v, out, lse, qd, kd, vd, qk_scale, softcap_scale, softcap_out, out_scale):
+        self.launcher(grid, q, k, v, out, lse, qk_scale)
+
+
 _choice_cache = {}
 
 
@@ -210,6 +283,10 @@ def plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scal
     chosen here (choose_config)."""
     from .large_d_kernels import attn_fwd_large_d_kernel
     from ...launcher import KernelLauncher
+    if supports_sm90(q, k, v, out, cu_seqlens_q is not None, scale, window_left, window_right, softcap):
+        kernel, grid, a, kw = kernel_call_sm90(q, k, v, out, lse, scale, window_right == 0, align_bottom_right,
+                                               return_lse)
+        return grid, Sm90Launcher(KernelLauncher(kernel, a, kw, VARYING_SM90)), SM90
     args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
             softcap, align_bottom_right, return_lse)
     cfg = choose_config(q, v, window_right >= 0, _launch_fn(*args))
