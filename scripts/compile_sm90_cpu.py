@@ -49,7 +49,7 @@ def main():
     p.add_argument("--mla-cfg", default="32:4:240", help="BN:ST:REGS")
     p.add_argument("--large-d", action="store_true", help="the large-D kernel (large_d_sm90.py)")
     p.add_argument("--dv", type=int, default=0)
-    p.add_argument("--ld-cfg", default=None, help="BN:BK:ST:DVS")
+    p.add_argument("--ld-cfg", default=None, help="BN:BK:ST:DVS[:Q_RESIDENT]")
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--sq", type=int, default=1)
     args = p.parse_args()
@@ -115,8 +115,8 @@ def compile_large_d(args):
     out, lse = torch.empty(B, N, H, DV, dtype=dt), torch.empty(B, H, N, dtype=torch.float32)
     cfg = large_d.SM90
     if args.ld_cfg:
-        bn, bk, st, dvs = (int(x) for x in args.ld_cfg.split(":"))
-        cfg = large_d.LargeDSm90Config(bn, bk, st, dvs)
+        bn, bk, st, dvs, *qr = (int(x) for x in args.ld_cfg.split(":"))
+        cfg = large_d.LargeDSm90Config(bn, bk, st, dvs, q_resident=bool(qr and qr[0]))
     kernel, grid, a, kw = large_d.kernel_call_sm90(q, k, v, out, lse, D ** -0.5, args.causal, True, args.lse, cfg)
     return kernel.warmup(*a, grid=grid, **kw)
 

@@ -89,9 +89,11 @@ class LargeDSm90Config:
     stages: int = 4  # ring buffers (Q chunk halves + K chunk)
     dvs: int = 256  # output columns per CTA (two warpgroups x 64 rows x dvs float32 accumulators)
     consumer_regs: int = 240
+    q_resident: bool = False  # the whole Q tile loaded once (D <= 256 or so), the ring holds K chunks only
 
-    def smem_bytes(self, elem_bytes: int) -> int:
-        return (self.stages * (128 + self.block_n) * self.block_k + self.block_n * self.dvs) * elem_bytes + 1024
+    def smem_bytes(self, d: int, elem_bytes: int) -> int:
+        q = 128 * triton.cdiv(d, self.block_k) * self.block_k if self.q_resident else self.stages * 128 * self.block_k
+        return (q + self.stages * self.block_n * self.block_k + self.block_n * self.dvs) * elem_bytes + 1024
 
 
 SM90 = LargeDSm90Config()
@@ -118,7 +120,7 @@ def supports_sm90(q, k, v, out, varlen, scale, window_left, window_right, softca
         return False
     if q.shape[0] * q.shape[2] > MAX_GRID_Y or min(q.shape[1], k.shape[1]) == 0:
         return False
-    if SM90.smem_bytes(q.element_size()) > hw.device_info(q.device).smem_per_block:
+    if SM90.smem_bytes(q.shape[-1], q.element_size()) > hw.device_info(q.device).smem_per_block:
         return False
     return all(tma_ok(t) and t.stride(-1) == 1 for t in (q, k, v)) and launch_sm90.available()
 
@@ -138,7 +140,7 @@ def kernel_call_sm90(q, k, v, out, lse, scale, causal, align_bottom_right, retur
             seqlen_q, seqlen_k, hq, hq // hkv, scale * LOG2E)
     kwargs = dict(D=d, DV=dv, NUM_SLICES=num_slices, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                   CAUSAL=causal, ALIGN_BOTTOM_RIGHT=align_bottom_right, RETURN_LSE=return_lse, REVERSE_M=causal,
-                  num_warps=4)
+                  Q_RESIDENT=cfg.q_resident, num_warps=4)
     return attn_fwd_large_d_sm90_kernel, grid, args, kwargs
 
 

@@ -53,14 +53,20 @@ def _tile(seqlen_q, seqlen_k, off_diag, NUM_SLICES: gl.constexpr, CAUSAL: gl.con
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, i_b, i_h, i_hk, m0,
-            c0, n_blocks, D: gl.constexpr, STAGES: gl.constexpr):
+def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, q_ready, i_b, i_h,
+            i_hk, m0, c0, n_blocks, D: gl.constexpr, STAGES: gl.constexpr, Q_RESIDENT: gl.constexpr):
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = k_desc.block_type.shape[3]
     num_k: gl.constexpr = (D + BLOCK_K - 1) // BLOCK_K
     # V of a block is issued before this chunk (after all of them when num_k <= STAGES)
     v_at: gl.constexpr = STAGES if STAGES < num_k else num_k
-    nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes + k_desc.block_type.nbytes
+    nbytes: gl.constexpr = k_desc.block_type.nbytes + (0 if Q_RESIDENT else 2 * q_desc.block_type.nbytes)
+    if Q_RESIDENT:  # the whole Q tile once, every chunk of both halves
+        mbarrier.expect(q_ready.index(0), 2 * num_k * q_desc.block_type.nbytes)
+        for cq in gl.static_range(num_k):
+            for h in gl.static_range(2):
+                tma.async_copy_global_to_shared(q_desc, [i_b, m0 + h * WG_ROWS, i_h, cq * BLOCK_K], q_ready.index(0),
+                                                q_bufs.index(2 * cq + h))
     for b in range(n_blocks):
         n0 = b * BLOCK_N
         for c in range(num_k + 1):
@@ -73,26 +79,28 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), nbytes)
-                for h in gl.static_range(2):
-                    tma.async_copy_global_to_shared(q_desc, [i_b, m0 + h * WG_ROWS, i_h, c * BLOCK_K],
-                                                    ready.index(s), q_bufs.index(2 * s + h))
+                if not Q_RESIDENT:
+                    for h in gl.static_range(2):
+                        tma.async_copy_global_to_shared(q_desc, [i_b, m0 + h * WG_ROWS, i_h, c * BLOCK_K],
+                                                        ready.index(s), q_bufs.index(2 * s + h))
                 tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, c * BLOCK_K], ready.index(s),
                                                 k_bufs.index(s))
 
 
 @gluon.jit
-def _chunk(q_bufs, k_bufs, s, qk, WG: gl.constexpr, FIRST: gl.constexpr):
-    """S (+)= Q_c K_c^T of ring buffer s for this warpgroup's rows, issued asynchronously."""
+def _chunk(q_bufs, k_bufs, s, c, qk, WG: gl.constexpr, FIRST: gl.constexpr, Q_RESIDENT: gl.constexpr):
+    """S (+)= Q_c K_c^T of chunk c (in ring buffer s) for this warpgroup's rows, issued asynchronously."""
     BLOCK_N: gl.constexpr = k_bufs.shape[2]  # buffers in the descriptors' [1, rows, 1, cols] block shapes
     BLOCK_K: gl.constexpr = k_bufs.shape[4]
-    a = q_bufs.index(2 * s + WG).reshape([WG_ROWS, BLOCK_K])
+    a = q_bufs.index(2 * (c if Q_RESIDENT else s) + WG).reshape([WG_ROWS, BLOCK_K])
     b = k_bufs.index(s).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
     return warpgroup_mma(a, b, qk, use_acc=not FIRST, is_async=True)
 
 
 @gluon.jit
 def _block(acc, p_op, m_i, l_i, b, limit, o_n, s_zero, q_bufs, k_bufs, v_view, ready, empty, v_ready, v_empty,
-           sm_scale, NUM_K: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, WITH_PV: gl.constexpr):
+           sm_scale, NUM_K: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, WITH_PV: gl.constexpr,
+           Q_RESIDENT: gl.constexpr):
     """Key block b: its scores over the NUM_K chunks and its softmax; WITH_PV: the P V of block b - 1 (p_op)
     goes to the tensor cores first, with the first chunk. Returns (acc, P of block b, m, l), acc rescaled for
     block b."""
@@ -104,7 +112,7 @@ def _block(acc, p_op, m_i, l_i, b, limit, o_n, s_zero, q_bufs, k_bufs, v_view, r
         mbarrier.wait(v_ready.index(0), (b - 1) & 1)
         acc = warpgroup_mma(p_op, v_view, acc, is_async=True)
     mbarrier.wait(ready.index(s), (it0 // STAGES) & 1)
-    qk = _chunk(q_bufs, k_bufs, s, s_zero, WG, True)
+    qk = _chunk(q_bufs, k_bufs, s, 0, s_zero, WG, True, Q_RESIDENT)
     if WITH_PV:
         # the P V is done (the chunk may still run): the V buffer may be refilled
         acc, qk = warpgroup_mma_wait(num_outstanding=1, deps=(acc, qk))
@@ -115,7 +123,7 @@ def _block(acc, p_op, m_i, l_i, b, limit, o_n, s_zero, q_bufs, k_bufs, v_view, r
         it = it0 + c
         s = it % STAGES
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-        qk = _chunk(q_bufs, k_bufs, s, qk, WG, False)
+        qk = _chunk(q_bufs, k_bufs, s, c, qk, WG, False, Q_RESIDENT)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         mbarrier.arrive(empty.index((it - 1) % STAGES))
     qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
@@ -127,10 +135,10 @@ def _block(acc, p_op, m_i, l_i, b, limit, o_n, s_zero, q_bufs, k_bufs, v_view, r
 
 
 @gluon.jit
-def _consumer(q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, O, LSE, stride_ob, stride_os, stride_oh,
+def _consumer(q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, q_ready, O, LSE, stride_ob, stride_os, stride_oh,
               stride_lb, stride_lh, i_b, i_h, m0, c0, n_blocks, seqlen_q, seqlen_k, off_diag, sm_scale,
               D: gl.constexpr, DV: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              RETURN_LSE: gl.constexpr):
+              RETURN_LSE: gl.constexpr, Q_RESIDENT: gl.constexpr):
     BLOCK_N: gl.constexpr = k_bufs.shape[2]  # buffers in the descriptors' [1, rows, 1, cols] block shapes
     BLOCK_K: gl.constexpr = k_bufs.shape[4]
     DVS: gl.constexpr = v_buf.shape[4]
@@ -155,11 +163,13 @@ def _consumer(q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, O, LSE, str
     p_op = gl.zeros([WG_ROWS, BLOCK_N], v_buf.dtype, layout=p_layout)
     v_view = v_buf.index(0).reshape([BLOCK_N, DVS])
     if n_blocks > 0:
+        if Q_RESIDENT:
+            mbarrier.wait(q_ready.index(0), 0)
         acc, p_op, m_i, l_i = _block(acc, p_op, m_i, l_i, 0, limit, o_n, s_zero, q_bufs, k_bufs, v_view, ready,
-                                     empty, v_ready, v_empty, sm_scale, NUM_K, WG, STAGES, False)
+                                     empty, v_ready, v_empty, sm_scale, NUM_K, WG, STAGES, False, Q_RESIDENT)
     for b in range(1, n_blocks):
         acc, p_op, m_i, l_i = _block(acc, p_op, m_i, l_i, b, limit, o_n, s_zero, q_bufs, k_bufs, v_view, ready,
-                                     empty, v_ready, v_empty, sm_scale, NUM_K, WG, STAGES, True)
+                                     empty, v_ready, v_empty, sm_scale, NUM_K, WG, STAGES, True, Q_RESIDENT)
     if n_blocks > 0:  # the last block's P V
         mbarrier.wait(v_ready.index(0), (n_blocks - 1) & 1)
         acc = warpgroup_mma(p_op, v_view, acc, is_async=True)
@@ -188,6 +198,7 @@ def attn_fwd_large_d_sm90_kernel(
     seqlen_q, seqlen_k, num_heads, group_size, sm_scale,
     D: gl.constexpr, DV: gl.constexpr, NUM_SLICES: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     CAUSAL: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+    Q_RESIDENT: gl.constexpr,
 ):
     """Grid: (cdiv(Sq, 128) * NUM_SLICES, B * Hq); num_warps = 4 (the first consumer).
 
@@ -208,26 +219,30 @@ def attn_fwd_large_d_sm90_kernel(
     n_blocks = gl.cdiv(hi, BLOCK_N)
     c0 = i_c * DVS
 
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * STAGES] + q_desc.block_type.shape, q_desc.layout)
+    NUM_K: gl.constexpr = (D + q_desc.block_type.shape[3] - 1) // q_desc.block_type.shape[3]
+    Q_BUFS: gl.constexpr = 2 * NUM_K if Q_RESIDENT else 2 * STAGES
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_buf = gl.allocate_shared_memory(v_desc.dtype, [1] + v_desc.block_type.shape, v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)
     mbarrier.init(v_ready.index(0), count=1)
     mbarrier.init(v_empty.index(0), count=2)
+    mbarrier.init(q_ready.index(0), count=1)
 
     gl.warp_specialize([
-        (_consumer, (q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, O, LSE, stride_ob, stride_os,
+        (_consumer, (q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, q_ready, O, LSE, stride_ob, stride_os,
                      stride_oh, stride_lb, stride_lh, i_b, i_h, m0, c0, n_blocks, seqlen_q, seqlen_k, off_diag,
-                     sm_scale, D, DV, 0, STAGES, CAUSAL, RETURN_LSE)),
-        (_consumer, (q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, O, LSE, stride_ob, stride_os,
+                     sm_scale, D, DV, 0, STAGES, CAUSAL, RETURN_LSE, Q_RESIDENT)),
+        (_consumer, (q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, q_ready, O, LSE, stride_ob, stride_os,
                      stride_oh, stride_lb, stride_lh, i_b, i_h, m0, c0, n_blocks, seqlen_q, seqlen_k, off_diag,
-                     sm_scale, D, DV, 1, STAGES, CAUSAL, RETURN_LSE)),
-        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, i_b, i_h, i_hk,
-                   m0, c0, n_blocks, D, STAGES)),
+                     sm_scale, D, DV, 1, STAGES, CAUSAL, RETURN_LSE, Q_RESIDENT)),
+        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, q_ready, i_b, i_h,
+                   i_hk, m0, c0, n_blocks, D, STAGES, Q_RESIDENT)),
     ], [4, 1], [CONSUMER_REGS, 24])
