@@ -233,3 +233,26 @@ def test_gpu_large_d_sm90_is_used_and_matches_triton(device, monkeypatch):
     ref_lp, _ = attention_ref(q, k, v, causal=True, dtype=q.dtype)
     assert_close("gluon", gluon_out, ref, ref_lp)
     assert_close("triton", triton_out, ref, ref_lp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(256, 256), (128, 512)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("shape", [(2, 383, 517), (1, 300, 50)], ids=lambda s: "B{}-Sq{}-Sk{}".format(*s))
+def test_gpu_large_d_sm90_q_resident(dims, shape, device):
+    """The Gluon kernel's Q-resident variant (not routed yet; scripts/dev_large_d_sm90.py times it at D=256),
+    called directly."""
+    B, Sq, Sk = shape
+    D, Dv = dims
+    q, k, v = _inputs(B, Sq, Sk, 8, 2, D, Dv, torch.float16, device)
+    if not _sm90(q, k, v.repeat(1, 1, 1, 2) if Dv < 512 else v):
+        pytest.skip("the Gluon kernel needs an sm90 GPU and triton 3.6")
+    cfg = large_d.LargeDSm90Config(q_resident=True)
+    for causal in (False, True):
+        out = torch.empty(q.shape[:-1] + (Dv,), dtype=q.dtype, device=device)
+        lse = torch.empty(B, 8, Sq, dtype=torch.float32, device=device)
+        kernel, grid, args, kw = large_d.kernel_call_sm90(q, k, v, out, lse, D ** -0.5, causal, True, True, cfg)
+        kernel[grid](*args, **kw)
+        ref, lse_ref = attention_ref(q, k, v, causal=causal)
+        ref_lp, lse_lp = attention_ref(q, k, v, causal=causal, dtype=q.dtype)
+        assert_close("out", out, ref, ref_lp)
+        assert_close("lse", lse, lse_ref, lse_lp)

@@ -61,7 +61,7 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready
     # V of a block is issued before this chunk (after all of them when num_k <= STAGES)
     v_at: gl.constexpr = STAGES if STAGES < num_k else num_k
     nbytes: gl.constexpr = k_desc.block_type.nbytes + (0 if Q_RESIDENT else 2 * q_desc.block_type.nbytes)
-    if Q_RESIDENT:  # the whole Q tile once, every chunk of both halves
+    if Q_RESIDENT and n_blocks > 0:  # the whole Q tile once (never left in flight by a CTA with no key block)
         mbarrier.expect(q_ready.index(0), 2 * num_k * q_desc.block_type.nbytes)
         for cq in gl.static_range(num_k):
             for h in gl.static_range(2):
