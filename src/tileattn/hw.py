@@ -25,6 +25,16 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def sm90_kernels(device) -> bool:
+    """Whether the Hopper (Gluon) kernels may serve problems on this device: a CUDA device of compute
+    capability 9, not the interpreter, and TILEATTN_SM90 not 0 (the switch that keeps every op on its portable
+    kernel). Read on every call: plans made after a change follow it."""
+    if os.environ.get("TILEATTN_SM90", "1") in ("", "0") or interpreter_enabled():
+        return False
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     arch: int  # compute capability as major * 10 + minor (0 for the interpreter)

@@ -13,7 +13,8 @@ import torch
 import triton
 
 from ... import hw
-from .launch import MAX_GRID_Y, _forced, _scales
+from . import launch_sm90
+from .launch import MAX_GRID_Y, _forced, _scales, tma_ok
 
 # above this head dim (of Q/K or of V) the large-D kernel serves the problem
 LARGE_D_FROM = 257
@@ -114,15 +115,9 @@ def supports_sm90(q, k, v, out, varlen, scale, window_left, window_right, softca
     batched inputs aligned for TMA, Dv >= 512 (narrower outputs keep the Triton kernel's second accumulator),
     no window or softcap (causal is a right bound of 0), B * Hq within the grid's y limit. TILEATTN_SM90=0 or a
     forced Triton config keeps the Triton kernel."""
-    import os
-
-    from .launch import tma_ok
-    from . import launch_sm90
-    if _forced.cfg is not None or os.environ.get("TILEATTN_SM90", "1") in ("", "0"):
+    if _forced.cfg is not None or varlen or not hw.sm90_kernels(q.device):
         return False
-    if varlen or hw.interpreter_enabled() or q.device.type != "cuda":
-        return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9 or q.dtype not in (torch.float16, torch.bfloat16):
+    if q.dtype not in (torch.float16, torch.bfloat16):
         return False
     if v.shape[-1] < 512 or window_left >= 0 or window_right > 0 or softcap > 0 or scale <= 0:
         return False
@@ -136,15 +131,15 @@ def supports_sm90(q, k, v, out, varlen, scale, window_left, window_right, softca
 def kernel_call_sm90(q, k, v, out, lse, scale, causal, align_bottom_right, return_lse, cfg=SM90):
     """(kernel, grid, args, kwargs) of the Gluon kernel for supported inputs."""
     from .large_d_sm90 import attn_fwd_large_d_sm90_kernel
-    from .launch_sm90 import _desc
     from .kernels import LOG2E
     batch, seqlen_q, hq, d = q.shape
     seqlen_k, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     num_slices = triton.cdiv(dv, cfg.dvs)
     sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     grid = (triton.cdiv(seqlen_q, 128) * num_slices, batch * hq)
-    args = (_desc(q, [1, 64, 1, cfg.block_k]), _desc(k, [1, cfg.block_n, 1, cfg.block_k]),
-            _desc(v, [1, cfg.block_n, 1, cfg.dvs]), out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
+    desc = launch_sm90._desc
+    args = (desc(q, [1, 64, 1, cfg.block_k]), desc(k, [1, cfg.block_n, 1, cfg.block_k]),
+            desc(v, [1, cfg.block_n, 1, cfg.dvs]), out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
             seqlen_q, seqlen_k, hq, hq // hkv, scale * LOG2E)
     kwargs = dict(D=d, DV=dv, NUM_SLICES=num_slices, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                   CAUSAL=causal, ALIGN_BOTTOM_RIGHT=align_bottom_right, RETURN_LSE=return_lse, REVERSE_M=causal,

@@ -4,7 +4,6 @@ The first call of a problem checks its tensors (checks.py), chooses the config a
 normal path (launch.py); a repeated call checks the options, allocates the outputs and replays the compiled
 kernel (tileattn.launcher).
 """
-import os
 
 import torch
 
@@ -253,7 +252,7 @@ def use_sm90(q, k, v, out, varlen, scale, softcap, causal=False):
     """Whether the Hopper Gluon kernel (launch_sm90.py) serves this problem: on an sm90 GPU, for the shapes it
     supports, unless a Triton config is forced (force_config) or TILEATTN_SM90=0 asks for the portable
     kernel everywhere."""
-    if _forced.cfg is not None or os.environ.get("TILEATTN_SM90", "1") in ("", "0"):
+    if _forced.cfg is not None or not hw.sm90_kernels(q.device):
         return False
     if not launch_sm90.supports(q, k, v, out, varlen, hw.interpreter_enabled(), scale, softcap, causal):
         return False

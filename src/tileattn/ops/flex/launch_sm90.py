@@ -4,7 +4,6 @@ It serves 16-bit and fp8 inputs with D = Dv in {64, 128}, block masks of 128 x 1
 sequence lengths that are multiples of 128, on an sm90 GPU; api.py sends everything else to the portable
 kernel (kernels.py). Without a block mask every block is full (a broadcast list of all key blocks).
 """
-import os
 
 import torch
 
@@ -18,9 +17,7 @@ _FULL_LISTS = {}  # (query blocks, key blocks, device) -> (zeros, counts, indice
 
 def serves(query, key, value, q_block, kv_block):
     """value: [B, Hkv, Sk, Dv] (fp8: plain, re-laid out per call, or an Fp8V)."""
-    if os.environ.get("TILEATTN_SM90", "1") in ("", "0") or hw.interpreter_enabled():
-        return False
-    if query.device.type != "cuda" or torch.cuda.get_device_capability(query.device)[0] != 9:
+    if not hw.sm90_kernels(query.device):
         return False
     d, dv = query.shape[-1], value.shape[-1]
     if query.dtype not in (torch.float16, torch.bfloat16, *FP8_DTYPES) or d != dv or d not in (64, 128):

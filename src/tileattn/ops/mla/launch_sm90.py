@@ -5,7 +5,6 @@ Dc / 2 and Dr powers of two up to 256, pages holding whole cache steps, the shar
 which tiles; `tensors_ok(...)` checks, per run, that the tensors suit TMA (else the plan runs the portable
 kernel for that call); `kernel_call(...)` gives the kernel, grid and arguments.
 """
-import os
 from dataclasses import dataclass
 
 import torch
@@ -52,10 +51,8 @@ def _pow2(x):
 def config_for(device, rows, dc, dr, page_size, dtype):
     """The config of the Gluon kernel for a plan's shape (rows = Sq * Hq), or None when it does not serve it
     (then the portable kernel does). TILEATTN_SM90=0 keeps every plan on the portable kernel."""
-    if os.environ.get("TILEATTN_SM90", "1") in ("", "0") or hw.interpreter_enabled() or rows < MIN_ROWS:
-        return None
     device = torch.device(device)
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+    if rows < MIN_ROWS or not hw.sm90_kernels(device):
         return None
     if dtype not in (torch.float16, torch.bfloat16) or not dense_sm90.available():
         return None
