@@ -12,6 +12,7 @@ import torch
 
 import tileattn
 from tileattn.bench.common import attn_tflops, do_bench, max_abs
+from tileattn.bench.dense import sdpa
 from tileattn.ops.dense import large_d
 from tileattn.ops.dense.reference import attention_ref
 from tileattn.tolerance import allowed_error
@@ -24,7 +25,6 @@ def main():
     ap.add_argument("--shapes", default="1x48x8192,1x8x16384")
     ap.add_argument("--cfgs", default="128:64:4:256:0,128:64:4:256:1,128:64:6:256:1")
     a = ap.parse_args()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     cfgs = []
     for c in a.cfgs.split(","):
         bn, bk, st, dvs, qr = (int(x) for x in c.split(":"))
@@ -42,11 +42,7 @@ def main():
                 fns = {"default": lambda: tileattn.attention(q, k, v, causal=causal)}
                 if D <= 256:
                     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-
-                    def cudnn():
-                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                            return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
-                    fns["cudnn"] = cudnn
+                    fns["cudnn"] = lambda: sdpa("cudnn")(qh, kh, vh, causal)
                 for name, cfg in cfgs:
                     if cfg.smem_bytes(D, 2) > 232448:
                         continue

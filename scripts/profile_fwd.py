@@ -24,13 +24,9 @@ def main():
         import tileattn
         fn = lambda: tileattn.attention(q, k, v, causal=a.causal)  # noqa: E731
     else:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        be = SDPBackend.CUDNN_ATTENTION if a.provider == "cudnn" else SDPBackend.EFFICIENT_ATTENTION
+        from tileattn.bench.dense import sdpa
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-
-        def fn():
-            with sdpa_kernel(be):
-                return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=a.causal)
+        fn = lambda: sdpa(a.provider)(qh, kh, vh, a.causal)  # noqa: E731
     fn()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()

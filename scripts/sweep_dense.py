@@ -12,7 +12,7 @@ import torch
 
 import tileattn
 from tileattn.bench.common import attn_tflops, do_bench, max_abs
-from tileattn.bench.dense import _sdpa
+from tileattn.bench.dense import sdpa
 from tileattn.ops.dense.configs import AttnConfig as C
 from tileattn.ops.dense.launch import force_config
 
@@ -54,8 +54,8 @@ def main():
                 B, H = 4, 32
                 q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(3))
                 qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-                ref = _sdpa("cudnn")(q, k, v, causal)
-                ms_cudnn = do_bench(lambda: _sdpa("cudnn")(q, k, v, causal))
+                ref = sdpa("cudnn")(q, k, v, causal)
+                ms_cudnn = do_bench(lambda: sdpa("cudnn")(q, k, v, causal))
                 best = None
                 for cfg in candidates:
                     if time.time() - t0 > a.budget_s:

@@ -4,8 +4,8 @@
                                     [--sm90]
 
 Prints one line per (config, D, causal): TFLOPS, ratio to SDPA's EFFICIENT backend, check; then BEST lines.
---sm90 adds the unforced path first (CFG -1: the Gluon kernel, large_d_sm90.py, where it applies). The check:
-heads 0-1 against float32 under the tolerance rule, and every head against EFFICIENT's output.
+--sm90 adds the unforced path first (CFG -1: the Gluon kernel, large_d_sm90.py, where it applies). The check is
+the bench's (bench/large_d.check_case).
 """
 import argparse
 import contextlib
@@ -13,11 +13,11 @@ import time
 
 import torch
 
+from tileattn.bench import large_d as bench_large_d
+from tileattn.bench.common import attn_tflops, do_bench
+from tileattn.bench.dense import sdpa
 from tileattn.ops.dense import large_d
 from tileattn.ops.dense.launch import force_config
-from tileattn.ops.dense.reference import attention_ref
-from tileattn.tolerance import allowed_error
-from tileattn.bench.common import attn_tflops, do_bench, max_abs
 
 C = large_d.LargeDConfig
 # the H100 table's entries (large_d._SM90) and their closest rivals (bench/NOTES.md "Large head dims")
@@ -47,21 +47,16 @@ def main():
     cfgs = CONFIGS if a.configs is None else [CONFIGS[int(i)] for i in a.configs.split(",") if i]
     if a.sm90:
         cfgs = [None] + cfgs
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     best = {}
     for D in (int(x) for x in a.dims.split(",")):
         for causal in (bool(int(x)) for x in a.causal.split(",")):
             B, H, N = 1, a.heads, a.n
             q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16) for _ in range(3))
             qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-            ref, _ = attention_ref(q[:, :, :2], k[:, :, :2], v[:, :, :2], causal=causal)
-            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-                eff_fn = lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
-                eff_out = eff_fn().transpose(1, 2)
-                eff_err = max_abs(eff_out[:, :, :2], ref)
-                eff_ms = do_bench(eff_fn)
-            eff_tf = attn_tflops(B, H, N, N, D, D, causal, eff_ms)
-            print(f"EFF D={D} causal={causal} {eff_tf:.0f} TFLOPS err={eff_err:.2e}", flush=True)
+            eff_fn = lambda: sdpa("efficient")(qh, kh, vh, causal)
+            eff_out = eff_fn()
+            eff_tf = attn_tflops(B, H, N, N, D, D, causal, do_bench(eff_fn))
+            print(f"EFF D={D} causal={causal} {eff_tf:.0f} TFLOPS", flush=True)
             for i, cfg in enumerate(cfgs, start=-1 if a.sm90 else 0):
                 if time.time() - t_start > a.budget_s:
                     print("budget exhausted", flush=True)
@@ -70,11 +65,9 @@ def main():
                 try:
                     with force_config(cfg) if cfg is not None else contextlib.nullcontext():
                         out = tileattn.attention(q, k, v, causal=causal)
-                        torch.cuda.synchronize()
-                        err = max_abs(out[:, :, :2], ref)
-                        diff = max_abs(out, eff_out)
-                        ok = (bool(torch.isfinite(out).all()) and err <= allowed_error(eff_err, ref, q.dtype)
-                              and diff <= 4 * eff_err + 2e-3)
+                        # the bench's check: float32 on heads 0-1, EFFICIENT on every head
+                        ok, info = bench_large_d.check_case(out, eff_out, qh, kh, vh, causal)
+                        err, diff = info["err_vs_fp32"], info["max_diff_vs_efficient"]
                         ms = do_bench(lambda: tileattn.attention(q, k, v, causal=causal)) if ok else None
                         if cfg is None:
                             smem = "unforced"
@@ -89,7 +82,7 @@ def main():
                       f"{tf:.0f} TFLOPS x{tf / eff_tf:.2f} eff", flush=True)
                 if ok and tf > best.get((D, causal), (0, None))[0]:
                     best[(D, causal)] = (tf, i, tf / eff_tf, cfg)
-            del q, k, v, qh, kh, vh, ref, eff_out
+            del q, k, v, qh, kh, vh, eff_out
             torch.cuda.empty_cache()
     for (D, causal), (tf, i, r, cfg) in sorted(best.items()):
         print(f"BEST D={D} causal={causal}: cfg {i} {cfg} {tf:.0f} TFLOPS x{r:.2f} eff")

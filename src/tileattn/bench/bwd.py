@@ -15,7 +15,7 @@ import torch
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
 from .common import attn_tflops, bench_rounds, finish, fmt, geomean, results_header
-from .dense import _sdpa
+from .dense import sdpa
 
 PROVIDERS = ("tileattn", "cudnn", "fa2")
 
@@ -117,7 +117,7 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                 outs = {"tileattn": (out, (q, k, v), dout)}
                 for p in ("cudnn", "fa2"):
                     try:
-                        outs[p] = (_sdpa(p)(qh, kh, vh, causal), (qh, kh, vh), douth)
+                        outs[p] = (sdpa(p)(qh, kh, vh, causal), (qh, kh, vh), douth)
                     except Exception as e:  # noqa: BLE001 - a peer that refuses a shape is reported
                         log(f"{p} refused {case}: {type(e).__name__}: {str(e)[:100]}")
                 if not ok:

@@ -17,9 +17,11 @@ ROUNDS = 2
 DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
-def _sdpa(backend):
+def sdpa(backend):
+    """fn(q, k, v, causal) running torch's SDPA on one backend ("cudnn", "fa2", "efficient"), [B, H, S, D]."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}[backend]
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION,
+          "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
 
     def fn(q, k, v, causal):
         with sdpa_kernel(be):
@@ -79,7 +81,7 @@ def run(dtype="fp16", long=False, providers=PROVIDERS, head_dims=(64, 128), seql
                 case = {"B": B, "H": H, "N": N, "D": D, "causal": causal, "dtype": str(dt).split(".")[-1]}
                 q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(3))
                 qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # tileattn's layout
-                cudnn_out = _sdpa("cudnn")(q, k, v, causal)
+                cudnn_out = sdpa("cudnn")(q, k, v, causal)
                 ours = tileattn.attention(qt, kt, vt, causal=causal)
                 ok, info = check_case(ours, cudnn_out, q, k, v, causal)
                 del ours, cudnn_out
@@ -88,8 +90,8 @@ def run(dtype="fp16", long=False, providers=PROVIDERS, head_dims=(64, 128), seql
                     log(f"CHECK FAILED {case}: {info}")
                 fns = {
                     "tileattn": lambda: tileattn.attention(qt, kt, vt, causal=causal),
-                    "cudnn": lambda: _sdpa("cudnn")(q, k, v, causal),
-                    "fa2": lambda: _sdpa("fa2")(q, k, v, causal),
+                    "cudnn": lambda: sdpa("cudnn")(q, k, v, causal),
+                    "fa2": lambda: sdpa("fa2")(q, k, v, causal),
                 }
                 # providers interleaved over rounds, best median kept: slow drift of the clocks (seen on a
                 # thermally throttled machine) then cannot favour whichever provider ran first

@@ -91,7 +91,7 @@ def _run_case(case, providers, fp8_dtypes, log):
     B, H, N, D, causal = (case[k] for k in ("B", "H", "N", "D", "causal"))
     q16, k16, v16 = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16) for _ in range(3))
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q16, k16, v16))  # the torch peers' layout
-    cudnn = dense._sdpa("cudnn")
+    cudnn = dense.sdpa("cudnn")
     fns = {"tileattn-fp16": lambda: tileattn.attention(q16, k16, v16, causal=causal),
            "cudnn-fp16": lambda: cudnn(qt, kt, vt, causal)}
     fp16_check = dense.check_case(fns["tileattn-fp16"](), fns["cudnn-fp16"](), qt, kt, vt, causal)

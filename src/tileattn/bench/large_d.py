@@ -14,21 +14,10 @@ import torch
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error, rounding_floor
 from .common import attn_tflops, bench_rounds, do_bench, finish, fmt, max_abs, results_header
-from .dense import DTYPES
+from .dense import DTYPES, sdpa
 
 SHAPES = ((1, 48, 8192), (1, 8, 16384))
 HEAD_DIMS = (256, 320, 384, 512, 768, 1024)
-PEERS = {"efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
-
-
-def _sdpa(backend, q, k, v, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = getattr(SDPBackend, PEERS[backend])
-
-    def fn():
-        with sdpa_kernel(be):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return fn
 
 
 def check_case(ours_bshd, eff_bhsd, q, k, v, causal):
@@ -63,17 +52,17 @@ def run(dtype="fp16", shapes=SHAPES, head_dims=HEAD_DIMS, out_json=None, log=pri
                 q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(3))
                 qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # tileattn's layout
                 ours = tileattn.attention(qt, kt, vt, causal=causal)
-                eff = _sdpa("efficient", q, k, v, causal)()
+                eff = sdpa("efficient")(q, k, v, causal)
                 ok, info = check_case(ours, eff, q, k, v, causal)
                 del ours, eff
                 if not ok:
                     failures.append((case, info))
                     log(f"CHECK FAILED {case}: {info}")
-                fns = {"efficient": _sdpa("efficient", q, k, v, causal)}
+                fns = {"efficient": lambda: sdpa("efficient")(q, k, v, causal)}
                 if ok:
                     fns["tileattn"] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
                 if D <= 256:
-                    fns["cudnn"] = _sdpa("cudnn", q, k, v, causal)
+                    fns["cudnn"] = lambda: sdpa("cudnn")(q, k, v, causal)
                 times = bench_rounds(fns)
                 for p in ("tileattn", "efficient", "cudnn"):
                     if p == "cudnn" and D > 256:
