@@ -5,7 +5,9 @@ shared memory of each variant, from ptxas, before spending device time.
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--mla-cfg BN:ST:REGS] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse] [--ld-cfg BN:BK:ST:DVS]
 
-Triton compiles through its bundled ptxas; a stand-in driver answers the device queries (sm90, 132 SMs).
+Triton compiles through its bundled ptxas; a stand-in driver answers the device queries (sm90, 132 SMs). The
+PTX, cubin and LLVM IR go to --out (default /tmp, as sm90_cpu.*). Exits 1 when ptxas spills or serializes the
+wgmma pipeline (tests/dense/test_sm90_compile.py runs it for the routed configs).
 """
 import argparse
 import os
@@ -52,15 +54,16 @@ def main():
     p.add_argument("--ld-cfg", default=None, help="BN:BK:ST:DVS[:Q_RESIDENT]")
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--sq", type=int, default=1)
+    p.add_argument("--out", default="/tmp")
     args = p.parse_args()
     from triton.runtime import driver
     driver.set_active(_FakeDriver())
     from tileattn import hw
     hw.device_info = lambda dev: type("I", (), {"num_sms": 132, "smem_per_block": 232448})()
     if args.mla:
-        return report(compile_mla(args))
+        return report(compile_mla(args), args.out)
     if args.large_d:
-        return report(compile_large_d(args))
+        return report(compile_large_d(args), args.out)
     from tileattn.ops.dense import launch_sm90
     from tileattn.ops.dense.fp8 import fp8_v_layout
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
@@ -81,7 +84,7 @@ def main():
     kernel, grid, a, kw = launch_sm90.kernel_call(q, k, v, out, lse, D ** -0.5, -1, 0 if args.causal else -1,
                                                   args.softcap, True, args.lse, cfg, programs=132,
                                                   descales=ds)
-    report(kernel.warmup(*a, grid=grid, **kw))
+    return report(kernel.warmup(*a, grid=grid, **kw), args.out)
 
 
 def compile_mla(args):
@@ -113,7 +116,7 @@ def compile_large_d(args):
     q, k = (torch.randn(B, N, H, D).to(dt) for _ in range(2))
     v = torch.randn(B, N, H, DV).to(dt)
     out, lse = torch.empty(B, N, H, DV, dtype=dt), torch.empty(B, H, N, dtype=torch.float32)
-    cfg = large_d.SM90
+    cfg = large_d.sm90_config(D, DV)
     if args.ld_cfg:
         bn, bk, st, dvs, *qr = (int(x) for x in args.ld_cfg.split(":"))
         cfg = large_d.LargeDSm90Config(bn, bk, st, dvs, q_resident=bool(qr and qr[0]))
@@ -121,11 +124,12 @@ def compile_large_d(args):
     return kernel.warmup(*a, grid=grid, **kw)
 
 
-def report(ck):
-    open("/tmp/sm90_cpu.llir", "w").write(ck.asm["llir"])
-    open("/tmp/sm90_cpu.ptx", "w").write(ck.asm["ptx"])
+def report(ck, out_dir):
+    base = os.path.join(out_dir, "sm90_cpu")
+    open(base + ".llir", "w").write(ck.asm["llir"])
+    open(base + ".ptx", "w").write(ck.asm["ptx"])
     print("shared", ck.metadata.shared)
-    cubin = "/tmp/sm90_cpu.cubin"
+    cubin = base + ".cubin"
     with open(cubin, "wb") as f:
         f.write(ck.asm["cubin"])
     from triton.backends.nvidia import compiler as nvc
@@ -135,7 +139,15 @@ def report(ck):
     sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     for op in ("HGMMA", "QGMMA", "MUFU.EX2", "STL", "LDL", "SHFL", "PRMT", "LOP3", "SHF", "F2FP", "BAR.SYNC"):
         print(f"{op:10s} {len(re.findall(op, sass))}")
+    # ptxas's own verdict on the wgmma pipeline (Triton drops it): C7511 / C7512 mean every wgmma waits for the
+    # one before it
+    ptxas = subprocess.run([os.path.join(os.path.dirname(tool), "ptxas"), "-arch=sm_90a", "-v", base + ".ptx",
+                            "-o", base + "_check.cubin"], capture_output=True, text=True)
+    serialized = "wgmma.mma_async instructions are serialized" in ptxas.stdout + ptxas.stderr
+    spills = int(re.search(r"(\d+) bytes spill stores", ptxas.stdout + ptxas.stderr).group(1))
+    print(f"wgmma serialized: {serialized}, spill stores: {spills} bytes")
+    return 1 if serialized or spills else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

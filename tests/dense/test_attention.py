@@ -204,8 +204,9 @@ def test_gpu_varlen(dtype, device):
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_sm90_dispatch(D, device, monkeypatch):
     """On an H100, D = 64 / 128 go to the Gluon kernel, D = 256 when there is no right bound (causal D = 256
-    stays on the portable kernel, launch_sm90._CONFIGS); TILEATTN_SM90=0 and a smaller budget send them to the
-    portable one; both agree with the reference."""
+    stays on the portable kernel, launch_sm90._CONFIGS; without a window or softcap the plan sends D = 256 to the
+    large-D Gluon kernel first, test_large_d.py); TILEATTN_SM90=0 and a smaller budget send them to the portable
+    one; both agree with the reference."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
     q = randn(2, 1000, 8, D, dtype=torch.float16, device=device)

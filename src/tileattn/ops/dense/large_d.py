@@ -1,9 +1,9 @@
 """Host side of dense attention forward for large head dims: configs, grid, arguments.
 
-The dense API sends a problem here when D or Dv is above 256 (plans.py); nothing else changes for the
-caller. Two kernels:
-  - on an H100 (sm90, triton 3.6) with Dv >= 512, no window and no softcap: the Gluon kernel of
-    large_d_sm90.py (supports_sm90, kernel_call_sm90);
+The dense API sends a problem here when D or Dv is above 256, or when the Gluon kernel serves it (plans.py);
+nothing else changes for the caller. Two kernels:
+  - on an H100 (sm90, triton 3.6) with no window and no softcap, for Dv >= 512 and for D and Dv in (192, 256]
+    (Q resident in shared memory): the Gluon kernel of large_d_sm90.py (supports_sm90, kernel_call_sm90);
   - everywhere else the Triton kernel of large_d_kernels.py. Its shared memory is fixed by the config, not by
     the head dim: num_stages Q and K chunks of BLOCK_K columns, one [BLOCK_N, BLOCK_DV] V tile and the P tile.
 """
@@ -100,40 +100,55 @@ class LargeDSm90Config:
         return (q + self.stages * self.block_n * self.block_k + self.block_n * self.dvs) * elem_bytes + 1024
 
 
-# Measured on the H100 (2026-11-21, B=1, H=48, N=8192, fp16, D = Dv, TFLOPS non-causal / causal, outputs checked;
-# scripts/sweep_large_d.py --sm90 and scripts/dev_large_d_sm90.py): D=512 373 / 338 against the Triton kernel's
-# 295 / 290; D=1024 234 / 221 against 209 / 198. 5 ring buffers instead of 4: no better (222 / 180 vs 195-230 /
-# 217 in one run: within the run's spread). At D = 256 (not routed here) the Q-resident variant gave 0.77-0.84 of
-# cuDNN against 0.78-0.81 for the dense kernels, bench/NOTES.md.
+# Measured on the H100 (fp16, D = Dv, TFLOPS non-causal / causal, outputs checked; scripts/sweep_large_d.py --sm90
+# and scripts/dev_large_d_sm90.py; bench/NOTES.md "Large head dims"). Dv >= 512, B=1, H=48, N=8192: D=512 413 / 388,
+# D=1024 266 / 248 (2026-11-22, after the P V / scores wgmmas stopped overlapping in a warpgroup, which had made
+# ptxas serialize every wgmma: 373 / 338 and 234 / 221 before; the Triton kernel 295 / 290 and 209 / 198). 5 ring
+# buffers: no better. 64-key blocks with P V(b - 1) issued after the scores of b (no serialization at that size)
+# and one or two V buffers: 0.60-0.98 of this config at D = 512 and 1024.
 SM90 = LargeDSm90Config()
+# D and Dv in (192, 256]: the whole Q tile resident (64 KB), a ring of 4 K chunks, one V tile: 192 KB, cuDNN's
+# plan. Against cuDNN in one run (2026-11-22): B=1, H=48, N=8K 0.96 / 0.94; B=1, H=8, N=16K 0.89 / 1.05 (the dense
+# kernels: 0.82 / 0.75 and 0.74 / 0.83). 64-key blocks with 8 ring buffers and two V buffers: 0.85-0.98.
+SM90_D256 = LargeDSm90Config(q_resident=True)
+SM90_D256_FROM = 193
+
+
+def sm90_config(d: int, dv: int) -> LargeDSm90Config:
+    """The Gluon kernel's config for head dims (d, dv)."""
+    return SM90_D256 if max(d, dv) <= 256 else SM90
 # the parameters that change between calls of one plan
 VARYING_SM90 = ("q_desc", "k_desc", "v_desc", "O", "LSE", "sm_scale")
 
 
 def supports_sm90(q, k, v, out, varlen, scale, window_left, window_right, softcap) -> bool:
     """Whether the Gluon kernel serves this problem: an sm90 GPU with triton 3.6 (launch_sm90.available), 16-bit
-    batched inputs aligned for TMA, Dv >= 512 (narrower outputs keep the Triton kernel's second accumulator),
-    no window or softcap (causal is a right bound of 0), B * Hq within the grid's y limit. TILEATTN_SM90=0 or a
-    forced Triton config keeps the Triton kernel."""
+    batched inputs aligned for TMA, Dv >= 512 or D and Dv both in (192, 256] (Dv of 257-511 keeps the Triton
+    kernel's second accumulator), no window or softcap (causal is a right bound of 0), B * Hq within the grid's
+    y limit. TILEATTN_SM90=0 or a forced config (force_config) keeps the other kernels."""
     if _forced.cfg is not None or varlen or not hw.sm90_kernels(q.device):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if v.shape[-1] < 512 or window_left >= 0 or window_right > 0 or softcap > 0 or scale <= 0:
+    d, dv = q.shape[-1], v.shape[-1]
+    if not (dv >= 512 or SM90_D256_FROM <= min(d, dv) and max(d, dv) <= 256):
+        return False
+    if window_left >= 0 or window_right > 0 or softcap > 0 or scale <= 0:
         return False
     if q.shape[0] * q.shape[2] > MAX_GRID_Y or min(q.shape[1], k.shape[1]) == 0:
         return False
-    if SM90.smem_bytes(q.shape[-1], q.element_size()) > hw.device_info(q.device).smem_per_block:
+    if sm90_config(d, dv).smem_bytes(d, q.element_size()) > hw.device_info(q.device).smem_per_block:
         return False
     return all(tma_ok(t) and t.stride(-1) == 1 for t in (q, k, v)) and launch_sm90.available()
 
 
-def kernel_call_sm90(q, k, v, out, lse, scale, causal, align_bottom_right, return_lse, cfg=SM90):
-    """(kernel, grid, args, kwargs) of the Gluon kernel for supported inputs."""
+def kernel_call_sm90(q, k, v, out, lse, scale, causal, align_bottom_right, return_lse, cfg=None):
+    """(kernel, grid, args, kwargs) of the Gluon kernel for supported inputs, with cfg or sm90_config's."""
     from .large_d_sm90 import attn_fwd_large_d_sm90_kernel
     from .kernels import LOG2E
     batch, seqlen_q, hq, d = q.shape
     seqlen_k, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    cfg = cfg or sm90_config(d, dv)
     num_slices = triton.cdiv(dv, cfg.dvs)
     sl = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     grid = (triton.cdiv(seqlen_q, 128) * num_slices, batch * hq)
@@ -289,9 +304,10 @@ def plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scal
     from .large_d_kernels import attn_fwd_large_d_kernel
     from ...launcher import KernelLauncher
     if supports_sm90(q, k, v, out, cu_seqlens_q is not None, scale, window_left, window_right, softcap):
+        cfg = sm90_config(q.shape[-1], v.shape[-1])
         kernel, grid, a, kw = kernel_call_sm90(q, k, v, out, lse, scale, window_right == 0, align_bottom_right,
-                                               return_lse)
-        return grid, Sm90Launcher(KernelLauncher(kernel, a, kw, VARYING_SM90)), SM90
+                                               return_lse, cfg)
+        return grid, Sm90Launcher(KernelLauncher(kernel, a, kw, VARYING_SM90)), cfg
     args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
             softcap, align_bottom_right, return_lse)
     cfg = choose_config(q, v, window_right >= 0, _launch_fn(*args))

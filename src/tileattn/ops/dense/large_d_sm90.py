@@ -16,7 +16,10 @@ A CTA computes 2 * 64 query rows of one (batch, head) and one slice of DVS outpu
   - two consumer warpgroups, 64 rows each: S = sum over chunks of Q_c K_c^T by wgmma from shared memory (a
     chunk's buffer is handed back once the next chunk's wgmma is issued and the previous one waited on), the
     online softmax in registers (raw scores, the scale folded into exp2), O += P V with P from registers,
-    left in flight while the next block's first chunk is issued.
+    issued at the start of the next block and waited on before its first chunk. The two never overlap in one
+    warpgroup: with a 64x256 and a 64x128 float32 accumulator both in flight ptxas finds too few registers for
+    its wgmma pipeline and serializes every wgmma of the kernel (C7512 "insufficient register resources"),
+    which cost 10-30% (bench/NOTES.md). The two warpgroups keep the tensor cores busy between them.
 The masking model is that of kernels.py for causal problems and key-length bounds: key j is visible to query i
 iff j <= i + OFF (causal) and j < Sk. Tensors are [B, S, H, D] with 16-byte aligned strides (TMA); rows and
 columns past a tensor's end are zero-filled on load, and the store is masked.
@@ -50,6 +53,13 @@ def _tile(seqlen_q, seqlen_k, off_diag, NUM_SLICES: gl.constexpr, CAUSAL: gl.con
     if CAUSAL:
         hi = gl.minimum(hi, gl.minimum(m0 + ROWS, seqlen_q) - 1 + off_diag + 1)
     return m0, i_c, gl.maximum(hi, 0)
+
+
+@gluon.jit
+def _v_tile(v_buf, v_ready, j):
+    """V of key block j, once loaded, as the [BLOCK_N, DVS] operand of P V."""
+    mbarrier.wait(v_ready.index(0), j & 1)
+    return v_buf.index(0).reshape([v_buf.shape[2], v_buf.shape[4]])
 
 
 @gluon.jit
@@ -98,27 +108,35 @@ def _chunk(q_bufs, k_bufs, s, c, qk, WG: gl.constexpr, FIRST: gl.constexpr, Q_RE
 
 
 @gluon.jit
-def _block(acc, p_op, m_i, l_i, b, limit, o_n, s_zero, q_bufs, k_bufs, v_view, ready, empty, v_ready, v_empty,
-           sm_scale, NUM_K: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, WITH_PV: gl.constexpr,
+def _mask(qk, b, limit, mask_from, o_n):
+    """Scores of key block b with the keys a row may not see at -inf (keys >= limit); blocks wholly below
+    mask_from (the smallest limit of the warpgroup's rows) are left as they are."""
+    BLOCK_N: gl.constexpr = qk.shape[1]
+    if (b + 1) * BLOCK_N > mask_from:
+        qk = gl.where((b * BLOCK_N + o_n)[None, :] < limit[:, None], qk, float("-inf"))
+    return qk
+
+
+@gluon.jit
+def _block(acc, p_op, m_i, l_i, b, limit, mask_from, o_n, s_zero, q_bufs, k_bufs, v_buf, ready, empty, v_ready,
+           v_empty, sm_scale, NUM_K: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, WITH_PV: gl.constexpr,
            Q_RESIDENT: gl.constexpr):
     """Key block b: its scores over the NUM_K chunks and its softmax; WITH_PV: the P V of block b - 1 (p_op)
-    goes to the tensor cores first, with the first chunk. Returns (acc, P of block b, m, l), acc rescaled for
-    block b."""
+    goes to the tensor cores first and is waited on before the first chunk. Returns (acc, P of block b, m, l),
+    acc rescaled for block b."""
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
     o_row: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     it0 = b * NUM_K
     s = it0 % STAGES
     if WITH_PV:
-        mbarrier.wait(v_ready.index(0), (b - 1) & 1)
-        acc = warpgroup_mma(p_op, v_view, acc, is_async=True)
+        # waited on before the scores' wgmmas: with the P V's accumulator and the scores' both in flight, ptxas
+        # finds too few registers and serializes every wgmma of the kernel (C7512)
+        acc = warpgroup_mma(p_op, _v_tile(v_buf, v_ready, b - 1), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(v_empty.index(0))
     mbarrier.wait(ready.index(s), (it0 // STAGES) & 1)
     qk = _chunk(q_bufs, k_bufs, s, 0, s_zero, WG, True, Q_RESIDENT)
-    if WITH_PV:
-        # the P V is done (the chunk may still run): the V buffer may be refilled
-        acc, qk = warpgroup_mma_wait(num_outstanding=1, deps=(acc, qk))
-        mbarrier.arrive(v_empty.index(0))
-    else:
-        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+    qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
     for c in range(1, NUM_K):
         it = it0 + c
         s = it % STAGES
@@ -128,10 +146,10 @@ def _block(acc, p_op, m_i, l_i, b, limit, o_n, s_zero, q_bufs, k_bufs, v_view, r
         mbarrier.arrive(empty.index((it - 1) % STAGES))
     qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
     mbarrier.arrive(empty.index((it0 + NUM_K - 1) % STAGES))
-    qk = gl.where((b * BLOCK_N + o_n)[None, :] < limit[:, None], qk, float("-inf"))
+    qk = _mask(qk, b, limit, mask_from, o_n)
     p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, sm_scale)
     acc = acc * gl.convert_layout(alpha, o_row)[:, None]
-    return acc, gl.convert_layout(p.to(v_view.dtype), p_op.type.layout), m_i, l_i
+    return acc, gl.convert_layout(p.to(v_buf.dtype), p_op.type.layout), m_i, l_i
 
 
 @gluon.jit
@@ -154,25 +172,27 @@ def _consumer(q_bufs, k_bufs, v_buf, ready, empty, v_ready, v_empty, q_ready, O,
     o_m = r0 + gl.arange(0, WG_ROWS, layout=s_row)
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     limit = gl.zeros([WG_ROWS], gl.int32, s_row) + seqlen_k  # keys < limit are visible to the row
+    mask_from = seqlen_k  # the smallest limit of these rows
     if CAUSAL:
         limit = gl.minimum(limit, o_m + off_diag + 1)
+        mask_from = gl.minimum(mask_from, r0 + off_diag + 1)
     s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
     m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_row)
     l_i = gl.zeros([WG_ROWS], gl.float32, layout=s_row)
     acc = gl.zeros([WG_ROWS, DVS], gl.float32, layout=o_layout)
     p_op = gl.zeros([WG_ROWS, BLOCK_N], v_buf.dtype, layout=p_layout)
-    v_view = v_buf.index(0).reshape([BLOCK_N, DVS])
+    if Q_RESIDENT and n_blocks > 0:
+        mbarrier.wait(q_ready.index(0), 0)
     if n_blocks > 0:
-        if Q_RESIDENT:
-            mbarrier.wait(q_ready.index(0), 0)
-        acc, p_op, m_i, l_i = _block(acc, p_op, m_i, l_i, 0, limit, o_n, s_zero, q_bufs, k_bufs, v_view, ready,
-                                     empty, v_ready, v_empty, sm_scale, NUM_K, WG, STAGES, False, Q_RESIDENT)
+        acc, p_op, m_i, l_i = _block(acc, p_op, m_i, l_i, 0, limit, mask_from, o_n, s_zero, q_bufs, k_bufs,
+                                     v_buf, ready, empty, v_ready, v_empty, sm_scale, NUM_K, WG, STAGES, False,
+                                     Q_RESIDENT)
     for b in range(1, n_blocks):
-        acc, p_op, m_i, l_i = _block(acc, p_op, m_i, l_i, b, limit, o_n, s_zero, q_bufs, k_bufs, v_view, ready,
-                                     empty, v_ready, v_empty, sm_scale, NUM_K, WG, STAGES, True, Q_RESIDENT)
+        acc, p_op, m_i, l_i = _block(acc, p_op, m_i, l_i, b, limit, mask_from, o_n, s_zero, q_bufs, k_bufs,
+                                     v_buf, ready, empty, v_ready, v_empty, sm_scale, NUM_K, WG, STAGES, True,
+                                     Q_RESIDENT)
     if n_blocks > 0:  # the last block's P V
-        mbarrier.wait(v_ready.index(0), (n_blocks - 1) & 1)
-        acc = warpgroup_mma(p_op, v_view, acc, is_async=True)
+        acc = warpgroup_mma(p_op, _v_tile(v_buf, v_ready, n_blocks - 1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf

@@ -220,7 +220,8 @@ def _new_plan(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, s
         return _Plan(fill, "no keys")
     if lse is None:
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
-    if large_d.applies(q.shape[-1], v.shape[-1]):
+    if large_d.applies(q.shape[-1], v.shape[-1]) or large_d.supports_sm90(q, k, v, out, varlen, scale, left, right,
+                                                                          softcap):
         seqlen_q, seqlen_k = _seqlens(q, k, cu_q, max_q, max_k)
         grid, launcher, _ = large_d.plan(q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k, scale, left, right,
                                          softcap, bottom_right, return_lse)
