@@ -41,7 +41,7 @@ for s in $steps; do
       summary+=("sanitize rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize.log" | tail -n 2 | tr '\n' ' ')") ;;
     sanitize-large-d)
       timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
-        tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal) or gpu_large_d_sm90 and Sq300 and (D576 or D520 or D256 or D200)" \
+        tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal) or gpu_large_d_sm90 and Sq300 and (D576 or D520 or D256 or D200 or D264)" \
         > "$OUT/sanitize_large_d.log" 2>&1; rc=$?
       summary+=("sanitize-large-d rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_large_d.log" | tail -n 2 | tr '\n' ' ')") ;;
     sweep)

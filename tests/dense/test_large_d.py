@@ -193,11 +193,11 @@ def _sm90(q, k, v):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [(512, 512), (576, 512), (128, 512), (520, 520), (1024, 1024), (256, 256),
-                                  (200, 256), (256, 232)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+                                  (200, 256), (256, 232), (384, 384), (264, 328)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
 @pytest.mark.parametrize("shape", [(2, 383, 517), (1, 300, 50), (1, 1, 700), (1, 129, 129)],
                          ids=lambda s: "B{}-Sq{}-Sk{}".format(*s))
 def test_gpu_large_d_sm90(dims, shape, device):
-    """The Gluon kernel (large_d_sm90.py), both configs (Dv >= 512; Q resident for D and Dv in (192, 256]): head
+    """The Gluon kernel (large_d_sm90.py), both configs (Dv >= 512; Q resident for D and Dv in (192, 384]): head
     dims that are no multiple of its 64-column chunk or of its 256-column slice, fewer chunks than ring buffers,
     Sq > Sk (query blocks that see no key), a single row."""
     B, Sq, Sk = shape
@@ -216,10 +216,10 @@ def test_gpu_large_d_sm90(dims, shape, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [768, 256])
+@pytest.mark.parametrize("D", [768, 384, 256])
 def test_gpu_large_d_sm90_is_used_and_matches_triton(D, device, monkeypatch):
-    """On an H100 the plan for Dv >= 512 and for D = Dv = 256 (no window, no softcap) takes the Gluon kernel with
-    its config for those dims; TILEATTN_SM90=0 takes the Triton kernels (large-D, dense), and they agree."""
+    """On an H100 the plan for Dv >= 512 and for D = Dv = 256 or 384 (no window, no softcap) takes the Gluon kernel
+    with its config for those dims; TILEATTN_SM90=0 takes the Triton kernels (dense, large-D), and they agree."""
     q, k, v = _inputs(2, 700, 900, 4, 1, D, D, torch.float16, device)
     if not _sm90(q, k, v):
         pytest.skip("the Gluon kernel needs an sm90 GPU and triton 3.6")
@@ -227,8 +227,8 @@ def test_gpu_large_d_sm90_is_used_and_matches_triton(D, device, monkeypatch):
     lse = torch.empty(0, dtype=torch.float32, device=device)
     _, launcher, cfg = large_d.plan(q, k, v, out, lse, None, None, 700, 900, D ** -0.5, -1, 0, 0.0, True, False)
     assert isinstance(launcher, large_d.Sm90Launcher)
-    assert cfg == (large_d.SM90_D256 if D == 256 else large_d.SM90)
-    # a window or a softcap keeps D = 256 on the dense kernels
+    assert cfg == (large_d.SM90 if D >= 512 else large_d.SM90_Q_RESIDENT)
+    # a window or a softcap keeps the other kernels
     assert not large_d.supports_sm90(q, k, v, None, False, D ** -0.5, 64, 0, 0.0)
     assert not large_d.supports_sm90(q, k, v, None, False, D ** -0.5, -1, -1, 30.0)
     gluon_out = tileattn.attention(q, k, v, causal=True)

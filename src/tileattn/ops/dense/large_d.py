@@ -2,7 +2,7 @@
 
 The dense API sends a problem here when D or Dv is above 256, or when the Gluon kernel serves it (plans.py);
 nothing else changes for the caller. Two kernels:
-  - on an H100 (sm90, triton 3.6) with no window and no softcap, for Dv >= 512 and for D and Dv in (192, 256]
+  - on an H100 (sm90, triton 3.6) with no window and no softcap, for Dv >= 512 and for D and Dv in (192, 384]
     (Q resident in shared memory): the Gluon kernel of large_d_sm90.py (supports_sm90, kernel_call_sm90);
   - everywhere else the Triton kernel of large_d_kernels.py. Its shared memory is fixed by the config, not by
     the head dim: num_stages Q and K chunks of BLOCK_K columns, one [BLOCK_N, BLOCK_DV] V tile and the P tile.
@@ -102,36 +102,39 @@ class LargeDSm90Config:
 
 # Measured on the H100 (fp16, D = Dv, TFLOPS non-causal / causal, outputs checked; scripts/sweep_large_d.py --sm90
 # and scripts/dev_large_d_sm90.py; bench/NOTES.md "Large head dims"). Dv >= 512, B=1, H=48, N=8192: D=512 413 / 388,
-# D=1024 266 / 248 (2026-11-22, after the P V / scores wgmmas stopped overlapping in a warpgroup, which had made
+# D=1024 266 / 248 (2026-11-21, after the P V / scores wgmmas stopped overlapping in a warpgroup, which had made
 # ptxas serialize every wgmma: 373 / 338 and 234 / 221 before; the Triton kernel 295 / 290 and 209 / 198). 5 ring
 # buffers: no better. 64-key blocks with P V(b - 1) issued after the scores of b (no serialization at that size)
 # and one or two V buffers: 0.60-0.98 of this config at D = 512 and 1024.
 SM90 = LargeDSm90Config()
-# D and Dv in (192, 256]: the whole Q tile resident (64 KB), a ring of 4 K chunks, one V tile: 192 KB, cuDNN's
-# plan. Against cuDNN in one run (2026-11-22): B=1, H=48, N=8K 0.96 / 0.94; B=1, H=8, N=16K 0.89 / 1.05 (the dense
-# kernels: 0.82 / 0.75 and 0.74 / 0.83). 64-key blocks with 8 ring buffers and two V buffers: 0.85-0.98.
-SM90_D256 = LargeDSm90Config(q_resident=True)
-SM90_D256_FROM = 193
+# D and Dv in (192, 384]: the whole Q tile resident (at most 96 KB), a ring of 4 K chunks, one V tile (at D=256
+# 192 KB, cuDNN's plan); Dv > 256 takes two slices. Same run, 2026-11-21: D=256 against cuDNN, B=1, H=48, N=8K
+# 0.96 / 0.94 and B=1, H=8, N=16K 0.89 / 1.05 (the dense kernels: 0.82 / 0.75 and 0.74 / 0.83; 64-key blocks with 8
+# ring buffers and two V buffers: 0.85-0.98). Against the Triton kernel at H=48, N=8K: D=384 376 / 369 TFLOPS vs
+# 295 / 300, D=320 355 / 349 vs 354 / 345 (Q streamed through the ring: 351 / 311 and 311 / 288).
+SM90_Q_RESIDENT = LargeDSm90Config(q_resident=True)
+Q_RESIDENT_DIMS = (193, 384)  # D and Dv both in this range
 
 
 def sm90_config(d: int, dv: int) -> LargeDSm90Config:
     """The Gluon kernel's config for head dims (d, dv)."""
-    return SM90_D256 if max(d, dv) <= 256 else SM90
+    return SM90_Q_RESIDENT if max(d, dv) <= Q_RESIDENT_DIMS[1] else SM90
+
 # the parameters that change between calls of one plan
 VARYING_SM90 = ("q_desc", "k_desc", "v_desc", "O", "LSE", "sm_scale")
 
 
 def supports_sm90(q, k, v, out, varlen, scale, window_left, window_right, softcap) -> bool:
     """Whether the Gluon kernel serves this problem: an sm90 GPU with triton 3.6 (launch_sm90.available), 16-bit
-    batched inputs aligned for TMA, Dv >= 512 or D and Dv both in (192, 256] (Dv of 257-511 keeps the Triton
-    kernel's second accumulator), no window or softcap (causal is a right bound of 0), B * Hq within the grid's
+    batched inputs aligned for TMA, Dv >= 512 or D and Dv both in (192, 384] (the rest keeps the Triton kernel
+    with its second accumulator), no window or softcap (causal is a right bound of 0), B * Hq within the grid's
     y limit. TILEATTN_SM90=0 or a forced config (force_config) keeps the other kernels."""
     if _forced.cfg is not None or varlen or not hw.sm90_kernels(q.device):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False
     d, dv = q.shape[-1], v.shape[-1]
-    if not (dv >= 512 or SM90_D256_FROM <= min(d, dv) and max(d, dv) <= 256):
+    if not (dv >= 512 or Q_RESIDENT_DIMS[0] <= min(d, dv) and max(d, dv) <= Q_RESIDENT_DIMS[1]):
         return False
     if window_left >= 0 or window_right > 0 or softcap > 0 or scale <= 0:
         return False
