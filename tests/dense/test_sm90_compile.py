@@ -1,6 +1,6 @@
 """The Hopper Gluon kernels compiled for sm90 without a GPU (scripts/compile_sm90_cpu.py, ptxas included): the
 routed configs must not have their wgmma pipeline serialized by ptxas (C7511 / C7512: every wgmma then waits for
-the one before it; nothing fails, the kernel is just 10-30% slower), and the large-D kernel must not spill (the
+the one before it; nothing fails, the kernel is 11-16% slower), and the large-D kernel must not spill (the
 dense kernel spills 4-12 bytes with causal masks or the LSE)."""
 import os
 import re
