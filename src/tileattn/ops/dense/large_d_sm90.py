@@ -12,7 +12,8 @@ A CTA computes 2 * 64 query rows of one (batch, head) and one slice of DVS outpu
     STAGES buffers: each holds the two 64-row halves of the Q chunk and the K chunk ([BLOCK_N, BLOCK_K]),
     one `ready` / `empty` barrier pair per buffer. The key block's V slice ([BLOCK_N, DVS]) goes to its own
     buffer after the block's first STAGES chunks (V of block b may only overwrite V of block b - 1 once the
-    consumers' P V of b - 1 is done, which they learn while computing the first chunk of block b).
+    consumers' P V of b - 1 is done, which they wait for before the first chunk of block b). With Q_RESIDENT
+    (D <= 384) the whole Q tile is loaded once and the ring holds K chunks only.
   - two consumer warpgroups, 64 rows each: S = sum over chunks of Q_c K_c^T by wgmma from shared memory (a
     chunk's buffer is handed back once the next chunk's wgmma is issued and the previous one waited on), the
     online softmax in registers (raw scores, the scale folded into exp2), O += P V with P from registers,
