@@ -93,7 +93,7 @@ class LargeDSm90Config:
     stages: int = 4  # ring buffers (Q chunk halves + K chunk)
     dvs: int = 256  # output columns per CTA (two warpgroups x 64 rows x dvs float32 accumulators)
     consumer_regs: int = 240
-    q_resident: bool = False  # the whole Q tile loaded once (D <= 256 or so), the ring holds K chunks only
+    q_resident: bool = False  # the whole Q tile loaded once (D <= 384), the ring holds K chunks only
 
     def smem_bytes(self, d: int, elem_bytes: int) -> int:
         q = 128 * triton.cdiv(d, self.block_k) * self.block_k if self.q_resident else self.stages * 128 * self.block_k
@@ -119,6 +119,7 @@ Q_RESIDENT_DIMS = (193, 384)  # D and Dv both in this range
 def sm90_config(d: int, dv: int) -> LargeDSm90Config:
     """The Gluon kernel's config for head dims (d, dv)."""
     return SM90_Q_RESIDENT if max(d, dv) <= Q_RESIDENT_DIMS[1] else SM90
+
 
 # the parameters that change between calls of one plan
 VARYING_SM90 = ("q_desc", "k_desc", "v_desc", "O", "LSE", "sm_scale")
@@ -302,8 +303,9 @@ def _launch_fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k
 
 def plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
          softcap, align_bottom_right, return_lse):
-    """(grid, launcher, cfg) of a launch plan (plans.py; the launcher carries its own grids): the config is
-    chosen here (choose_config)."""
+    """(grid, launcher, cfg) of a launch plan (plans.py; the launcher carries its own grids), or None when neither
+    large-D kernel serves the problem (head dims up to 256 the Gluon kernel does not take). The config is chosen
+    here (sm90_config, choose_config)."""
     from .large_d_kernels import attn_fwd_large_d_kernel
     from ...launcher import KernelLauncher
     if supports_sm90(q, k, v, out, cu_seqlens_q is not None, scale, window_left, window_right, softcap):
@@ -311,6 +313,8 @@ def plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scal
         kernel, grid, a, kw = kernel_call_sm90(q, k, v, out, lse, scale, window_right == 0, align_bottom_right,
                                                return_lse, cfg)
         return grid, Sm90Launcher(KernelLauncher(kernel, a, kw, VARYING_SM90)), cfg
+    if not applies(q.shape[-1], v.shape[-1]):
+        return None
     args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, scale, window_left, window_right,
             softcap, align_bottom_right, return_lse)
     cfg = choose_config(q, v, window_right >= 0, _launch_fn(*args))

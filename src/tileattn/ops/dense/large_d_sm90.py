@@ -125,7 +125,6 @@ def _block(acc, p_op, m_i, l_i, b, limit, mask_from, o_n, s_zero, q_bufs, k_bufs
     """Key block b: its scores over the NUM_K chunks and its softmax; WITH_PV: the P V of block b - 1 (p_op)
     goes to the tensor cores first and is waited on before the first chunk. Returns (acc, P of block b, m, l),
     acc rescaled for block b."""
-    BLOCK_N: gl.constexpr = k_bufs.shape[2]
     o_row: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     it0 = b * NUM_K
     s = it0 % STAGES

@@ -220,11 +220,11 @@ def _new_plan(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, s
         return _Plan(fill, "no keys")
     if lse is None:
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
-    if large_d.applies(q.shape[-1], v.shape[-1]) or large_d.supports_sm90(q, k, v, out, varlen, scale, left, right,
-                                                                          softcap):
-        seqlen_q, seqlen_k = _seqlens(q, k, cu_q, max_q, max_k)
-        grid, launcher, _ = large_d.plan(q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k, scale, left, right,
-                                         softcap, bottom_right, return_lse)
+    seqlen_q, seqlen_k = _seqlens(q, k, cu_q, max_q, max_k)
+    large = large_d.plan(q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k, scale, left, right, softcap,
+                         bottom_right, return_lse)
+    if large is not None:
+        grid, launcher, _ = large
         return _Plan(fill, None, grid, launcher, _scales)
     if use_sm90(q, k, v, out, varlen, scale, softcap, right >= 0):
         v_prep = None
@@ -238,7 +238,6 @@ def _new_plan(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, s
                      launch_sm90.scales, v_prep)
     _, cfg = _choose(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap, bottom_right,
                      return_lse, descales, out_scale, v_packed)
-    seqlen_q, seqlen_k = _seqlens(q, k, cu_q, max_q, max_k)
     grid, args, kwargs = _kernel_call(q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k, scale, left, right,
                                       softcap, bottom_right, return_lse, cfg, descales, out_scale, v_packed)
     launcher = KernelLauncher(attn_fwd_kernel, args, kwargs, _VARYING_VARLEN if varlen else _VARYING)
