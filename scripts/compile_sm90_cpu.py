@@ -1,152 +1,303 @@
-"""Compile the Hopper Gluon kernel for sm90 on a machine without a GPU (no launch): registers, spills and
-shared memory of each variant, from ptxas, before spending device time.
+"""Compile tileattn's kernels for sm90 on a machine without a GPU (nothing is launched): what ptxas makes of
+them, before spending device time.
 
-    python scripts/compile_sm90_cpu.py [--dtype fp16|e4m3|e5m2] [--d 128] [--causal] [--vrow]
-    python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--mla-cfg BN:ST:REGS] [--hq 64] [--sq 1]
-    python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse] [--ld-cfg BN:BK:ST:DVS]
+    python scripts/compile_sm90_cpu.py [--dtype fp16|bf16|e4m3|e5m2] [--d 128] [--causal] [--lse] [--softcap X]
+    python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse]
+    python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
+    python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json]
 
-Triton compiles through its bundled ptxas; a stand-in driver answers the device queries (sm90, 132 SMs). The
-PTX, cubin and LLVM IR go to --out (default /tmp, as sm90_cpu.*). Exits 1 when ptxas spills or serializes the
-wgmma pipeline (tests/dense/test_sm90_compile.py runs it for the routed configs).
+The first three compile one routed Gluon kernel through the public API (dispatch chooses it, as on an H100)
+and print its registers, spills, shared memory, instruction counts and ptxas's verdict on the wgmma pipeline
+(Triton drops it: C7511 / C7512 mean every wgmma waits for the one before it); exit 1 when ptxas spills or
+serializes (tests/dense/test_sm90_compile.py runs them for the routed configs).
+
+--fingerprint compiles every kernel variant the benchmarks and tests lean on (dense Gluon and Triton, fp8,
+large-D, backward, flex, MLA) and writes a hash of each one's SASS: a refactor that must not change the
+kernels proves it with --compare against the file of the revision before (identical SASS, identical speed).
+
+Triton compiles through its bundled ptxas; a stand-in driver reports an H100 (sm90, 132 SMs, 227 KB), the
+Triton launch is replaced by a compile, and the host code runs on CPU tensors as it would on the GPU.
 """
 import argparse
+import hashlib
+import json
 import os
 import re
 import subprocess
 import sys
 
-import torch
+os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported
+os.environ["TILEATTN_DIRECT_LAUNCH"] = "0"
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+COMPILED = []  # (kernel name, compiled kernel) of every launch since the last clear
 
 
-class _FakeDriver:
-    def __init__(self):
-        from triton.backends.compiler import GPUTarget
-        self.target = GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--dtype", default="e4m3")
-    p.add_argument("--d", type=int, default=128)
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--softcap", type=float, default=0.0)
-    p.add_argument("--lse", action="store_true")
-    p.add_argument("--descale", action="store_true")
-    p.add_argument("--cfg", default=None, help="BM:BN:ST:REGS[:Q_SLOTS]")
-    p.add_argument("--mla", action="store_true", help="the MLA decode split kernel")
-    p.add_argument("--mla-cfg", default="32:4:240", help="BN:ST:REGS")
-    p.add_argument("--large-d", action="store_true", help="the large-D kernel (large_d_sm90.py)")
-    p.add_argument("--dv", type=int, default=0)
-    p.add_argument("--ld-cfg", default=None, help="BN:BK:ST:DVS[:Q_RESIDENT]")
-    p.add_argument("--hq", type=int, default=64)
-    p.add_argument("--sq", type=int, default=1)
-    p.add_argument("--out", default="/tmp")
-    args = p.parse_args()
+def _setup():
+    """Stand-in driver, H100 facts, launches turned into compiles, CPU tensors let through the checks."""
+    from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
-    driver.set_active(_FakeDriver())
+    from triton.runtime.jit import JITFunction
+
+    class Driver:
+        target = GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return self.target
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+    driver.set_active(Driver())
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        COMPILED.append((self.fn.__name__, kernel))
+        return kernel
+    JITFunction.run = compile_only
     from tileattn import hw
-    hw.device_info = lambda dev: type("I", (), {"num_sms": 132, "smem_per_block": 232448})()
-    if args.mla:
-        return report(compile_mla(args), args.out)
-    if args.large_d:
-        return report(compile_large_d(args), args.out)
-    from tileattn.ops.dense import launch_sm90
-    from tileattn.ops.dense.fp8 import fp8_v_layout
-    dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
-          "e5m2": torch.float8_e5m2}[args.dtype]
-    B, N, H, D = 1, 1024, 2, args.d
-    q, k, v = (torch.randn(B, N, H, D).to(dt) for _ in range(3))
+    h100 = hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448)
+    hw.device_info = lambda device: h100
+    hw.is_hopper = lambda device: True
+    hw.check_kernel_device = lambda device, what: None
+
+
+def _tool(name):
+    from triton.backends.nvidia import compiler as nvc
+    return os.path.join(os.path.dirname(nvc.__file__), "bin", name)
+
+
+def _sass(ck, path):
+    with open(path, "wb") as f:
+        f.write(ck.asm["cubin"])
+    return subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
+
+
+def _rand(*shape, dtype=torch.float16):
+    return torch.randn(*shape).to(dtype)
+
+
+DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+# ---- variants ---------------------------------------------------------------------------------------------------
+def dense(dt, D, Dv=None, backend=None, N=1024, B=1, H=4, Hkv=2, packed_v=True, descale=False, **opts):
+    """tileattn.attention on (B, N, H / Hkv, D / Dv) inputs; fp8: v as an Fp8V (packed) unless told otherwise."""
+    import tileattn
+    from tileattn import force_backend
+    Dv = Dv or D
+    q, k, v = _rand(B, N, H, D, dtype=dt), _rand(B, N, Hkv, D, dtype=dt), _rand(B, N, Hkv, Dv, dtype=dt)
     fp8 = dt.itemsize == 1
-    if fp8:
-        os.environ.setdefault("TRITON_INTERPRET", "0")
-        v = torch.empty(B, H, D, N, dtype=dt).permute(0, 3, 1, 2)  # sequence-major
-    out = torch.empty(B, N, H, D, dtype=torch.bfloat16 if fp8 else dt)
-    lse = torch.empty(B, H, N, dtype=torch.float32)
-    cfg = launch_sm90.config_for(D, dt)
-    if args.cfg:
-        bm, bn, st, regs, *slots = (int(x) for x in args.cfg.split(":"))
-        cfg = launch_sm90.Sm90Config(bm, bn, st, regs, q_slots=slots[0] if slots else 2)
-    ds = (torch.ones(B, H), torch.ones(B, H), torch.ones(B, H)) if args.descale else (None, None, None)
-    kernel, grid, a, kw = launch_sm90.kernel_call(q, k, v, out, lse, D ** -0.5, -1, 0 if args.causal else -1,
-                                                  args.softcap, True, args.lse, cfg, programs=132,
-                                                  descales=ds)
-    return report(kernel.warmup(*a, grid=grid, **kw), args.out)
+    if fp8 and packed_v:
+        v = tileattn.fp8_v_layout(v)
+    if descale:
+        opts.update(q_descale=torch.ones(B, Hkv), k_descale=torch.ones(B, Hkv), v_descale=torch.ones(B, Hkv))
+    with force_backend(backend):
+        tileattn.attention(q, k, v, **opts)
 
 
-def compile_mla(args):
-    from tileattn.ops.mla import launch_sm90, plan as mla_plan
-    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype if args.dtype in ("fp16", "bf16") else "bf16"]
-    bn, st, regs = (int(x) for x in args.mla_cfg.split(":"))
-    launch_sm90.config_for = lambda *a: None
+def varlen(dt, D, backend="dense.triton", N=4096, **opts):
+    import tileattn
+    from tileattn import force_backend
+    q, k, v = _rand(2 * N, 4, D, dtype=dt), _rand(2 * N, 2, D, dtype=dt), _rand(2 * N, 2, D, dtype=dt)
+    cu = torch.tensor([0, N, 2 * N], dtype=torch.int32)
+    with force_backend(backend):
+        tileattn.varlen_attention(q, k, v, cu, cu, N, N, **opts)
+
+
+def backward(dt, D, causal, varlen=False):
+    """The backward kernels on random forward results (no forward compiled)."""
+    from tileattn.ops.dense.bwd import attn_bwd
+    from tileattn.ops.dense.problem import AttnOptions, AttnProblem, Call
+    q, k, v = _rand(2, 1024, 4, D, dtype=dt), _rand(2, 1024, 2, D, dtype=dt), _rand(2, 1024, 2, D, dtype=dt)
+    do, o, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(2, 4, 1024)
+    cu, opts = None, AttnOptions(scale=D ** -0.5, window=(-1, 0 if causal else -1))
+    if varlen:
+        q, k, v, do, o = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v, do, o))
+        lse, cu = torch.randn(4, 2048), torch.tensor([0, 1024, 2048], dtype=torch.int32)
+        opts = AttnOptions(scale=D ** -0.5, window=(-1, 0 if causal else -1), max_seqlen_q=1024, max_seqlen_k=1024)
+    c = Call(q, k, v, o, lse, cu, cu, None, opts.scale, 0.0, 1.0)
+    attn_bwd(AttnProblem.of(c, opts), c, do, None)
+
+
+def flex(dt, D, which, gluon=True):
+    """The flex kernels (Gluon forward, or the Triton forward and backward) on synthetic block lists."""
+    from tileattn import mods
+    from tileattn.ops.flex.bwd import flex_bwd
+    from tileattn.ops.flex.launch_sm90 import Sm90Backend
+    from tileattn.ops.flex.launch_triton import TritonBackend
+    from tileattn.ops.flex.problem import FlexCall, FlexProblem
+    from tileattn.ops.flex.trace import compile_mod
+    B, H, N = 1, 2, 1024
+    q, k, v = (_rand(B, H, N, D, dtype=dt) for _ in range(3))
+    odt = torch.bfloat16 if dt.itemsize == 1 else dt
+    smod = mmod = lists = None
+    if which == "alibi":
+        smod = compile_mod(mods.alibi(mods.alibi_slopes(H, device="cpu")), "score")
+    elif which == "softcap":
+        smod = compile_mod(lambda s, b, h, qi, ki: 30.0 * torch.tanh(s / 30.0), "score")
+    else:
+        mmod = compile_mod(mods.causal, "mask")
+        nb = N // 128
+        num = torch.full((1, 1, nb), 1, dtype=torch.int32)
+        idx = torch.arange(nb, dtype=torch.int32).expand(1, 1, nb, nb).contiguous()
+        lists = (num, idx, num, idx)
+    p = FlexProblem(B, H, H, N, N, D, D, dt, odt, q.device, D ** -0.5, smod, mmod, lists is not None,
+                    return_lse=True, tma=True)
+    c = FlexCall(q, k, v, torch.empty(B, H, N, D, dtype=odt), torch.empty(B, H, N), lists, lists)
+    if gluon:
+        Sm90Backend().run(p, c)
+    else:
+        TritonBackend().run(p, c)
+        flex_bwd(p, c, torch.randn_like(q), None)
+
+
+def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False):
+    import tileattn
     B, P, DC, DR = 4, 64, 512, 64
-    seqlens = torch.full((B,), 1000, dtype=torch.int32)
-    plan = mla_plan.MLADecodePlan.__new__(mla_plan.MLADecodePlan)
-    plan.sm90 = plan.config = launch_sm90.MLASm90Config(bn, st, regs)
-    plan.dc, plan.dr, plan.num_heads, plan.q_len, plan.page_size, plan.causal = DC, DR, args.hq, args.sq, P, True
-    plan.row_blocks, plan.capacity, plan.scale = -(-args.hq * args.sq // launch_sm90.BLOCK_M), 140, 0.07
-    plan.seqlens, plan.work = seqlens, torch.zeros(140, 4, dtype=torch.int32)
-    plan.o_part, plan.lse_part = torch.empty(132, args.hq * args.sq, DC), torch.empty(132, args.hq * args.sq)
-    qn = torch.randn(B, args.sq, args.hq, DC).to(dt)
-    qp = torch.randn(B, args.sq, args.hq, DR).to(dt)
-    ckv, kpe = torch.randn(64, P, DC).to(dt), torch.randn(64, P, DR).to(dt)
-    bt = torch.zeros(B, 16, dtype=torch.int32)
-    out, lse = torch.empty_like(qn), torch.empty(B, args.hq, args.sq)
-    kernel, grid, a, kw = launch_sm90.kernel_call(plan, qn, qp, ckv, kpe, bt, torch.ones(1), out, lse, True)
-    return kernel.warmup(*a, grid=grid, **kw)
+    plan = tileattn.MLADecodePlan(torch.full((B,), 1000, dtype=torch.int32), num_heads=hq, q_len=sq, page_size=P,
+                                  dtype=dt, cache_dtype=torch.float8_e4m3fn if fp8_cache else None)
+    cdt = torch.float8_e4m3fn if fp8_cache else dt
+    plan.run(_rand(B, sq, hq, DC, dtype=dt), _rand(B, sq, hq, DR, dtype=dt), _rand(64, P, DC, dtype=cdt),
+             _rand(64, P, DR, dtype=cdt), torch.zeros(B, 16, dtype=torch.int32), return_lse=True)
 
 
-def compile_large_d(args):
-    from tileattn.ops.dense import large_d
-    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype if args.dtype in ("fp16", "bf16") else "fp16"]
-    B, N, H, D, DV = 1, 1024, 2, args.d, args.dv or args.d
-    q, k = (torch.randn(B, N, H, D).to(dt) for _ in range(2))
-    v = torch.randn(B, N, H, DV).to(dt)
-    out, lse = torch.empty(B, N, H, DV, dtype=dt), torch.empty(B, H, N, dtype=torch.float32)
-    cfg = large_d.sm90_config(D, DV)
-    if args.ld_cfg:
-        bn, bk, st, dvs, *qr = (int(x) for x in args.ld_cfg.split(":"))
-        cfg = large_d.LargeDSm90Config(bn, bk, st, dvs, q_resident=bool(qr and qr[0]))
-    kernel, grid, a, kw = large_d.kernel_call_sm90(q, k, v, out, lse, D ** -0.5, args.causal, True, args.lse, cfg)
-    return kernel.warmup(*a, grid=grid, **kw)
+def variants():
+    """{name: thunk}: the kernel variants the fingerprint covers."""
+    f16, bf16, e4, e5 = torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
+    out = {}
+    for dt in (f16, bf16):
+        for D in (64, 128):
+            for c in (False, True):
+                out[f"sm90-{dt}-D{D}-c{c}"] = lambda dt=dt, D=D, c=c: dense(dt, D, backend="dense.sm90", causal=c,
+                                                                            return_lse=c)
+    out["sm90-f16-D256"] = lambda: dense(f16, 256, backend="dense.sm90")
+    out["sm90-f16-D128-softcap-lse"] = lambda: dense(f16, 128, backend="dense.sm90", causal=True, softcap=30.0,
+                                                     return_lse=True)
+    out["sm90-bf16-D64-window"] = lambda: dense(bf16, 64, backend="dense.sm90", causal=True, window=(256, -1))
+    out["sm90-e4m3-D128-causal-desc"] = lambda: dense(e4, 128, backend="dense.sm90", causal=True, return_lse=True,
+                                                      descale=True)
+    out["sm90-e5m2-D64"] = lambda: dense(e5, 64, backend="dense.sm90")
+    out["sm90-e4m3-D64-causal"] = lambda: dense(e4, 64, backend="dense.sm90", causal=True)
+    for D in (64, 128):
+        for c in (False, True):
+            for N in (1024, 4096, 16384):
+                out[f"triton-f16-D{D}-c{c}-N{N}"] = lambda D=D, c=c, N=N: dense(
+                    f16, D, backend="dense.triton", B=2, N=N, causal=c, return_lse=c)
+    out["triton-bf16-D256-c"] = lambda: dense(bf16, 256, backend="dense.triton", B=2, N=4096, causal=True,
+                                              return_lse=True)
+    out["triton-f16-D128-varlen-c"] = lambda: varlen(f16, 128, causal=True, return_lse=True)
+    out["triton-f16-D64-softcap-window"] = lambda: dense(f16, 64, backend="dense.triton", B=2, N=4096, causal=True,
+                                                         softcap=20.0, window=(100, -1))
+    out["triton-e4m3-D128-varlen"] = lambda: varlen(e4, 128, return_lse=True)
+    for D, Dv, c, lse in ((256, 256, True, True), (256, 256, False, False), (200, 256, False, False),
+                          (384, 384, True, True), (576, 512, True, False), (1024, 1024, False, True),
+                          (512, 512, True, False)):
+        out[f"ldsm90-D{D}-{Dv}-c{c}-l{lse}"] = lambda D=D, Dv=Dv, c=c, lse=lse: dense(
+            f16, D, Dv, backend="dense.large_d_sm90", H=2, causal=c, return_lse=lse)
+    for D, c in ((320, False), (384, True), (512, False), (1024, True)):
+        out[f"ldtriton-D{D}-{D}-c{c}"] = lambda D=D, c=c: dense(f16, D, backend="dense.large_d", H=2, causal=c,
+                                                                return_lse=True)
+    out["ldtriton-D512-window"] = lambda: dense(bf16, 512, backend="dense.large_d", H=2, causal=True,
+                                                window=(64, -1))
+    for D in (64, 128, 256):
+        for c in (False, True):
+            out[f"bwd-f16-D{D}-c{c}"] = lambda D=D, c=c: backward(f16, D, c)
+    out["bwd-bf16-D128-varlen"] = lambda: backward(bf16, 128, True, varlen=True)
+    for which in ("alibi", "softcap", "causal"):
+        out[f"flexsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w)
+        out[f"flextriton-bf16-D128-{which}"] = lambda w=which: flex(f16, 128, w, gluon=False)
+    out["flexsm90-e4m3-D64-causal"] = lambda: flex(e4, 64, "causal")
+    out["mla-sm90-hq64"] = lambda: mla()
+    out["mla-triton-hq16"] = lambda: mla(hq=16)
+    out["mla-triton-hq64-fp8"] = lambda: mla(fp8_cache=True)
+    return out
+
+
+def fingerprint(path, compare, tmp):
+    res, failures = {}, 0
+    for name, fn in variants().items():
+        COMPILED.clear()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            res[name], failures = None, failures + 1
+            continue
+        rows = []
+        for kname, ck in COMPILED:
+            sass = _sass(ck, os.path.join(tmp, "fp.cubin"))
+            body = "\n".join(line for line in sass.splitlines() if line.strip().startswith("/*"))
+            rows.append([kname, hashlib.sha1(body.encode()).hexdigest()[:16], len(body.splitlines()),
+                         ck.metadata.shared])
+        res[name] = rows
+        print(name, rows, flush=True)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=0)
+    if compare:
+        old = json.load(open(compare))
+        diff = [n for n in old if old[n] != res.get(n)]
+        print(f"COMPARE {len(old)} variants against {compare}: {len(diff)} differ" + (f": {diff}" if diff else ""))
+        failures += len(diff)
+    return 1 if failures else 0
 
 
 def report(ck, out_dir):
+    """ptxas's resources and verdict on one compiled kernel (1 when it spills or serializes the wgmmas)."""
     base = os.path.join(out_dir, "sm90_cpu")
-    open(base + ".llir", "w").write(ck.asm["llir"])
     open(base + ".ptx", "w").write(ck.asm["ptx"])
     print("shared", ck.metadata.shared)
-    cubin = base + ".cubin"
-    with open(cubin, "wb") as f:
-        f.write(ck.asm["cubin"])
-    from triton.backends.nvidia import compiler as nvc
-    tool = os.path.join(os.path.dirname(nvc.__file__), "bin", "cuobjdump")
-    res = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
+    sass = _sass(ck, base + ".cubin")
+    res = subprocess.run([_tool("cuobjdump"), "-res-usage", base + ".cubin"], capture_output=True, text=True).stdout
     print(re.sub(r"\s+", " ", res.split("Function")[-1])[:300])
-    sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     for op in ("HGMMA", "QGMMA", "MUFU.EX2", "STL", "LDL", "SHFL", "PRMT", "LOP3", "SHF", "F2FP", "BAR.SYNC"):
         print(f"{op:10s} {len(re.findall(op, sass))}")
-    # ptxas's own verdict on the wgmma pipeline (Triton drops it): C7511 / C7512 mean every wgmma waits for the
-    # one before it
-    ptxas = subprocess.run([os.path.join(os.path.dirname(tool), "ptxas"), "-arch=sm_90a", "-v", base + ".ptx",
-                            "-o", base + "_check.cubin"], capture_output=True, text=True)
+    ptxas = subprocess.run([_tool("ptxas"), "-arch=sm_90a", "-v", base + ".ptx", "-o", base + "_check.cubin"],
+                           capture_output=True, text=True)
     serialized = "wgmma.mma_async instructions are serialized" in ptxas.stdout + ptxas.stderr
     spills = int(re.search(r"(\d+) bytes spill stores", ptxas.stdout + ptxas.stderr).group(1))
     print(f"wgmma serialized: {serialized}, spill stores: {spills} bytes")
     return 1 if serialized or spills else 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dtype", default="fp16", choices=sorted(DT))
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--dv", type=int, default=0)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--softcap", type=float, default=0.0)
+    p.add_argument("--lse", action="store_true")
+    p.add_argument("--large-d", action="store_true", help="the large-D Gluon kernel")
+    p.add_argument("--mla", action="store_true", help="the MLA decode Gluon split kernel")
+    p.add_argument("--hq", type=int, default=64)
+    p.add_argument("--sq", type=int, default=1)
+    p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
+    p.add_argument("--compare", default=None, help="with --fingerprint: an earlier file that must be equal")
+    p.add_argument("--out", default="/tmp")
+    a = p.parse_args()
+    _setup()
+    if a.fingerprint:
+        return fingerprint(a.fingerprint, a.compare, a.out)
+    if a.mla:
+        mla(DT[a.dtype] if a.dtype in ("fp16", "bf16") else torch.bfloat16, a.hq, a.sq)
+        name = "mla_split_sm90_kernel"
+    elif a.large_d:
+        dense(DT[a.dtype], a.d, a.dv or a.d, backend="dense.large_d_sm90", H=2, causal=a.causal, return_lse=a.lse)
+        name = "attn_fwd_large_d_sm90_kernel"
+    else:
+        dense(DT[a.dtype], a.d, backend="dense.sm90", H=2, causal=a.causal, softcap=a.softcap, return_lse=a.lse)
+        name = "attn_fwd_sm90_kernel"
+    ck = next(k for n, k in COMPILED if n == name)
+    return report(ck, a.out)
 
 
 if __name__ == "__main__":

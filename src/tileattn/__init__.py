@@ -9,13 +9,15 @@ Public API:
     MLADecodePlan(cache_seqlens, num_heads=..., ...).run(...)                  the same, planned once
     flex_attention(query, key, value, score_mod, block_mask, ...)             torch's FlexAttention model
     mods                                                                       ready-made score / mask mods
+    force_backend(name=None, config=None)                                      force a kernel (context manager)
 
 The kernels load on first use, so a tool (the `tileattn` command) can choose Triton's interpreter for a
 CPU-only machine before any kernel is defined.
 """
 __version__ = "0.1.0"
 __all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "quantize_fp8", "fp8_v_layout",
-           "Fp8V", "mla_decode", "MLADecodePlan", "flex_attention", "FlexCompileError", "mods", "__version__"]
+           "Fp8V", "mla_decode", "MLADecodePlan", "flex_attention", "FlexCompileError", "mods", "force_backend",
+           "__version__"]
 
 
 def __getattr__(name):
@@ -23,8 +25,11 @@ def __getattr__(name):
         from .ops.dense import api
         return getattr(api, name)
     if name in ("quantize_fp8", "fp8_v_layout", "Fp8V"):
-        from .ops.dense import fp8
+        from .ops.common import fp8
         return getattr(fp8, name)
+    if name == "force_backend":
+        from .ops.common.backend import force_backend
+        return force_backend
     if name == "mla_decode":
         from .ops.mla.api import mla_decode
         return mla_decode

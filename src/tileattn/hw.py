@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import knobs
+
 SMEM_PRESETS = {"sm89": 99 * 1024, "sm86": 99 * 1024, "sm80": 163 * 1024, "sm90": 227 * 1024}
 # what the interpreter pretends to be: a Hopper-sized budget so CPU runs pick the same configs
 INTERPRETER_SMEM = 227 * 1024
@@ -25,11 +27,10 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def sm90_kernels(device) -> bool:
-    """Whether the Hopper (Gluon) kernels may serve problems on this device: a CUDA device of compute
-    capability 9, not the interpreter, and TILEATTN_SM90 not 0 (the switch that keeps every op on its portable
-    kernel). Read on every call: plans made after a change follow it."""
-    if os.environ.get("TILEATTN_SM90", "1") in ("", "0") or interpreter_enabled():
+def is_hopper(device) -> bool:
+    """A CUDA device of compute capability 9 (H100 / H200), reached without the interpreter: what the Gluon
+    kernels need of the hardware (ops/common/tma.py adds what they need of Triton)."""
+    if interpreter_enabled():
         return False
     device = torch.device(device)
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
@@ -43,7 +44,7 @@ class DeviceInfo:
 
 
 def _smem_override():
-    raw = os.environ.get("TILEATTN_SMEM_BUDGET", "").strip().lower()
+    raw = knobs.smem_budget()
     if not raw:
         return None
     if raw in SMEM_PRESETS:

@@ -32,25 +32,25 @@ or with TILEATTN_DIRECT_LAUNCH=0, every call takes the normal path.
 import copy
 import dataclasses
 import inspect
-import os
 
 import torch
 import triton
-from triton import knobs
+from triton import knobs as triton_knobs
 from triton.runtime.jit import JITFunction
+
+from . import knobs
 
 # TILEATTN_DIRECT_LAUNCH=0 keeps every launch on Triton's normal path (to rule this module out)
 # The raw launch is written against triton 3.6's launcher (the H100 image's); other versions take the normal
 # path rather than trust that internals with the same names mean the same.
-DIRECT = (os.environ.get("TILEATTN_DIRECT_LAUNCH", "1") not in ("", "0")
-          and triton.__version__.startswith("3.6."))
+DIRECT = knobs.direct_launch() and triton.__version__.startswith("3.6.")
 
 # the leading arguments of the 3.6 nvidia C launcher that this module fills in (driver.py, make_launcher):
 # grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, metadata, launch metadata, hooks
 _RAW_FORMAT = "iiiKKppOOOOOO"
 _TMAP_CACHE_SIZE = 64  # encoded tensor maps kept per descriptor parameter (one per distinct base pointer)
 
-_runtime = knobs.runtime
+_runtime = triton_knobs.runtime
 
 
 def _is_descriptor(x):
@@ -127,11 +127,20 @@ class KernelLauncher:
         d.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, d.get_stream(d.device), d.function,
               d.coop, d.pdl, None, None, d.packed, None, None, None, *args)
 
+    def compile(self, grid, *values):
+        """Compile (or find in Triton's cache) the kernel for these values of the varying parameters, without
+        launching it. Returns the compiled kernel (.metadata.shared: its shared memory)."""
+        return self.kernel.warmup(*self._bind(values), grid=grid, **self._options)
+
     # -- normal path ----------------------------------------------------------------------------------------
-    def _normal(self, grid, values):
+    def _bind(self, values):
         args = list(self._values)
         for i, is_desc, val in zip(self._varying, self._is_desc, values):
             args[i] = dataclasses.replace(args[i], base=val) if is_desc else val
+        return args
+
+    def _normal(self, grid, values):
+        args = self._bind(values)
         compiled = self.kernel[grid](*args, **self._options)
         if not self._tried_direct:
             self._tried_direct = True

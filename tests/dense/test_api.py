@@ -4,7 +4,8 @@ import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.dense.configs import candidates
+from tileattn.ops.dense.configs import triton_candidates as candidates
+from tileattn.ops.dense.problem import AttnOptions
 from tests.helpers import randn
 
 
@@ -107,9 +108,22 @@ def test_torch_compile_fullgraph(device):
 def test_opcheck(device):
     """torch.library's own consistency checks of the registration (schema, fake vs real)."""
     q, k, v = _qkv(device, S=20)
-    torch.library.opcheck(torch.ops.tileattn.attn_fwd.default,
-                          (q, k, v, None, None, 0, 0, 0.125, -1, 0, 0.0, True, True),
+    opts = AttnOptions(scale=0.125, window=(-1, 0), return_lse=True)
+    torch.library.opcheck(torch.ops.tileattn.attn_fwd.default, (q, k, v, [], [], opts.encode()),
                           test_utils=("test_schema", "test_faketensor"))
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32, device=device)
+    opts = AttnOptions(scale=0.125, window=(-1, 0), return_lse=True, max_seqlen_q=13, max_seqlen_k=13)
+    torch.library.opcheck(torch.ops.tileattn.attn_fwd.default, (q[0], k[0], v[0], [cu, cu], [], opts.encode()),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("opts", [
+    AttnOptions(scale=0.1), AttnOptions(scale=-0.3, window=(5, 0), softcap=2.5, bottom_right=False, return_lse=True),
+    AttnOptions(scale=1e-3, max_seqlen_q=7, max_seqlen_k=9, out_scale=0.25, out_dtype=torch.bfloat16, v_packed=True)],
+    ids=["plain", "masks", "fp8-varlen"])
+def test_options_round_trip(opts):
+    """The registered op carries the options as a string: decode(encode(o)) == o, exactly (floats too)."""
+    assert AttnOptions.decode(opts.encode()) == opts
 
 
 @pytest.mark.parametrize("budget,expect", [("sm89", 99 * 1024), ("sm80", 163 * 1024), ("64k", 64 * 1024)])

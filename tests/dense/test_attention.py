@@ -3,6 +3,7 @@
 CPU runs (Triton interpreter) take the small `CPU_CASES` in float16 (the interpreter's bf16 dots are
 wrong); the `gpu`-marked matrix covers bf16, long sequences and every head dim on the GPU.
 """
+import dataclasses
 import itertools
 
 import pytest
@@ -10,9 +11,10 @@ import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.dense import launch, plans
+from tileattn import force_backend
+from tileattn.ops.common.configs import sm90_config
+from tileattn.ops.dense import dispatch, launch_triton, plans
 from tileattn.ops.dense.configs import AttnConfig
-from tileattn.ops.dense.launch import force_config
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
 from tests.helpers import assert_close, randn
 
@@ -79,7 +81,7 @@ def test_forced_configs(cfg, causal, device):
     q = randn(2, 45, 4, 64, dtype=torch.float16, device=device)
     k = randn(2, 77, 2, 64, dtype=torch.float16, device=device)
     v = randn(2, 77, 2, 96, dtype=torch.float16, device=device)
-    with force_config(cfg):
+    with force_backend(config=cfg):
         _check(q, k, v, causal=causal, window=(30, -1))
 
 
@@ -127,7 +129,7 @@ def test_sdpa_matches_torch(device):
     v = randn(2, 2, 50, 64, dtype=torch.float16, device=device)
     for causal in (False, True):
         out = tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        kw = dict(causal=causal, align_bottom_right=False)
+        kw = dict(causal="top_left" if causal else False)
         t = lambda x: x.transpose(1, 2)  # noqa: E731
         ref, _ = attention_ref(t(q), t(k), t(v), **kw)
         ref_lp, _ = attention_ref(t(q), t(k), t(v), dtype=q.dtype, **kw)
@@ -180,7 +182,7 @@ def test_gpu_smem_budget_emulation(budget, D, device, monkeypatch):
     v = randn(2, 900, 2, D, dtype=torch.float16, device=device)
     _check(q, k, v, causal=True)
     # the kernel chosen under the emulated budget must itself fit the emulated GPU
-    assert launch.compiled_smem(q, k, v, causal=True) <= hw.device_info(q.device).smem_per_block
+    assert plans.compile_only(q, k, v, causal=True).metadata.shared <= hw.device_info(q.device).smem_per_block
 
 
 @pytest.mark.gpu
@@ -200,32 +202,36 @@ def test_gpu_varlen(dtype, device):
         assert_close("lse", lse, lse_ref, lse_lp)
 
 
+def _backend(q, k, v, **opts):
+    return dispatch.select(plans.describe(q, k, v, **opts))[0].name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_sm90_dispatch(D, device, monkeypatch):
-    """On an H100, D = 64 / 128 go to the Gluon kernel, D = 256 when there is no right bound (causal D = 256
-    stays on the portable kernel, launch_sm90._CONFIGS; without a window or softcap the plan sends D = 256 to the
-    large-D Gluon kernel first, test_large_d.py); TILEATTN_SM90=0 and a smaller budget send them to the portable
-    one; both agree with the reference."""
+    """On an H100, D = 64 / 128 go to the Gluon kernel, and D = 256 without a right bound (causal D = 256
+    measured faster on the portable kernel, common/configs.py; without a window or softcap D = 256 goes to the
+    large-D Gluon kernel first, test_large_d.py); TILEATTN_BACKEND=triton and a smaller budget send them to the
+    portable one; every route agrees with the reference."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
     q = randn(2, 1000, 8, D, dtype=torch.float16, device=device)
     k = randn(2, 1100, 2, D, dtype=torch.float16, device=device)
     v = randn(2, 1100, 2, D, dtype=torch.float16, device=device)
-    out = torch.empty_like(q)
-    assert plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
-    assert plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0, causal=True) == (D != 256)
-    assert not plans.use_sm90(q, k, v, out, False, -1.0, 0.0)  # the kernel needs a positive scale
-    assert not plans.use_sm90(q[:, :, :, : D - 8], k[:, :, :, : D - 8], v, out, False, 0.1, 0.0)
+    window = (100, -1)  # keeps D = 256 off the large-D kernel
+    assert _backend(q, k, v, window=window) == "dense.sm90"
+    assert _backend(q, k, v, causal=True, window=window) == ("dense.sm90" if D != 256 else "dense.triton")
+    assert _backend(q, k, v, scale=-1.0, window=window) == "dense.triton"  # the kernel needs a positive scale
+    assert _backend(q[..., : D - 8], k[..., : D - 8], v, window=window) == "dense.triton"
     _check(q, k, v, causal=True)
-    _check(q, k, v)
-    monkeypatch.setenv("TILEATTN_SM90", "0")
-    assert not plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    _check(q, k, v, window=window)
+    monkeypatch.setenv("TILEATTN_BACKEND", "triton")
+    assert _backend(q, k, v, window=window) == "dense.triton"
     plans.clear_plans()
     _check(q, k, v, causal=True)
-    monkeypatch.setenv("TILEATTN_SM90", "1")
+    monkeypatch.delenv("TILEATTN_BACKEND")
     monkeypatch.setenv("TILEATTN_SMEM_BUDGET", "sm89")
-    assert not plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    assert _backend(q, k, v, window=window) == "dense.triton"
     plans.clear_plans()
 
 
@@ -233,34 +239,29 @@ def test_gpu_sm90_dispatch(D, device, monkeypatch):
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("opts", [dict(), dict(causal=True), dict(window=(100, 20)), dict(causal=True, softcap=30.0)],
                          ids=["full", "causal", "window", "causal-softcap"])
-def test_gpu_sm90_persistent(D, opts, device):
+def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
     """The Gluon kernel's CTAs walk many tiles of unequal length (barrier phases and Q slots carried across
-    tiles; D = 256 has one Q slot): through the API (more tiles than SMs) and with 1 and 7 CTAs for the whole
-    problem, launched directly (masks the API sends elsewhere included)."""
+    tiles; D = 256 has one Q slot): as dispatch sends them (more tiles than SMs), and forced onto the kernel with
+    1 and 7 CTAs for the whole problem (masks dispatch sends elsewhere included)."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
-    from tileattn.ops.dense import launch_sm90
+    monkeypatch.setenv("TILEATTN_DEBUG_FILL_NAN", "1")
+    plans.clear_plans()
     q = randn(3, 333, 48, D, dtype=torch.float16, device=device)  # 3 query blocks x 144 heads: 432 tiles
     k = randn(3, 555, 12, D, dtype=torch.float16, device=device)
     v = randn(3, 555, 12, D, dtype=torch.float16, device=device)
     _check(q, k, v, **opts)
-    causal, window, softcap = opts.get("causal", False), opts.get("window", (-1, -1)), opts.get("softcap", 0.0)
-    ref, lse_ref = attention_ref(q, k, v, causal=causal, window=window, softcap=softcap)
-    ref_lp, lse_lp = attention_ref(q, k, v, causal=causal, window=window, softcap=softcap, dtype=q.dtype)
-    left, right = launch.effective_window(causal, window)
     for programs in (1, 7):
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((3, 48, 333), float("nan"), device=device)
-        launch_sm90.launch(q, k, v, out, lse, D ** -0.5, left, right, softcap, True, True, programs=programs)
-        assert_close("out", out, ref, ref_lp)
-        assert_close("lse", lse, lse_ref, lse_lp)
+        with force_backend("dense.sm90", config=dataclasses.replace(sm90_config(D, q.dtype), max_programs=programs)):
+            _check(q, k, v, **opts)
+    plans.clear_plans()
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["batched", "varlen"])
 def test_batch_head_axis_folded(varlen, device, monkeypatch):
     """B * Hq past the grid's y limit folds onto z (here a limit of 5 for 2 x 4 heads: 3 idle programs)."""
-    monkeypatch.setattr(launch, "MAX_GRID_Y", 5)
-    monkeypatch.setenv("TILEATTN_SM90", "0")  # the portable kernel (the Gluon one has a 1-D grid)
+    monkeypatch.setattr(launch_triton, "MAX_GRID_Y", 5)
+    monkeypatch.setenv("TILEATTN_BACKEND", "dense.triton")  # the portable kernel (the Gluon one has a 1-D grid)
     plans.clear_plans()
     try:
         if varlen:

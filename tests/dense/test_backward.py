@@ -130,8 +130,8 @@ def test_sdpa_backward_and_checkpoint(causal, device):
                           use_reentrant=False)
 
     def ref(q, k, v, dtype):
-        out = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                            align_bottom_right=False, dtype=dtype)[0]
+        out = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                            causal="top_left" if causal else False, dtype=dtype)[0]
         return out.transpose(1, 2)
     check_grads(fn, ref, q, k, v)
 
@@ -196,13 +196,12 @@ class _RefForwardKernelBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         from tileattn.ops.dense.bwd import attn_bwd
+        from tileattn.ops.dense.problem import AttnOptions, AttnProblem, Call, effective_window
         q, k, v, out, lse = ctx.saved_tensors
         causal, window, softcap = ctx.opts
-        left, right = window
-        if causal:
-            right = 0
-        dq, dk, dv = attn_bwd(dout.contiguous(), q, k, v, out, lse, dlse, None, None, 0, 0, q.shape[-1] ** -0.5,
-                              left, right, softcap, True)
+        opts = AttnOptions(scale=q.shape[-1] ** -0.5, window=effective_window(causal, window), softcap=softcap)
+        c = Call(q, k, v, out, lse, None, None, None, opts.scale, softcap, 1.0)
+        dq, dk, dv = attn_bwd(AttnProblem.of(c, opts), c, dout.contiguous(), dlse)
         return dq, dk, dv, None, None, None
 
 

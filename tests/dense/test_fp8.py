@@ -3,7 +3,7 @@ of the dequantized inputs.
 
 Tolerance (the rule of engineering.md, with FlashAttention-3's fp8 reference): `ref` is the float32 reference
 on the dequantized inputs; `ref_lp` is the same computation with the probabilities P rounded to V's fp8 dtype
-as the kernels round them (attention_ref(quantize_p=...)): out must be within 2 * max|ref_lp - ref| plus the
+as the kernels round them (attention_ref(dtype=<fp8 dtype>)): out must be within 2 * max|ref_lp - ref| plus the
 rounding floor of the output dtype. The log-sum-exp has no fp8 rounding in it (scores are exact fp8 products
 summed in float32, up to the tensor cores' fp8 accumulation); it is held to the error of the same scores
 computed in bfloat16 (the output dtype).
@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import tileattn
-from tileattn.ops.dense import plans
-from tileattn.ops.dense.fp8 import fp8_v_layout, packed_key_pos, quantize_fp8
+from tileattn.ops.dense import dispatch, plans
+from tileattn.ops.common.fp8 import fp8_v_layout, quantize_fp8
+from tileattn.ops.common.fp8_kernels import packed_key_pos
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
 from tests.helpers import assert_close, randn
 
@@ -47,7 +48,7 @@ def _check(q, k, v, dtype, kind, v_layout, out_dtype=None, **kw):
     out, lse = tileattn.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, out_dtype=out_dtype,
                                   return_lse=True, **kw)
     ref, lse_ref = attention_ref(qf, kf, vf, **kw)
-    ref_lp, _ = attention_ref(qf, kf, vf, quantize_p=dtype, **kw)
+    ref_lp, _ = attention_ref(qf, kf, vf, dtype=dtype, **kw)
     _, lse_lp = attention_ref(qf, kf, vf, dtype=torch.bfloat16, **kw)
     assert out.dtype == (out_dtype or torch.bfloat16) and out.shape == ref.shape
     assert_close("out", out, ref, ref_lp)
@@ -98,7 +99,7 @@ def test_fp8_varlen(device):
                                     q_descale=qd, k_descale=2.0, v_descale=torch.tensor([2.0], device=device))
     qf, kf, vf = (t.float() * 2.0 for t in (q8, k8, v8))
     ref, _ = varlen_attention_ref(qf, kf, vf, cu_q, cu_k, causal=True)
-    ref_lp, _ = varlen_attention_ref(qf, kf, vf, cu_q, cu_k, causal=True, quantize_p=E4M3)
+    ref_lp, _ = varlen_attention_ref(qf, kf, vf, cu_q, cu_k, causal=True, dtype=E4M3)
     assert_close("out", out, ref, ref_lp)
 
 
@@ -181,8 +182,7 @@ def test_gpu_fp8_takes_sm90_kernel(D):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm90 only")
     q, k, v = (randn(1, 256, 2, D, dtype=torch.float32, device="cuda").to(E4M3) for _ in range(3))
-    out = torch.empty(1, 256, 2, D, dtype=torch.bfloat16, device="cuda")
-    assert plans.use_sm90(q, k, v, out, False, D ** -0.5, 0.0)
+    assert dispatch.select(plans.describe(q, k, v, causal=True))[0].name == "dense.sm90"
     a = tileattn.attention(q, k, v, causal=True)
     b = tileattn.attention(q, k, fp8_v_layout(v), causal=True)
     assert torch.equal(a, b)  # the same kernel on the same values

@@ -1,4 +1,4 @@
-"""Large head dims (D or Dv above 256, up to 1024): the head-dim-tiled kernel (ops/dense/large_d.py) against
+"""Large head dims (D or Dv above 256, up to 1024): the head-dim-tiled kernels (ops/dense/launch_large_d.py) against
 the float32 reference under the tolerance rule, its slicing of the output head dim, its limits and errors.
 
 CPU runs use small shapes in float16; the `gpu` matrix runs the H100 configs (both dtypes, every option, the
@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import tileattn
-from tileattn import hw
-from tileattn.ops.dense import large_d, launch_sm90, plans
-from tileattn.ops.dense.launch import force_config
+from tileattn import force_backend, hw
+from tileattn.ops.common.tma import gluon_sm90_reason
+from tileattn.ops.dense import configs, dispatch, launch_large_d, plans
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
 from tests.dense.test_attention import _cu
 from tests.helpers import assert_close, randn
 
-C = large_d.LargeDConfig
+C = configs.LargeDConfig
 
 
 def _inputs(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, device):
@@ -67,7 +67,7 @@ FORCED = [C(32, 32, 64, 128, 4, 2), C(32, 16, 32, 64, 4, 2, 32), C(16, 32, 64, 1
 @pytest.mark.parametrize("D,Dv", [(264, 264), (320, 360), (384, 200)])
 def test_forced_configs(cfg, D, Dv, device):
     q, k, v = _inputs(1, 45, 45, 2, 1, D, Dv, torch.float16, device)
-    with force_config(cfg):
+    with force_backend(config=cfg):
         _check(q, k, v, causal=True)
 
 
@@ -81,14 +81,14 @@ def test_forced_configs(cfg, D, Dv, device):
     (200, 256, 64, [(0, 256, 0, 1)]),
 ])
 def test_slices(dv, w, w2, expected):
-    assert large_d.slices(dv, C(128, 128, 64, w, 8, 3, w2)) == expected
+    assert launch_large_d.slices(dv, C(128, 128, 64, w, 8, 3, w2)) == expected
 
 
 @pytest.mark.parametrize("dv", list(range(8, 1025, 8)))
 def test_slices_cover_dv(dv):
     for cfg in (C(128, 128, 64, 256, 8, 3, 64), C(128, 64, 64, 256, 8, 4, 128), C(32, 32, 32, 64, 4, 1)):
         pos = 0
-        for start, w, w2, n in large_d.slices(dv, cfg):
+        for start, w, w2, n in launch_large_d.slices(dv, cfg):
             assert start == pos and w & (w - 1) == 0 and (w2 == 0 or w2 & (w2 - 1) == 0) and n >= 1
             pos += n * (w + w2)
         assert dv <= pos < dv + cfg.block_dv
@@ -135,7 +135,7 @@ def test_fp8_above_256_raises(device):
 @pytest.mark.parametrize("dv", [264, 320, 384, 512, 768, 1024])
 def test_candidates_fit_budget(arch, budget, dv):
     for causal in (False, True):
-        cands = large_d.candidates(arch, dv, causal, 2, budget)
+        cands = configs.large_d_candidates(arch, dv, causal, 2, budget)
         assert cands and all(c.smem_bytes(dv, 2) <= budget for c in cands)
 
 
@@ -174,7 +174,7 @@ def test_gpu_large_d_smem_budget_emulation(budget, dims, device, monkeypatch):
     q, k, v = _inputs(2, 300, 420, 4, 2, D, Dv, torch.float16, device)
     _check(q, k, v, causal=True)
     # the kernel chosen under the emulated budget must itself fit the emulated GPU
-    assert large_d.compiled(q, k, v, causal=True).metadata.shared <= hw.device_info(q.device).smem_per_block
+    assert plans.compile_only(q, k, v, causal=True).metadata.shared <= hw.device_info(q.device).smem_per_block
 
 
 @pytest.mark.gpu
@@ -184,11 +184,15 @@ def test_gpu_table_configs_compile_without_exceeding_smem(dims, device):
     D, Dv = dims
     q, k, v = _inputs(1, 256, 256, 1, 1, D, Dv, torch.float16, device)
     for causal in (False, True):
-        assert large_d.compiled(q, k, v, causal).metadata.shared <= hw.device_info(q.device).smem_per_block
+        assert plans.compile_only(q, k, v, causal).metadata.shared <= hw.device_info(q.device).smem_per_block
+
+
+def _backend(q, k, v, **opts):
+    return dispatch.select(plans.describe(q, k, v, **opts))[0].name
 
 
 def _sm90(q, k, v):
-    return large_d.supports_sm90(q, k, v, None, False, q.shape[-1] ** -0.5, -1, 0, 0.0)
+    return _backend(q, k, v, causal=True) == "dense.large_d_sm90"
 
 
 @pytest.mark.gpu
@@ -197,7 +201,7 @@ def _sm90(q, k, v):
 @pytest.mark.parametrize("shape", [(2, 383, 517), (1, 300, 50), (1, 1, 700), (1, 129, 129)],
                          ids=lambda s: "B{}-Sq{}-Sk{}".format(*s))
 def test_gpu_large_d_sm90(dims, shape, device):
-    """The Gluon kernel (large_d_sm90.py), both configs (Dv >= 512; Q resident for D and Dv in (192, 384]): head
+    """The Gluon kernel (gluon_sm90_large_d.py), both configs (Dv >= 512; Q resident for D and Dv in (192, 384]): head
     dims that are no multiple of its 64-column chunk or of its 256-column slice, fewer chunks than ring buffers,
     Sq > Sk (query blocks that see no key), a single row."""
     B, Sq, Sk = shape
@@ -210,8 +214,8 @@ def test_gpu_large_d_sm90(dims, shape, device):
     # SDPA's causal mask is aligned top-left
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     out = tileattn.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True).transpose(1, 2)
-    ref, _ = attention_ref(q, k, v, causal=True, align_bottom_right=False)
-    ref_lp, _ = attention_ref(q, k, v, causal=True, align_bottom_right=False, dtype=q.dtype)
+    ref, _ = attention_ref(q, k, v, causal="top_left")
+    ref_lp, _ = attention_ref(q, k, v, causal="top_left", dtype=q.dtype)
     assert_close("out", out, ref, ref_lp)
 
 
@@ -219,20 +223,19 @@ def test_gpu_large_d_sm90(dims, shape, device):
 @pytest.mark.parametrize("D", [768, 384, 256])
 def test_gpu_large_d_sm90_is_used_and_matches_triton(D, device, monkeypatch):
     """On an H100 the plan for Dv >= 512 and for D = Dv = 256 or 384 (no window, no softcap) takes the Gluon kernel
-    with its config for those dims; TILEATTN_SM90=0 takes the Triton kernels (dense, large-D), and they agree."""
+    with its config for those dims; TILEATTN_BACKEND=triton takes the Triton kernels (dense, large-D), and they
+    agree."""
     q, k, v = _inputs(2, 700, 900, 4, 1, D, D, torch.float16, device)
     if not _sm90(q, k, v):
         pytest.skip("the Gluon kernel needs an sm90 GPU and triton 3.6")
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=device)
-    lse = torch.empty(0, dtype=torch.float32, device=device)
-    _, launcher, cfg = large_d.plan(q, k, v, out, lse, None, None, 700, 900, D ** -0.5, -1, 0, 0.0, True, False)
-    assert isinstance(launcher, large_d.Sm90Launcher)
-    assert cfg == (large_d.SM90 if D >= 512 else large_d.SM90_Q_RESIDENT)
+    assert _backend(q, k, v) == "dense.large_d_sm90"
+    assert configs.large_d_sm90_config(D, D) == (configs.LARGE_D_SM90_STREAMED if D >= 512
+                                                 else configs.LARGE_D_SM90_Q_RESIDENT)
     # a window or a softcap keeps the other kernels
-    assert not large_d.supports_sm90(q, k, v, None, False, D ** -0.5, 64, 0, 0.0)
-    assert not large_d.supports_sm90(q, k, v, None, False, D ** -0.5, -1, -1, 30.0)
+    assert _backend(q, k, v, window=(64, 0)) != "dense.large_d_sm90"
+    assert _backend(q, k, v, softcap=30.0) != "dense.large_d_sm90"
     gluon_out = tileattn.attention(q, k, v, causal=True)
-    monkeypatch.setenv("TILEATTN_SM90", "0")
+    monkeypatch.setenv("TILEATTN_BACKEND", "triton")
     plans.clear_plans()
     triton_out = tileattn.attention(q, k, v, causal=True)
     ref, _ = attention_ref(q, k, v, causal=True)
@@ -245,20 +248,13 @@ def test_gpu_large_d_sm90_is_used_and_matches_triton(D, device, monkeypatch):
 @pytest.mark.parametrize("dims", [(256, 256), (128, 512)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
 @pytest.mark.parametrize("shape", [(2, 383, 517), (1, 300, 50)], ids=lambda s: "B{}-Sq{}-Sk{}".format(*s))
 def test_gpu_large_d_sm90_q_resident(dims, shape, device):
-    """The Gluon kernel's Q-resident variant called directly, returning the LSE: at D = 256 (routed there) and
-    at D=128, Dv=512 (not routed), where Q is two ring buffers' worth."""
+    """The Gluon kernel's Q-resident variant forced, returning the LSE: at D = 256 (routed there) and at D=128,
+    Dv=512 (not routed), where Q is two ring buffers' worth."""
     B, Sq, Sk = shape
     D, Dv = dims
     q, k, v = _inputs(B, Sq, Sk, 8, 2, D, Dv, torch.float16, device)
-    if not (torch.cuda.get_device_capability(device)[0] == 9 and launch_sm90.available()):
+    if gluon_sm90_reason(q.device):
         pytest.skip("the Gluon kernel needs an sm90 GPU and triton 3.6")
-    cfg = large_d.LargeDSm90Config(q_resident=True)
-    for causal in (False, True):
-        out = torch.empty(q.shape[:-1] + (Dv,), dtype=q.dtype, device=device)
-        lse = torch.empty(B, 8, Sq, dtype=torch.float32, device=device)
-        kernel, grid, args, kw = large_d.kernel_call_sm90(q, k, v, out, lse, D ** -0.5, causal, True, True, cfg)
-        kernel[grid](*args, **kw)
-        ref, lse_ref = attention_ref(q, k, v, causal=causal)
-        ref_lp, lse_lp = attention_ref(q, k, v, causal=causal, dtype=q.dtype)
-        assert_close("out", out, ref, ref_lp)
-        assert_close("lse", lse, lse_ref, lse_lp)
+    with force_backend("dense.large_d_sm90", config=configs.LargeDSm90Config(q_resident=True)):
+        for causal in (False, True):
+            _check(q, k, v, causal=causal)

@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 import tileattn
-from tileattn import hw, launcher
-from tileattn.ops.dense import checks, launch, plans
+from tileattn import force_backend, hw, launcher
+from tileattn.ops.dense import plans
 from tileattn.ops.dense.configs import AttnConfig
 from tests.dense.test_api import BAD
 from tests.helpers import randn
@@ -28,10 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def _fresh_plans(monkeypatch):
-    # the uncached reference path below runs the portable kernel; the Hopper kernel's plans are compared
-    # with its own normal launch in test_gpu_sm90_plan_matches_normal_launch
-    monkeypatch.setenv("TILEATTN_SM90", "0")
+def _fresh_plans():
     plans.clear_plans()
     yield
     plans.clear_plans()
@@ -42,16 +39,10 @@ def _qkv(device, B=1, Sq=33, Sk=40, Hq=2, Hkv=1, D=64, dtype=torch.float16):
             randn(B, Sk, Hkv, D, dtype=dtype, device=device))
 
 
-def _uncached(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
-              bottom_right=True):
-    """The normal path: outputs, config and a launch through kernel[grid](...), no plan involved."""
-    left, right = checks.effective_window(causal, window)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out, lse, run, cfg = launch._prepare(q, k, v, None, None, 0, 0, float(scale), left, right, float(softcap),
-                                         bottom_right, return_lse)
-    if run is not None:
-        run(cfg)
-    return (out, lse) if return_lse else out
+def _uncached(q, k, v, **opts):
+    """The normal path: a fresh plan whose launch goes through kernel[grid](...), kept nowhere."""
+    with plans.uncached():
+        return tileattn.attention(q, k, v, **opts)
 
 
 def _equal(a, b):
@@ -61,7 +52,7 @@ def _equal(a, b):
 
 
 def _n_plans():
-    return sum(len(p.plans) for p in plans._problems.values())
+    return plans.count_plans()
 
 
 OPTIONS = [dict(causal=True), dict(window=(8, 2), return_lse=True),
@@ -72,7 +63,7 @@ OPTIONS = [dict(causal=True), dict(window=(8, 2), return_lse=True),
 @pytest.mark.parametrize("cfg", [None, AttnConfig(32, 32, 4, 2, True)], ids=["table", "tma"])
 def test_repeated_calls_match_uncached(opts, cfg, device):
     q, k, v = _qkv(device)
-    with launch.force_config(cfg) if cfg else contextlib.nullcontext():
+    with force_backend(config=cfg) if cfg else contextlib.nullcontext():
         first = tileattn.attention(q, k, v, **opts)
         again = tileattn.attention(q, k, v, **opts)
         assert _n_plans() == 1
@@ -111,7 +102,7 @@ def test_changes_get_their_own_plan(device):
     for (a, b, c), kw in calls:
         assert _equal(tileattn.attention(a, b, c, **kw), _uncached(a, b, c, **kw)), (a.shape, a.stride(), kw)
     assert _n_plans() == len(calls) - 1  # the last call reused the first plan
-    with launch.force_config(AttnConfig(16, 16, 4, 1)):
+    with force_backend(config=AttnConfig(16, 16, 4, 1)):
         assert _equal(tileattn.attention(q, k, v), _uncached(q, k, v))
     assert _n_plans() == len(calls)
 
@@ -120,10 +111,11 @@ def test_sdpa_and_varlen_repeated(device):
     q, k, v = _qkv(device)
     for contiguous in (True, False):  # [B, H, S, D] storage (torch's usual), or [B, S, H, D] seen transposed
         qs, ks, vs = (t.transpose(1, 2).contiguous() if contiguous else t.transpose(1, 2) for t in (q, k, v))
-        ref = _uncached(*(t.transpose(1, 2) for t in (qs, ks, vs)), causal=True, bottom_right=False)
+        with plans.uncached():
+            ref = tileattn.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         for _ in range(2):
             out = tileattn.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
-            assert _equal(out, ref.transpose(1, 2)) and out.is_contiguous() == contiguous
+            assert _equal(out, ref) and out.is_contiguous() == contiguous
     with pytest.raises(ValueError, match="enable_gqa"):  # the same tensors, now without enable_gqa
         tileattn.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
     q = randn(45, 4, 64, dtype=torch.float16, device=device)
@@ -134,8 +126,8 @@ def test_sdpa_and_varlen_repeated(device):
                   for x in (lens_q, lens_k))
         for _ in range(2):
             results.append(tileattn.varlen_attention(q, k, v, cq, ck, 40, 40, causal=True, return_lse=True))
-        out, lse, run, cfg = launch._prepare(q, k, v, cq, ck, 40, 40, 0.125, -1, 0, 0.0, True, True)
-        run(cfg)
+        with plans.uncached():
+            out, lse = tileattn.varlen_attention(q, k, v, cq, ck, 40, 40, causal=True, return_lse=True)
         assert _equal(results[-1], (out, lse)) and _equal(results[-2], (out, lse))
     with pytest.raises(ValueError, match="non-decreasing"):  # the values are still checked on a cached plan
         bad = torch.tensor([0, 30, 20, 45], dtype=torch.int32, device=device)
@@ -316,20 +308,13 @@ if __name__ == "__main__":
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
-def test_gpu_sm90_plan_matches_normal_launch(opts, device, monkeypatch):
+def test_gpu_sm90_plan_matches_normal_launch(opts, device):
     """Plans of the Hopper Gluon kernel (descriptors re-based per call) give what its normal launch gives."""
-    from tileattn.ops.dense import launch_sm90
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
-    monkeypatch.setenv("TILEATTN_SM90", "1")
     for _ in range(2):  # first call: plan made (normal path); second: replayed launch, new tensors
         q, k, v = _qkv(device, B=2, Sq=300, Sk=333, Hq=4, Hkv=2, D=128)
-        got = tileattn.attention(q, k, v, **opts)
-        assert _n_plans() == 1
-        left, right = checks.effective_window(opts.get("causal", False), opts.get("window", (-1, -1)))
-        out = torch.empty_like(q)
-        lse = torch.empty(2, 4, 300, device=device)
-        rl = opts.get("return_lse", False)
-        launch_sm90.launch(q, k, v, out, lse, opts.get("scale", 128 ** -0.5), left, right,
-                           opts.get("softcap", 0.0), True, rl)
-        assert _equal(got, (out, lse) if rl else out)
+        with force_backend("dense.sm90"):
+            got = tileattn.attention(q, k, v, **opts)
+            assert _n_plans() == 1
+            assert _equal(got, _uncached(q, k, v, **opts))

@@ -168,8 +168,8 @@ def test_gpu_sm90_ready_mods(name, D, dtype, device, monkeypatch):
     """Shapes the Hopper kernel serves (multiples of 128, 128 x 128 mask blocks), checked to take it on sm90."""
     from tileattn.ops.flex import launch_sm90
     calls = []
-    real = launch_sm90.launch
-    monkeypatch.setattr(launch_sm90, "launch", lambda *a: calls.append(1) or real(*a))
+    real = launch_sm90.Sm90Backend.run
+    monkeypatch.setattr(launch_sm90.Sm90Backend, "run", lambda *a: calls.append(1) or real(*a))
     S = 1024
     q, k, v = qkv(2, 4, S, S, D, dtype, device)
     score_mod, mask_mod = ready_mods(S, 4, device)[name]

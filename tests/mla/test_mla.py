@@ -4,6 +4,8 @@ Pages are shuffled (never contiguous), and unused page slots and unused pages ho
 reads a token it should not, or a page of another sequence, fails. The CPU runs (interpreter) use a small
 Dc / Dr; the `gpu` ones DeepSeek's 512 / 64.
 """
+import contextlib
+
 import pytest
 import torch
 
@@ -44,13 +46,10 @@ def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=
     qn = randn(len(lens), sq, hq, dc, dtype=dtype, device=device)
     qp = randn(len(lens), sq, hq, dr, dtype=dtype, device=device)
     if plan_form:
-        config = None
-        if portable:
-            from tileattn.ops.mla.plan import candidates
-            config = candidates(64)[0]
-        plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, head_dim_ckv=dc, head_dim_kpe=dr,
-                                      page_size=page_size, dtype=dtype, causal=causal, scale=scale, config=config,
-                                      cache_dtype=cache_dtype)
+        with tileattn.force_backend("mla.triton") if portable else contextlib.nullcontext():
+            plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, head_dim_ckv=dc, head_dim_kpe=dr,
+                                          page_size=page_size, dtype=dtype, causal=causal, scale=scale,
+                                          cache_dtype=cache_dtype)
         plan.out.fill_(float("nan"))
         plan.lse.fill_(float("nan"))
         plan.programs = programs
@@ -59,8 +58,8 @@ def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=
         out, lse = tileattn.mla_decode(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale,
                                        return_lse=True, kv_scale=kv_scale)
     ks = float(kv_scale)
-    ref, lse_ref = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale, kv_scale=ks)
-    ref_lp, lse_lp = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, causal=causal, scale=scale, dtype=dtype,
+    ref, lse_ref = mla_decode_ref((qn, qp), (ckv, kpe), table, seqlens, causal=causal, scale=scale, kv_scale=ks)
+    ref_lp, lse_lp = mla_decode_ref((qn, qp), (ckv, kpe), table, seqlens, causal=causal, scale=scale, dtype=dtype,
                                     kv_scale=ks)
     assert out.shape == (len(lens), sq, hq, dc) and out.dtype == dtype
     assert_close("out", out, ref, ref_lp)
@@ -175,8 +174,9 @@ def test_gpu_mla(page_size, hq, sq, dtype, device):
 
 
 def _sm90(device):
-    from tileattn.ops.mla import launch_sm90
-    return launch_sm90.config_for(device, 64, 512, 64, 64, torch.bfloat16) is not None
+    from tileattn.ops.mla import dispatch
+    plan = tileattn.MLADecodePlan(torch.full((2,), 100, dtype=torch.int32, device=device), num_heads=64)
+    return dispatch.SM90.supports(plan)[0]
 
 
 @pytest.mark.gpu
@@ -213,8 +213,8 @@ def test_gpu_mla_sm90_fallback(device):
     qp = randn(len(lens), 64, 2, 64, dtype=torch.bfloat16, device=device).transpose(1, 2)
     plan = tileattn.MLADecodePlan(seqlens, num_heads=64, q_len=2, page_size=64)
     out, lse = plan.run(qn, qp, ckv, kpe, table, return_lse=True)
-    ref, lse_ref = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens)
-    ref_lp, lse_lp = mla_decode_ref(qn, qp, ckv, kpe, table, seqlens, dtype=torch.bfloat16)
+    ref, lse_ref = mla_decode_ref((qn, qp), (ckv, kpe), table, seqlens)
+    ref_lp, lse_lp = mla_decode_ref((qn, qp), (ckv, kpe), table, seqlens, dtype=torch.bfloat16)
     assert_close("out", out, ref, ref_lp)
     assert_close("lse", lse, lse_ref, lse_lp.float())
 
@@ -263,6 +263,6 @@ def test_gpu_mla_cuda_graph(device):
     shorter = torch.tensor([4, 2000, 64, 0, 700], dtype=torch.int32, device=device)
     plan.update(shorter)
     graph.replay()
-    ref, _ = mla_decode_ref(qn, qp, ckv, kpe, table, shorter)
-    ref_lp, _ = mla_decode_ref(qn, qp, ckv, kpe, table, shorter, dtype=torch.bfloat16)
+    ref, _ = mla_decode_ref((qn, qp), (ckv, kpe), table, shorter)
+    ref_lp, _ = mla_decode_ref((qn, qp), (ckv, kpe), table, shorter, dtype=torch.bfloat16)
     assert_close("out", out, ref, ref_lp)

@@ -37,7 +37,7 @@ def _reference(q8, k8, v8, qd, kd, vd, causal):
     """float32 reference of the slice and the rule's allowed error (ref_lp: P rounded to the inputs' fp8)."""
     qs, ks, vs = _dequant(q8, qd), _dequant(k8, kd), _dequant(v8, vd)
     ref, _ = attention_ref(qs, ks, vs, causal=causal)
-    ref_lp, _ = attention_ref(qs, ks, vs, causal=causal, quantize_p=q8.dtype)
+    ref_lp, _ = attention_ref(qs, ks, vs, causal=causal, dtype=q8.dtype)
     return ref, allowed_error(max_abs(ref_lp, ref), ref, torch.bfloat16)
 
 

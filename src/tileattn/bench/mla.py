@@ -40,7 +40,7 @@ def check(out, qn, qp, ckv, kpe, table, seqlens, sample=32):
     """Tolerance rule on a sample of sequences (the reference loops over sequences in Python)."""
     from ..ops.mla.reference import mla_decode_ref
     idx = torch.linspace(0, qn.shape[0] - 1, min(sample, qn.shape[0]), device="cuda").long().unique()
-    sub = (qn[idx], qp[idx], ckv, kpe, table[idx], seqlens[idx])
+    sub = ((qn[idx], qp[idx]), (ckv, kpe), table[idx], seqlens[idx])
     ref, _ = mla_decode_ref(*sub)
     ref_lp, _ = mla_decode_ref(*sub, dtype=qn.dtype)
     err = (out[idx].float() - ref).abs().max().item()

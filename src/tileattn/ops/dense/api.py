@@ -4,8 +4,10 @@ import warnings
 
 import torch
 
-from ... import custom_ops
-from . import checks, fp8, plans
+from ..common import fp8
+from . import custom_ops, plans
+from .problem import (MAX_GRAD_HEAD_DIM, AttnOptions, check_cu_seqlens_meta, check_device, check_inputs,
+                      check_options, check_sdpa_inputs, effective_window)
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
@@ -17,7 +19,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0
             float8_e5m2, one dtype, one device. Any strides with a contiguous last dim (no copies are made;
             fp8 v may instead have a contiguous sequence dim, or be an `Fp8V`, see below). D and Dv:
             multiples of 8 in [32, 1024], Dv may differ from D. Above 256 (float16/bfloat16 only) a kernel
-            that tiles the head dim serves the call (ops/dense/large_d.py); gradients take D, Dv <= 256.
+            that tiles the head dim serves the call (launch_large_d.py); gradients take D, Dv <= 256.
         causal: query i sees key j iff j <= i + Sk - Sq (aligned bottom-right, as FlashAttention >= 2.1;
             with Sq > Sk the first Sq - Sk query rows see nothing).
         scale: multiplier of q.k; default D ** -0.5.
@@ -47,16 +49,19 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0
     """
     if q_descale is None and k_descale is None and v_descale is None and out_dtype is None \
             and getattr(q, "dtype", None) not in fp8.FP8_DTYPES and _plain_eager(q, k, v):
-        return plans.attention_eager(q, k, v, causal, scale, window, softcap, True, return_lse)
+        return plans.attention_eager(q, k, v, causal, scale, window, softcap, return_lse)
     v_packed = isinstance(v, fp8.Fp8V)
     if v_packed:
         v = v.view()  # the sequence-major view the kernels take (keys in packed order)
-    checks.check_inputs(q, k, v, varlen=False)
-    checks.check_options(causal, scale, window, softcap)
+    check_inputs(q, k, v, varlen=False)
+    check_options(causal, scale, window, softcap)
     fp8.check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, q.shape[0])
-    checks.check_device(q, k, v)
-    return _run(q, k, v, None, None, 0, 0, causal, scale, window, softcap, True, return_lse,
-                (q_descale, k_descale, v_descale), out_dtype, v_packed)
+    check_device(q, k, v)
+    qk_factor, out_scale, descales = fp8.split_descales(q_descale, k_descale, v_descale)
+    opts = AttnOptions(scale=_scale(q, scale) * qk_factor, window=effective_window(causal, window),
+                       softcap=float(softcap), return_lse=bool(return_lse), out_scale=out_scale,
+                       out_dtype=_out_dtype(q, out_dtype), v_packed=v_packed)
+    return _run(q, k, v, (), descales, opts)
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
@@ -81,13 +86,16 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         out [total_q, Hq, Dv] in q's dtype (fp8: out_dtype); with return_lse, (out, lse) with lse
         [Hq, total_q] float32.
     """
-    checks.check_inputs(q, k, v, varlen=True)
-    checks.check_options(causal, scale, window, softcap)
-    checks.check_cu_seqlens_meta(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    check_inputs(q, k, v, varlen=True)
+    check_options(causal, scale, window, softcap)
+    check_cu_seqlens_meta(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     fp8.check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, cu_seqlens_q.shape[0] - 1)
-    checks.check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
-                softcap, True, return_lse, (q_descale, k_descale, v_descale), out_dtype)
+    check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    qk_factor, out_scale, descales = fp8.split_descales(q_descale, k_descale, v_descale)
+    opts = AttnOptions(scale=_scale(q, scale) * qk_factor, window=effective_window(causal, window),
+                       softcap=float(softcap), return_lse=bool(return_lse), max_seqlen_q=int(max_seqlen_q),
+                       max_seqlen_k=int(max_seqlen_k), out_scale=out_scale, out_dtype=_out_dtype(q, out_dtype))
+    return _run(q, k, v, (cu_seqlens_q, cu_seqlens_k), descales, opts)
 
 
 def _plain_eager(q, k, v):
@@ -99,28 +107,33 @@ def _plain_eager(q, k, v):
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
 
 
-def _run(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, bottom_right, return_lse,
-         descales=(None, None, None), out_dtype=None, v_packed=False):
-    left, right = checks.effective_window(causal, window)
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    qk_factor, out_scale, dtensors = fp8.split_descales(*descales)  # numbers fold into the scales
-    if q.dtype in fp8.FP8_DTYPES:
-        out_dtype = out_dtype or torch.bfloat16
+def _scale(q, scale):
+    return float(q.shape[-1] ** -0.5 if scale is None else scale)
+
+
+def _out_dtype(q, out_dtype):
+    """fp8 inputs give bfloat16 unless asked otherwise; other inputs their own dtype."""
+    return (out_dtype or torch.bfloat16) if q.dtype in fp8.FP8_DTYPES else None
+
+
+def _run(q, k, v, cu_seqlens, descales, opts):
+    """The forward of checked inputs: through the registered op where torch.compile traces or autograd records
+    (a tracked gradient asks for the lse: the backward recomputes the probabilities from it), else straight to
+    the launch plans. descales: fp8.split_descales' tensors; opts: AttnOptions (return_lse as the caller asked)."""
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if grad and max(q.shape[-1], v.shape[-1]) > checks.MAX_GRAD_HEAD_DIM:
+    if grad and max(q.shape[-1], v.shape[-1]) > MAX_GRAD_HEAD_DIM:
         raise ValueError(f"q, k or v requires grad, but the backward takes head dims up to "
-                         f"{checks.MAX_GRAD_HEAD_DIM} (got D={q.shape[-1]}, Dv={v.shape[-1]}); run the forward "
+                         f"{MAX_GRAD_HEAD_DIM} (got D={q.shape[-1]}, Dv={v.shape[-1]}); run the forward "
                          f"under torch.no_grad() or detach the inputs")
-    # a tracked gradient needs the forward's lse (attn_bwd recomputes the probabilities from it)
-    args = (q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale * qk_factor, left, right, float(softcap),
-            bottom_right, bool(return_lse or grad), *dtensors, out_scale, out_dtype, v_packed)
+    run_opts = AttnOptions(**{**vars(opts), "return_lse": True}) if grad and not opts.return_lse else opts
+    descales = None if descales[0] is None else descales
     # The registered op is what torch.compile traces and what autograd sees; an eager call with no gradient
-    # to track (varlen, tensor subclasses; plain batched calls never get here) skips the op dispatcher.
+    # to track (varlen, fp8, tensor subclasses; plain batched calls never get here) skips the op dispatcher.
     if torch.compiler.is_compiling() or grad:
-        out, lse = custom_ops.attn_fwd(*args)
+        out, lse = custom_ops.attn_fwd(q, k, v, list(cu_seqlens), list(descales or ()), run_opts.encode())
     else:
-        out, lse = plans.attn_fwd(*args)
-    return (out, lse) if return_lse else out
+        out, lse = plans.attn_fwd(q, k, v, cu_seqlens, descales, run_opts)
+    return (out, lse) if opts.return_lse else out
 
 
 _warned = set()
@@ -154,12 +167,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             enable_gqa=enable_gqa)
     if _plain_eager(query, key, value):
         return plans.sdpa_eager(query, key, value, bool(is_causal), scale, enable_gqa)
-    checks.check_sdpa_inputs(query, key, value, enable_gqa)
+    check_sdpa_inputs(query, key, value, enable_gqa)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-    checks.check_inputs(q, k, v, varlen=False)
-    checks.check_options(bool(is_causal), scale, (-1, -1), 0.0)
-    checks.check_device(q, k, v)
-    out = _run(q, k, v, None, None, 0, 0, bool(is_causal), scale, (-1, -1), 0.0, False, False)
+    check_inputs(q, k, v, varlen=False)
+    check_options(bool(is_causal), scale, (-1, -1), 0.0)
+    check_device(q, k, v)
+    opts = AttnOptions(scale=_scale(q, scale), window=(-1, 0 if is_causal else -1), bottom_right=False)
+    out = _run(q, k, v, (), (None, None, None), opts)
     return out.transpose(1, 2)
 
 

@@ -1,18 +1,20 @@
-"""Launch of dense attention backward (bwd_kernels.py): delta, then dK/dV, then dQ.
+"""Launch of dense attention backward (kernels_bwd.py): delta, then dK/dV, then dQ.
 
-Inputs are those of the forward op plus its output, its log-sum-exp (natural log, [B, Hq, Sq] or varlen
-[Hq, total_q]), the output gradient and, when the returned lse was used, its gradient. Gradients come in
-the dtypes and layouts of q, k, v; deterministic (no atomics: see bwd_kernels.py).
+Inputs: the forward's problem and call (its tensors, its output and its log-sum-exp: natural log,
+[B, Hq, Sq] or varlen [Hq, total_q]), the output gradient and, when the returned lse was used, its gradient.
+Gradients come in the dtypes and layouts of q, k, v; deterministic (no atomics: see kernels_bwd.py). Tiles:
+ops/common/configs.py (BwdConfig, forced with tileattn.force_backend(config=BwdConfig(...))).
 """
 import torch
 import triton
 import triton.language as tl
 
-from ... import hw
 from ...launcher import launch_cached
-from .bwd_kernels import bwd_dkdv_kernel, bwd_dq_kernel, bwd_preprocess_kernel
-from .kernels import LOG2E
-from .launch import MAX_GRID_Y
+from ..common.bwd_kernels import bwd_preprocess_kernel
+from ..common.configs import bwd_config
+from ..common.softmax import LOG2E
+from .kernels_bwd import bwd_dkdv_kernel, bwd_dq_kernel
+from .launch_triton import MAX_GRID_Y
 
 
 def _grid(blocks, bh):
@@ -20,41 +22,19 @@ def _grid(blocks, bh):
     return (blocks, min(bh, MAX_GRID_Y), triton.cdiv(bh, MAX_GRID_Y))
 
 
-FORCE = None  # scripts/sweep_bwd.py: ((BLOCK_M, BLOCK_N, warps, stages) of dK/dV, the same of dQ)
-
-
-def _tiles(d):
-    """((BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel, the same of the dQ kernel) for head dim
-    d: the interpreter's small tiles; on GPUs 64 x 64 tiles with 4 warps, 32 x 32 past d = 128.
-    scripts/sweep_bwd.py on the H100 (fp16, B=4, H=32, N 1K-16K): 3 stages win at D=64 (causal 16K 336 vs
-    312 TFLOPS with 2), 2 at D=128 (non-causal 16K 350 vs 325); 8 warps on 64 x 64 (no spills at D=128) lost
-    40%, 64 x 128 tiles with 8 warps 35-50%. Earlier (2026-11-21): 128 x 128 / 8 warps 258 vs 357 at D=128."""
-    if FORCE is not None:
-        return FORCE
-    if hw.interpreter_enabled():
-        return (16, 16, 4, 1), (16, 16, 4, 1)
-    if d <= 64:
-        return (64, 64, 4, 3), (64, 64, 4, 3)
-    if d <= 128:
-        return (64, 64, 4, 2), (64, 64, 4, 2)
-    return (32, 32, 4, 1), (32, 32, 4, 1)
-
-
 def _strides(t, varlen):
     """(batch, sequence, head) strides of a [B, S, H, D] (or varlen [total, H, D]) tensor."""
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
-def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
-             align_bottom_right):
-    varlen = cu_q is not None
-    if varlen:
-        batch, sq, sk = cu_q.shape[0] - 1, int(max_q), int(max_k)
-        hq, d = q.shape[1], q.shape[2]
-        hkv, dv = k.shape[1], v.shape[2]
-    else:
-        batch, sq, hq, d = q.shape
-        sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+def attn_bwd(p, c, do, dlse):
+    """(dq, dk, dv) of problem p (problem.AttnProblem) for the forward call c (problem.Call: q, k, v, out, lse,
+    cu_seqlens), the output gradient do and the lse's gradient dlse (or None)."""
+    q, k, v, out, lse, cu_q = c.q, c.k, c.v, c.out, c.lse, c.cu_q
+    varlen = p.varlen
+    batch, sq, sk, hq, hkv, d, dv = p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v
+    left, right = p.opts.window
+    scale, softcap = p.opts.scale, p.opts.softcap
     # varlen: rows past cu_seqlens[-1] (padding) belong to no sequence and get zero gradients
     alloc = torch.zeros_like if varlen else torch.empty_like
     dq, dk, dvv = alloc(q), alloc(k), alloc(v)
@@ -74,10 +54,11 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     delta = torch.empty_like(lse, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     ls = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     gls = ((0, dlse.stride(0)) if varlen else (dlse.stride(0), dlse.stride(1))) if dlse is not None else (0, 0)
-    cu_k_arg = cu_k if varlen else lse
+    cu_k_arg = c.cu_k if varlen else lse
     cu_q_arg = cu_q if varlen else lse
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
-    (km, kn, kw, ks), (qm, qn, qw, qs) = _tiles(max(d, dv))
+    cfg = bwd_config(max(d, dv))
+    (km, kn, kw, ks), (qm, qn, qw, qs) = cfg.dkdv, cfg.dq
     pm = 64 if bdv <= 128 else 32
     launch_cached(bwd_preprocess_kernel, _grid(triton.cdiv(sq, pm), batch * hq), (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
@@ -92,8 +73,8 @@ def attn_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left,
     ragged = varlen or sq % km or sk % kn or sq % qm or sk % qn
     needs_mask = bool(left >= 0 or right >= 0 or ragged)
     common = dict(D=d, DV_=dv, BLOCK_D=bd, BLOCK_DV=bdv, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
-                  ALIGN_BOTTOM_RIGHT=align_bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen, NEEDS_MASK=needs_mask,
-                  ACC=acc)
+                  ALIGN_BOTTOM_RIGHT=p.opts.bottom_right, HAS_SOFTCAP=softcap > 0, IS_VARLEN=varlen,
+                  NEEDS_MASK=needs_mask, ACC=acc)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
     # launch_cached: the normal kernel[grid](...) path costs ~100 us of host time per launch, more than the

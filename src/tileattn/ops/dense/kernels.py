@@ -3,7 +3,7 @@
 One kernel serves the batched layout ([B, S, H, D], any strides with a contiguous last dim) and the packed
 variable-length layout ([total, H, D] with cumulative sequence lengths).
 
-Masking model. Key j is visible to query i iff
+Masking model (ops/common/masking.py). Key j is visible to query i iff
     i + OFF - LEFT <= j <= i + OFF + RIGHT   and   j < Sk
 where OFF = Sk - Sq (bottom-right alignment, FlashAttention >= 2.1) or 0 (top-left, torch SDPA), and a bound
 is only applied when HAS_LEFT / HAS_RIGHT is set. Causal attention is RIGHT = 0.
@@ -37,80 +37,9 @@ Constexpr options:
 import triton
 import triton.language as tl
 
-from . import fp8
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-
-
-@triton.jit
-def tanh(x):
-    # tanh through exp2 (no tanh in core triton.language): 1 - 2 / (exp(2x) + 1); saturates cleanly at +-1.
-    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
-
-
-@triton.jit
-def key_range(m_first, m_last, seqlen_k, off_diag, left, right, BLOCK_N: tl.constexpr,
-              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """Key range [lo, hi) seen by query rows [m_first, m_last], and its unmasked part [full_lo, full_hi):
-    multiples of BLOCK_N except an end clamped to seqlen_k. (Shared with the Gluon kernel.)"""
-    lo = 0
-    full_lo = 0
-    hi = seqlen_k
-    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
-    if HAS_LEFT:
-        lo = tl.maximum(m_first + off_diag - left, 0)
-        lo = (lo // BLOCK_N) * BLOCK_N
-        full_lo = tl.maximum(m_last + off_diag - left, 0)
-        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = tl.minimum(tl.maximum(m_last + off_diag + right + 1, 0), seqlen_k)
-        full_hi = tl.minimum(full_hi, (tl.maximum(m_first + off_diag + right + 1, 0) // BLOCK_N) * BLOCK_N)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, hi, full_lo, full_hi
-
-
-@triton.jit
-def visible(o_m, o_j, seqlen_k, off_diag, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """[rows, keys] mask of the visibility rule for query positions o_m and key positions o_j. (Shared with
-    the Gluon kernel.)"""
-    vis = (o_j < seqlen_k)[None, :]
-    if HAS_RIGHT:
-        vis = vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
-    if HAS_LEFT:
-        vis = vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
-    return vis
-
-
-@triton.jit
-def seq_bases(i_b, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, stride_qb, stride_qs, stride_kb, stride_ks,
-              stride_vb, stride_vs, stride_ob, stride_os, stride_lb, IS_VARLEN: tl.constexpr):
-    """Sequence b's (seqlen_q, seqlen_k, first key row, int64 element offsets of its Q, K, V, O and lse):
-    from cu_seqlens (varlen: packed rows, lse [Hq, total_q]) or from the batch strides. (Shared with the
-    large-D kernel.)"""
-    if IS_VARLEN:
-        q_row0 = tl.load(cu_seqlens_q + i_b)
-        seqlen_q = tl.load(cu_seqlens_q + i_b + 1) - q_row0
-        k_row0 = tl.load(cu_seqlens_k + i_b)  # int32: also a tensor-descriptor coordinate
-        seqlen_k = tl.load(cu_seqlens_k + i_b + 1) - k_row0
-        q_base = q_row0.to(tl.int64) * stride_qs
-        k_base = k_row0.to(tl.int64) * stride_ks
-        v_base = k_row0.to(tl.int64) * stride_vs
-        o_base = q_row0.to(tl.int64) * stride_os
-        l_base = q_row0.to(tl.int64)  # varlen lse is [Hq, total_q]
-    else:
-        k_row0 = 0
-        q_base = i_b.to(tl.int64) * stride_qb
-        k_base = i_b.to(tl.int64) * stride_kb
-        v_base = i_b.to(tl.int64) * stride_vb
-        o_base = i_b.to(tl.int64) * stride_ob
-        l_base = i_b.to(tl.int64) * stride_lb
-    return seqlen_q, seqlen_k, k_row0, q_base, k_base, v_base, o_base, l_base
-
-
-# the packed fp8 V layout's key order, written once in fp8.py (it also runs on torch tensors there)
-packed_key_pos = triton.jit(fp8.packed_key_pos)
+from ..common.fp8_kernels import packed_key_pos_jit as packed_key_pos
+from ..common.masking import key_range, seq_bases, visible
+from ..common.softmax import round_mantissa, softmax_probs, tanh
 
 
 @triton.jit
@@ -153,38 +82,6 @@ def _scores(b_q, b_k, qk_scale, softcap_scale, softcap_out, HAS_SOFTCAP: tl.cons
     else:
         b_s = b_s * qk_scale
     return b_s
-
-
-@triton.jit
-def round_mantissa(x, BITS: tl.constexpr):
-    """x rounded to nearest (ties to even) with BITS explicit mantissa bits, in float32 arithmetic (Veltkamp's
-    split: x * (2^(23 - BITS) + 1) - (that - x)). Exact for normal results; x * 2^(24 - BITS) must not
-    overflow."""
-    c = x * (2.0 ** (23 - BITS) + 1.0)
-    return c - (c - x)
-
-
-@triton.jit
-def softmax_probs(b_l, b_m, b_s, SAFE: tl.constexpr, P_SHIFT: tl.constexpr):
-    """The online-softmax update of one block of log2-scores b_s [BLOCK_M, BLOCK_N]: returns (p, alpha, l, m),
-    p the block's probabilities and alpha the factor that rescales what was accumulated before. (Shared with
-    the large-D kernel.)
-
-    SAFE: rows may have seen nothing yet (m = -inf after masking); shift them by 0 so exp2 gives 0, not NaN.
-    P_SHIFT: p (and so l) carries a factor 2 ** P_SHIFT, which out = acc / l cancels.
-    """
-    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))  # [BLOCK_M]
-    if SAFE:
-        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    else:
-        b_shift = b_m_new
-    if P_SHIFT != 0:
-        b_p = tl.exp2(b_s - (b_shift - P_SHIFT)[:, None])  # [BLOCK_M, BLOCK_N]
-    else:
-        b_p = tl.exp2(b_s - b_shift[:, None])
-    b_alpha = tl.exp2(b_m - b_shift)  # [BLOCK_M]
-    b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    return b_p, b_alpha, b_l, b_m_new
 
 
 @triton.jit
@@ -350,22 +247,3 @@ def attn_fwd_kernel(
         b_lse = tl.where(b_seen, (b_m + tl.log2(tl.where(b_seen, b_l, 1.0)) - P_SHIFT) * 0.6931471805599453,
                          float("-inf"))  # [BLOCK_M]
         tl.store(LSE + l_base + i_h.to(tl.int64) * stride_lh + o_m, b_lse, mask=m_m)
-
-
-@triton.jit
-def pack_v_kernel(X, Y, seqlen, num_heads, stride_xb, stride_xs, stride_xh, stride_xd, stride_yb, stride_yh,
-                  stride_yd, num_s_blocks, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Y[b, h, d, packed_key_pos(s)] = X[b, s, h, d], and 0 for s in [seqlen, num_s_blocks * BLOCK_S): fp8 V
-    into the packed layout of the fp8 kernels. Grid: (num_s_blocks * B * H,)."""
-    pid = tl.program_id(0)
-    i_s = pid % num_s_blocks
-    i_bh = pid // num_s_blocks
-    i_b = i_bh // num_heads
-    i_h = i_bh % num_heads
-    o_s = i_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    o_d = tl.arange(0, BLOCK_D)
-    x = tl.load(X + i_b.to(tl.int64) * stride_xb + i_h.to(tl.int64) * stride_xh
-                + o_s.to(tl.int64)[:, None] * stride_xs + o_d[None, :] * stride_xd,
-                mask=(o_s < seqlen)[:, None] & (o_d < D)[None, :], other=0.0)
-    tl.store(Y + i_b.to(tl.int64) * stride_yb + i_h.to(tl.int64) * stride_yh
-             + o_d.to(tl.int64)[None, :] * stride_yd + packed_key_pos(o_s)[:, None], x, mask=(o_d < D)[None, :])

@@ -1,7 +1,7 @@
 """Plain PyTorch reference for dense attention: the function the tests trust.
 
 Computes in float32 by default (float64 on request) on whatever device the inputs live, with the same
-masking semantics as the kernels (see kernels.py): bottom-right causal alignment by default, windows,
+masking semantics as the kernels (ops/common/masking.py): bottom-right causal alignment by default, windows,
 softcap, GQA, Dv != D. Rows that see no key give out = 0 and lse = -inf.
 """
 import math
@@ -25,15 +25,22 @@ def visibility_mask(seqlen_q, seqlen_k, causal, window, align_bottom_right=True,
     return vis
 
 
-def attention_ref(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                  align_bottom_right=True, dtype=torch.float32, quantize_p=None):
+def attention_ref(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, dtype=torch.float32):
     """Reference for q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv].
 
+    causal: True aligns the diagonal bottom-right (FlashAttention's convention, as `attention`), "top_left"
+    as torch's SDPA (query i sees key j iff j <= i; also the window's alignment then).
     Returns (out [B, Sq, Hq, Dv] in `dtype`, lse [B, Hq, Sq] in `dtype`). Pass dtype=q.dtype to get the
     same computation in the input precision (the `ref_lp` of the tolerance rule). For fp8 inputs pass the
-    dequantized values, and quantize_p=<fp8 dtype> for the `ref_lp` of fp8 attention: the probabilities
-    are rounded to that dtype as the kernels round them (scaled by 2 ** P_SHIFT first, see ops/dense/fp8.py).
+    dequantized values, and dtype=<their fp8 dtype> for the `ref_lp` of fp8 attention: float32 arithmetic
+    with the probabilities rounded to that dtype as the kernels round them (scaled by 2 ** P_SHIFT first,
+    ops/common/fp8.py); out and lse in float32.
     """
+    quantize_p = dtype if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else None
+    if quantize_p is not None:
+        dtype = torch.float32
+    align_bottom_right = causal != "top_left"
+    causal = bool(causal)
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     scale = D ** -0.5 if scale is None else scale
@@ -51,7 +58,7 @@ def attention_ref(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap
     seen = vis.any(dim=-1)  # [Sq]
     p = torch.exp(s.to(wide) - torch.where(seen, lse, torch.zeros_like(lse))[..., None]).to(dtype)
     if quantize_p is not None:
-        from .fp8 import P_SHIFT
+        from ..common.fp8 import P_SHIFT
         p = (p * 2.0 ** P_SHIFT).to(quantize_p).to(dtype) * 2.0 ** -P_SHIFT
     out = torch.matmul(p, vf)  # [B, Hq, Sq, Dv]
     out = out.transpose(1, 2).contiguous()

@@ -1,32 +1,32 @@
-"""Launch of flex attention backward (bwd_kernels.py): delta (the dense backward's preprocess), dK/dV, dQ.
+"""Launch of flex attention backward (bwd_kernels.py): delta (ops/common's preprocess), dK/dV, dQ.
 
-Gradients come in the dtypes and layouts ([B, H, S, D]) of query, key and value; deterministic.
+Gradients come in the dtypes and layouts ([B, H, S, D]) of query, key and value; deterministic. Tiles: the
+shared backward table (ops/common/configs.py, BwdConfig) kept within the mask's blocks.
 """
 import torch
 import triton
 
-from ..dense import bwd as dense_bwd
-from ..dense.bwd_kernels import bwd_preprocess_kernel
+from ..common.bwd_kernels import bwd_preprocess_kernel
+from ..common.configs import bwd_config
 from .bwd_kernels import flex_bwd_dkdv_kernel, flex_bwd_dq_kernel
-from .launch_sm90 import mask_strides
-
-FORCE = None  # sweeps: ((BLOCK_M, BLOCK_N, num_warps, num_stages) of dK/dV, the same of dQ)
+from .problem import mask_strides
 
 
-def _config(d, q_block, kv_block):
-    """(dK/dV config, dQ config), each (BLOCK_M, BLOCK_N, num_warps, num_stages): the dense backward's table
-    (ops/dense/bwd.py, measured there) with the tiles kept within the mask's blocks."""
-    cfgs = FORCE if FORCE is not None else dense_bwd._tiles(d)
-    return tuple((min(bm, q_block), min(bn, kv_block), w, st) for bm, bn, w, st in cfgs)
+def _tiles(d, q_block, kv_block):
+    """(dK/dV tiles, dQ tiles), each (BLOCK_M, BLOCK_N, num_warps, num_stages), within the mask's blocks."""
+    cfg = bwd_config(d)
+    return tuple((min(bm, q_block), min(bn, kv_block), w, st) for bm, bn, w, st in (cfg.dkdv, cfg.dq))
 
 
 def _pick(lists, i, dummy):
     return lists[i] if lists is not None and lists[i] is not None else dummy
 
 
-def flex_bwd(dout, query, key, value, out, lse, dlse, scale, smod, mmod, lists, tlists, q_block, kv_block):
-    """(dq, dk, dv). lists: the block mask's (kv_num, kv_idx, full_num, full_idx), tlists its transposed
-    (q_num, q_idx, full_q_num, full_q_idx); None for no block mask. smod / mmod: traced mods or None."""
+def flex_bwd(p, c, dout, dlse):
+    """(dq, dk, dv) of problem p (problem.FlexProblem) for the forward call c (problem.FlexCall: query, key,
+    value, out, lse, the block mask's lists and transposed lists, None without a block mask), the output
+    gradient dout and the lse's gradient dlse (or None)."""
+    query, key, value, out, lse, lists, tlists = c.query, c.key, c.value, c.out, c.lse, c.lists, c.tlists
     B, H, Sq, D = query.shape
     Hkv, Sk, Dv = key.shape[1], key.shape[2], value.shape[3]
     dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
@@ -39,7 +39,7 @@ def flex_bwd(dout, query, key, value, out, lse, dlse, scale, smod, mmod, lists, 
     delta = torch.empty(B, H, Sq, dtype=torch.float32, device=query.device)
     bdv = triton.next_power_of_2(Dv)
     pm = 64 if bdv <= 128 else 32
-    # the dense preprocess reads (batch, sequence, head) strides
+    # the preprocess reads (batch, sequence, head) strides
     bwd_preprocess_kernel[(triton.cdiv(Sq, pm), B * H, 1)](
         out, dout, dlse if dlse is not None else lse, delta, out.stride(0), out.stride(2), out.stride(1),
         dout.stride(0), dout.stride(2), dout.stride(1), lse.stride(0), lse.stride(1),
@@ -47,19 +47,21 @@ def flex_bwd(dout, query, key, value, out, lse, dlse, scale, smod, mmod, lists, 
         DV=Dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=False, HAS_DLSE=dlse is not None, num_warps=4,
     )
     dense = lists is None
-    (km, kn, kw, ks), (qm, qn, qw, qs) = _config(max(D, Dv), q_block, kv_block)
+    (km, kn, kw, ks), (qm, qn, qw, qs) = _tiles(max(D, Dv), p.q_block, p.kv_block)
     # whole tiles only (the tiles are powers of two, so the larger one dividing means both do)
-    q_tile, kv_tile = (max(km, qm), max(kn, qn)) if dense else (q_block, kv_block)
+    q_tile, kv_tile = (max(km, qm), max(kn, qn)) if dense else (p.q_block, p.kv_block)
     even = Sq % q_tile == 0 and Sk % kv_tile == 0
     load_even = even and D == triton.next_power_of_2(D) and Dv == bdv
     row_stride = max(query.stride(2), key.stride(2), value.stride(2), dout.stride(2))
     row64 = (max(Sq, Sk) + 1) * row_stride >= 2 ** 31
+    smod, mmod = p.score_mod, p.mask_mod
     caps = (smod.capture_args() if smod else (), mmod.capture_args() if mmod else ())
     meta = dict(SCORE_GRAD=smod.grad_fn() if smod else None, MASK_MOD=mmod.fn if mmod else None, DENSE=dense,
-                EVEN=even, LOAD_EVEN=load_even, ROW64=row64, Q_BLOCK=q_block, KV_BLOCK=kv_block, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=bdv)
+                EVEN=even, LOAD_EVEN=load_even, ROW64=row64, Q_BLOCK=p.q_block, KV_BLOCK=p.kv_block,
+                BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=bdv)
     qkv = (query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
            value.stride(0), value.stride(1), value.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
-    tail = (H // Hkv, Sq, Sk, D, Dv, scale)
+    tail = (H // Hkv, Sq, Sk, D, Dv, p.scale)
     dummy = lse  # never read where a block-mask tensor is absent
     tl_ = [_pick(tlists, i, dummy) for i in range(4)]
     flex_bwd_dkdv_kernel[(triton.cdiv(Sk, kn), B * Hkv)](

@@ -1,4 +1,4 @@
-"""Portable Triton kernels of flex attention backward: the dense backward's algorithm (ops/dense/bwd_kernels.py)
+"""Portable Triton kernels of flex attention backward: the dense backward's algorithm (ops/dense/kernels_bwd.py)
 over a block mask, with the score_mod's derivative inlined. Deterministic (no atomics).
 
 With the forward's lse (natural log), per tile of scaled scores s = scale * q.k:
@@ -17,7 +17,7 @@ found S * row stride >= 2^31), else int32.
 import triton
 import triton.language as tl
 
-from ..dense.bwd_kernels import _k_axis, _offsets, _q_axis, _row_stats, _tile
+from ..common.bwd_kernels import k_axis, load_rows, q_axis, row_index, row_stats
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -27,7 +27,7 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
              MASK_MOD: tl.constexpr, APPLY_MASK: tl.constexpr, EVEN: tl.constexpr, TRANS: tl.constexpr):
     """(P, dS) of one [BLOCK_M, BLOCK_N] tile, float32 (dS: the gradient of the scaled scores); TRANS: both
     transposed, [BLOCK_N, BLOCK_M] (the dK/dV kernel's orientation, see ops/dense/bwd_kernels._probs)."""
-    qi, ki = _q_axis(o_m, TRANS), _k_axis(o_n, TRANS)
+    qi, ki = q_axis(o_m, TRANS), k_axis(o_n, TRANS)
     if TRANS:
         s = tl.dot(k, tl.trans(q)) * scale
     else:
@@ -38,9 +38,9 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
         z = s
         dz = 1.0
     # a row that saw nothing has lse -inf: use 0 so its scores (-inf wherever it is not masked) give P = 0
-    p = tl.exp2((z - _q_axis(tl.where(lse == float("-inf"), 0.0, lse), TRANS)) * LOG2E)
+    p = tl.exp2((z - q_axis(tl.where(lse == float("-inf"), 0.0, lse), TRANS)) * LOG2E)
     if APPLY_MASK or not EVEN:
-        keep = _q_axis(m_ok, TRANS) & _k_axis(n_ok, TRANS)
+        keep = q_axis(m_ok, TRANS) & k_axis(n_ok, TRANS)
         if APPLY_MASK and MASK_MOD is not None:
             keep = keep & MASK_MOD(b, h, qi, ki, caps_m)
         p = tl.where(keep, p, 0.0)
@@ -48,7 +48,7 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
         dp = tl.dot(v, tl.trans(do))
     else:
         dp = tl.dot(do, tl.trans(v))
-    return p, p * (dp - _q_axis(delta, TRANS)) * dz
+    return p, p * (dp - q_axis(delta, TRANS)) * dz
 
 
 @triton.jit
@@ -58,10 +58,10 @@ def _dkdv_tile(dk, dv, k, v, o_m, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds,
                ROW64: tl.constexpr):
     """dK, dV plus the contribution of query rows o_m."""
     m_ok = o_m < seqlen_q
-    rows = _offsets(o_m, ROW64)
-    q = _tile(hq, rows, stride_qs, m_ok, o_d, head_dim, LOAD_EVEN)
-    do = _tile(hdo, rows, stride_ds, m_ok, o_dv, head_dim_v, LOAD_EVEN)
-    lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
+    rows = row_index(o_m, ROW64)
+    q = load_rows(hq, rows, stride_qs, m_ok, o_d, head_dim, LOAD_EVEN)
+    do = load_rows(hdo, rows, stride_ds, m_ok, o_dv, head_dim_v, LOAD_EVEN)
+    lse, delta = row_stats(LSE, DELTA, hl, o_m, m_ok)
     pt, dst = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
                        MASK_MOD, APPLY_MASK, EVEN, True)
     dv += tl.dot(pt.to(do.dtype), do)
@@ -110,8 +110,8 @@ def flex_bwd_dkdv_kernel(
     o_dv = tl.arange(0, BLOCK_DV)
     n_ok = o_n < seqlen_k
     rows = o_n.to(tl.int64)
-    k = _tile(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh, rows, stride_kn, n_ok, o_d, head_dim)
-    v = _tile(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh, rows, stride_vn, n_ok, o_dv, head_dim_v)
+    k = load_rows(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh, rows, stride_kn, n_ok, o_d, head_dim)
+    v = load_rows(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh, rows, stride_vn, n_ok, o_dv, head_dim_v)
     kvb = (i_n * BLOCK_N) // KV_BLOCK
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -151,8 +151,8 @@ def _dq_tile(dq, q, do, lse, delta, o_n, hk, hv, stride_kn, stride_vn, b, h, o_m
              APPLY_MASK: tl.constexpr, EVEN: tl.constexpr, LOAD_EVEN: tl.constexpr, ROW64: tl.constexpr):
     """dQ plus the contribution of keys o_n."""
     n_ok = o_n < seqlen_k
-    k = _tile(hk, _offsets(o_n, ROW64), stride_kn, n_ok, o_d, head_dim, LOAD_EVEN)
-    v = _tile(hv, _offsets(o_n, ROW64), stride_vn, n_ok, o_dv, head_dim_v, LOAD_EVEN)
+    k = load_rows(hk, row_index(o_n, ROW64), stride_kn, n_ok, o_d, head_dim, LOAD_EVEN)
+    v = load_rows(hv, row_index(o_n, ROW64), stride_vn, n_ok, o_dv, head_dim_v, LOAD_EVEN)
     _, ds = _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s, caps_m, SCORE_GRAD,
                      MASK_MOD, APPLY_MASK, EVEN, False)
     return dq + tl.dot(ds.to(k.dtype), k)
@@ -199,9 +199,9 @@ def flex_bwd_dq_kernel(
     o_dv = tl.arange(0, BLOCK_DV)
     m_ok = o_m < seqlen_q
     rows = o_m.to(tl.int64)
-    q = _tile(Q + b64 * stride_qb + h64 * stride_qh, rows, stride_qm, m_ok, o_d, head_dim)
-    do = _tile(DO + b64 * stride_db + h64 * stride_dh, rows, stride_dm, m_ok, o_dv, head_dim_v)
-    lse, delta = _row_stats(LSE, DELTA, b64 * stride_lb + h64 * stride_lh, o_m, m_ok)
+    q = load_rows(Q + b64 * stride_qb + h64 * stride_qh, rows, stride_qm, m_ok, o_d, head_dim)
+    do = load_rows(DO + b64 * stride_db + h64 * stride_dh, rows, stride_dm, m_ok, o_dv, head_dim_v)
+    lse, delta = row_stats(LSE, DELTA, b64 * stride_lb + h64 * stride_lh, o_m, m_ok)
     hk_ = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     hv = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
     qb = (i_m * BLOCK_M) // Q_BLOCK

@@ -32,7 +32,7 @@ def flex_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, dtype=torch.flo
     seen = torch.isfinite(lse)
     p = torch.exp(s - torch.where(seen, lse, torch.zeros_like(lse))[..., None]).to(dtype)
     if quantize_p is not None:
-        from ..dense.fp8 import P_SHIFT
+        from ..common.fp8 import P_SHIFT
         p = (p * 2.0 ** P_SHIFT).to(quantize_p).to(dtype) * 2.0 ** -P_SHIFT
     out = torch.matmul(p, vf)
     return out, torch.where(seen, lse, torch.full_like(lse, -math.inf)).to(dtype)

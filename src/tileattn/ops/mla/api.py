@@ -2,7 +2,7 @@
 import torch
 
 from .checks import check_pages, check_run_args
-from .plan import MLADecodePlan
+from .plan import MLADecodePlan, MLARun
 
 
 def mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, *, scale=None, causal=True,
@@ -32,6 +32,6 @@ def mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, *
                          dtype=q_nope.dtype, causal=causal, scale=scale,
                          cache_dtype=torch.float8_e4m3fn if ckv_cache.dtype == torch.float8_e4m3fn else None)
     # every shape / dtype / device rule of the plan first, then the page ids (a sync), then the launch
-    check_run_args(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, None, None)
+    check_run_args(plan, MLARun(q_nope, q_pe, ckv_cache, kpe_cache, block_table, kv_scale))
     check_pages(block_table, cache_seqlens, plan.page_size, ckv_cache.shape[0])
     return plan.run(q_nope, q_pe, ckv_cache, kpe_cache, block_table, kv_scale=kv_scale, return_lse=return_lse)

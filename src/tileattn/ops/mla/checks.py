@@ -24,9 +24,12 @@ def check_seqlens(cache_seqlens, batch, device):
         raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is on {device}")
 
 
-def check_plan_args(cache_seqlens, num_heads, q_len, dc, dr, page_size, dtype, scale, cache_dtype=None):
+def check_plan_args(cache_seqlens, plan):
+    """The plan's arguments (its attributes, set from them, before anything is allocated)."""
     check_seqlens(cache_seqlens, None, None)
     hw.check_kernel_device(cache_seqlens.device, "cache_seqlens")
+    num_heads, q_len, dc, dr, page_size = plan.num_heads, plan.q_len, plan.dc, plan.dr, plan.page_size
+    dtype, cache_dtype, scale = plan.dtype, plan.cache_dtype, plan.scale
     if not 1 <= num_heads <= 128:
         raise ValueError(f"num_heads: expected 1..128, got {num_heads}")
     if q_len < 1:
@@ -38,7 +41,7 @@ def check_plan_args(cache_seqlens, num_heads, q_len, dc, dr, page_size, dtype, s
         raise ValueError(f"page_size: expected a power of two in 1..128, got {page_size}")
     if dtype not in _DTYPES:
         raise TypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
-    if cache_dtype is not None and cache_dtype not in (dtype, _FP8):
+    if cache_dtype not in (dtype, _FP8):
         raise TypeError(f"cache_dtype: expected {dtype} (q's dtype) or torch.float8_e4m3fn, got {cache_dtype}")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale: expected a positive number, got {scale}")
@@ -56,7 +59,10 @@ def check_kv_scale(kv_scale, plan):
         raise ValueError(f"kv_scale: expected a positive finite number or a float32 tensor, got {kv_scale!r}")
 
 
-def check_run_args(plan, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse):
+def check_run_args(plan, r):
+    """A run's tensors (plan.MLARun) against the plan."""
+    q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse = (r.q_nope, r.q_pe, r.ckv_cache, r.kpe_cache,
+                                                                 r.block_table, r.out, r.lse)
     B, S, H, dc, dr = plan.batch, plan.q_len, plan.num_heads, plan.dc, plan.dr
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache),
                     ("block_table", block_table)):

@@ -34,12 +34,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from . import kernels
+from ..common import softmax
 
 LN2 = gl.constexpr(0.6931471805599453)
 
-# the online softmax step, written once in kernels.py and compiled here as Gluon
-_online_softmax = gluon.jit(kernels.online_softmax.fn)
+# the online softmax step, written once as a Triton function and compiled here as Gluon
+_online_softmax = gluon.jit(softmax.online_softmax.fn)
 
 
 @gluon.jit

@@ -23,7 +23,8 @@ checks page ids on the host where it can; see plan.py).
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # host side: the launch folds it into sm_scale
+from ..common.softmax import online_softmax
+
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -32,18 +33,6 @@ def _gather_rows(cache, stride_p, stride_s, pages, slots, cols, mask):
     """[BLOCK_N, len(cols)] rows of a paged cache: token i is row slots[i] of page pages[i]."""
     rows = pages.to(tl.int64) * stride_p + slots.to(tl.int64) * stride_s
     return tl.load(cache + rows[:, None] + cols[None, :], mask=mask[:, None], other=0.0)
-
-
-@triton.jit
-def online_softmax(s, m_i, l_i, sm_scale):
-    """One step of the base-2 online softmax over raw scores s (masked entries -inf): (p, alpha, m, l). A row
-    that has seen nothing keeps m = -inf and is shifted by 0, so exp2 gives 0, not NaN. (Shared with the Gluon
-    kernel.)"""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
-    p = tl.exp2(s * sm_scale - m_shift[:, None])
-    alpha = tl.exp2(m_i * sm_scale - m_shift)
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit

@@ -8,49 +8,20 @@ Only a batch with fewer sequences than SMs is split (into at most one item per S
 in a CUDA graph. `update(cache_seqlens)` re-plans into the same buffers (a captured graph sees the new
 schedule).
 """
+import warnings
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 
 from ... import hw
-from . import launch_sm90
+from ..common.backend import force_backend
+from . import dispatch
 from .checks import check_kv_scale, check_plan_args, check_run_args, check_seqlens
-from .kernels import LOG2E, mla_combine_kernel, mla_split_kernel
-
-
-@dataclass(frozen=True)
-class MLAConfig:
-    block_n: int  # cache tokens per step
-    num_warps: int
-    num_stages: int
-    out_split: int  # programs sharing one work item's output columns (each recomputes the scores)
-
-
-# Candidates per query-row tile (block_m), best first; the first whose shared memory fits the budget is used,
-# so the 99 KB / 163 KB budgets of sm89 / sm80 (emulated with TILEATTN_SMEM_BUDGET) get smaller steps or
-# split outputs. Chosen by scripts/sweep_mla.py on the H100 (2026-11-21, bf16, page 64, read bandwidth
-# 2939 GB/s): 16 rows (Hq 16, Sq 1), batch 768 x 1K: 32/4/2/1 2638 GB/s, 64/8/2/1 2343, 32/8/2/1 2251;
-# 64 rows (Hq 64), batch 768 x 2K: 64/8/2/1 1721 (it spills: 255 registers), 32/8/3/1 1401, 32/8/2/1 1362,
-# 32/4/2/2 806; batch 16 x 32K: 64/8/2/1 1465, 32/8/3/1 1237.
-_SMALL_M = [
-    MLAConfig(block_n=32, num_warps=4, num_stages=2, out_split=1),
-    MLAConfig(block_n=64, num_warps=8, num_stages=2, out_split=1),
-]
-_LARGE_M = [
-    MLAConfig(block_n=64, num_warps=8, num_stages=2, out_split=1),
-    MLAConfig(block_n=32, num_warps=8, num_stages=2, out_split=1),
-]
-# for small budgets: the query rows alone are 72 KB at block_m = 64, Dc = 512, Dr = 64
-_FALLBACK = [
-    MLAConfig(block_n=32, num_warps=4, num_stages=2, out_split=2),
-    MLAConfig(block_n=16, num_warps=4, num_stages=1, out_split=2),
-    MLAConfig(block_n=16, num_warps=4, num_stages=1, out_split=4),
-]
-
-
-def candidates(block_m):
-    return (_SMALL_M if block_m <= 16 else _LARGE_M) + _FALLBACK
+from .configs import BLOCK_M
+from .kernels import mla_combine_kernel
+from .launch_sm90 import tensors_ok
 
 
 _WAVES = 1  # work items aimed for: at most this many programs per SM (each walks a long token range)
@@ -105,6 +76,23 @@ def schedule(lens, chunk):
     return items, splits, slot
 
 
+@dataclass(slots=True)
+class MLARun:
+    """One run's tensors: the queries, the caches, the block table, the cache scale, the outputs."""
+    q_nope: torch.Tensor
+    q_pe: torch.Tensor
+    ckv_cache: torch.Tensor
+    kpe_cache: torch.Tensor
+    block_table: torch.Tensor
+    kv_scale: object  # a number or a one-element float32 tensor
+    out: Optional[torch.Tensor] = None
+    lse: Optional[torch.Tensor] = None
+    return_lse: bool = False
+
+
+_warned = set()
+
+
 class MLADecodePlan:
     """Split-KV schedule and buffers for MLA decode of one batch composition.
 
@@ -129,32 +117,25 @@ class MLADecodePlan:
     def __init__(self, cache_seqlens, *, num_heads, q_len=1, head_dim_ckv=512, head_dim_kpe=64, page_size=64,
                  dtype=torch.bfloat16, causal=True, scale=None, max_pages_per_seq=None, cache_dtype=None,
                  config=None):
-        check_plan_args(cache_seqlens, num_heads, q_len, head_dim_ckv, head_dim_kpe, page_size, dtype, scale,
-                        cache_dtype)
+        self.num_heads, self.q_len, self.dc, self.dr, self.page_size = num_heads, q_len, head_dim_ckv, head_dim_kpe, \
+            page_size
+        self.dtype, self.causal, self.scale = dtype, causal, scale
         self.cache_dtype = dtype if cache_dtype is None else cache_dtype
+        check_plan_args(cache_seqlens, self)
         self.device = cache_seqlens.device
         self.batch = cache_seqlens.shape[0]
-        self.num_heads, self.q_len = num_heads, q_len
-        self.dc, self.dr, self.page_size, self.dtype, self.causal = head_dim_ckv, head_dim_kpe, page_size, dtype, causal
         self.scale = (head_dim_ckv + head_dim_kpe) ** -0.5 if scale is None else float(scale)
         self.max_pages_per_seq = max_pages_per_seq
         self.rows = q_len * num_heads
-        if isinstance(config, launch_sm90.MLASm90Config):  # a forced Gluon config (sweeps)
-            if page_size % config.block_n or launch_sm90.config_for(self.device, 64, head_dim_ckv, head_dim_kpe,
-                                                                    page_size, self.cache_dtype) is None:
-                raise ValueError(f"config: {config} does not serve this plan (pages of {page_size}, Dc="
-                                 f"{head_dim_ckv}, Dr={head_dim_kpe}, {self.cache_dtype}, this GPU)")
-            self.sm90, config = config, None
+        if config is None:
+            self._choose_kernels()
         else:
-            self.sm90 = None if config is not None else launch_sm90.config_for(self.device, self.rows, head_dim_ckv,
-                                                                                  head_dim_kpe, page_size,
-                                                                                  self.cache_dtype)
-        # the Gluon kernel's tiles are 64 rows; the portable kernel's fit the rows (16..64)
-        self.block_m = launch_sm90.BLOCK_M if self.sm90 else _block_m(self.rows)
-        self.row_blocks = triton.cdiv(self.rows, self.block_m)
-        # the portable kernel's config: the plan's own, or the fallback for runs whose tensors do not suit TMA
-        self.portable = config or self._choose_config()
-        self.config = self.sm90 or self.portable
+            if "config" not in _warned:
+                _warned.add("config")
+                warnings.warn("MLADecodePlan(config=...) is deprecated: use `with tileattn.force_backend(config=...)`"
+                              " around the plan's construction", FutureWarning, stacklevel=2)
+            with force_backend(config=config):
+                self._choose_kernels()
         info = hw.device_info(self.device)
         programs_per_item = self.row_blocks * (1 if self.sm90 else self.portable.out_split)
         self.target_items = max(1, -(-_WAVES * info.num_sms // programs_per_item))
@@ -173,21 +154,15 @@ class MLADecodePlan:
         self.kv_scale = torch.ones(1, dtype=torch.float32, device=dev)  # a number passed to run goes here
         self.update(cache_seqlens)
 
-    def _choose_config(self):
-        budget = hw.device_info(self.device).smem_per_block
-        for cfg in candidates(self.block_m):
-            if self._smem_estimate(cfg) <= budget:
-                return cfg
-        raise ValueError(f"MLA decode: no configuration fits the shared-memory budget of {budget} bytes "
-                         f"(Dc={self.dc}, Dr={self.dr})")
-
-    def _smem_estimate(self, cfg):
-        """Bytes of shared memory: the query rows plus num_stages cache steps (plus the V slice when the
-        output is split). A GPU build checks the compiled figure (check_compiled_smem)."""
-        e = 2
-        q = self.block_m * (self.dc + self.dr) * e
-        step = cfg.block_n * (self.dc + self.dr + (self.dc // cfg.out_split if cfg.out_split > 1 else 0)) * e
-        return q + max(1, cfg.num_stages) * step
+    def _choose_kernels(self):
+        """The backend (dispatch.py) and the configs: the Gluon kernel's tiles are 64 rows, the portable
+        kernel's fit the rows (16..64); the portable config also serves runs whose tensors do not suit TMA."""
+        backend, _ = dispatch.select(self)
+        self.sm90 = dispatch.SM90.config(self) if backend is dispatch.SM90 else None
+        self.block_m = BLOCK_M if self.sm90 else _block_m(self.rows)
+        self.portable = dispatch.TRITON.config(self)
+        self.config = self.sm90 or self.portable
+        self.row_blocks = triton.cdiv(self.rows, self.block_m)
 
     def update(self, cache_seqlens):
         """Re-plan for new lengths of the same batch (a device sync), into the plan's buffers."""
@@ -220,7 +195,8 @@ class MLADecodePlan:
         block_table [B, max_pages] int32. kv_scale: the caches' values times it are the keys and values (the
         float32 scale of an fp8 cache), a number or a one-element float32 tensor (a captured graph reads the
         tensor's current value). Returns out (and lse with return_lse); see the class docstring."""
-        check_run_args(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, out, lse)
+        r = MLARun(q_nope, q_pe, ckv_cache, kpe_cache, block_table, kv_scale, out, lse, return_lse)
+        check_run_args(self, r)
         check_kv_scale(kv_scale, self)
         if torch.is_grad_enabled() and (q_nope.requires_grad or q_pe.requires_grad or ckv_cache.requires_grad
                                         or kpe_cache.requires_grad):
@@ -228,27 +204,11 @@ class MLADecodePlan:
                                       "torch.no_grad() / inference_mode()")
         if not isinstance(kv_scale, torch.Tensor):
             self.kv_scale.fill_(float(kv_scale))
-            kv_scale = self.kv_scale
-        out = self.out if out is None else out
-        lse = self.lse if lse is None else lse
-        if self.sm90 and launch_sm90.tensors_ok(q_nope, q_pe, ckv_cache, kpe_cache):
-            kernel, grid, args, kwargs = launch_sm90.kernel_call(self, q_nope, q_pe, ckv_cache, kpe_cache,
-                                                                 block_table, kv_scale, out, lse, return_lse,
-                                                                 programs=self.programs)
-            self.compiled = kernel[grid](*args, **kwargs)
-        else:
-            cfg = self.portable
-            self.compiled = mla_split_kernel[(self.row_blocks, self.capacity, cfg.out_split)](
-                q_nope, q_pe, ckv_cache, kpe_cache, block_table, self.seqlens, self.work, out, lse, self.o_part,
-                self.lse_part, kv_scale,
-                *q_nope.stride()[:3], *q_pe.stride()[:3],
-                ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
-                block_table.stride(0), *out.stride()[:3], lse.stride(0), lse.stride(1),
-                self.num_heads, self.q_len, ckv_cache.shape[0], self.scale * LOG2E,
-                DC=self.dc, DR=self.dr, PAGE=self.page_size, BLOCK_M=self.block_m, BLOCK_N=cfg.block_n,
-                OUT_SPLIT=cfg.out_split, CAUSAL=self.causal, RETURN_LSE=return_lse,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )
+            r.kv_scale = self.kv_scale
+        out = r.out = self.out if out is None else out
+        lse = r.lse = self.lse if lse is None else lse
+        backend = dispatch.SM90 if self.sm90 and tensors_ok(r) else dispatch.TRITON
+        self.compiled = backend.launch(self, r)
         block_r = max(1, min(self.block_m, 16384 // self.dc))
         mla_combine_kernel[(triton.cdiv(self.rows, block_r), self.batch)](
             self.o_part, self.lse_part, self.splits, out, lse,

@@ -14,13 +14,14 @@ def gather_cache(cache, block_table, b, seqlen):
     return cache[pages, tok % page_size]
 
 
-def mla_decode_ref(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, *, scale=None, causal=True,
-                   dtype=torch.float32, kv_scale=1.0):
-    """Reference for q_nope [B, Sq, Hq, Dc], q_pe [B, Sq, Hq, Dr] over the paged caches (their values times
-    kv_scale are the keys and values).
+def mla_decode_ref(q, caches, block_table, cache_seqlens, *, scale=None, causal=True, dtype=torch.float32,
+                   kv_scale=1.0):
+    """Reference for q = (q_nope [B, Sq, Hq, Dc], q_pe [B, Sq, Hq, Dr]) over the paged caches = (ckv_cache,
+    kpe_cache) (their values times kv_scale are the keys and values).
 
     Returns (out [B, Sq, Hq, Dc], lse [B, Hq, Sq]) in `dtype` (pass q_nope.dtype for the input-precision
     computation of the tolerance rule)."""
+    (q_nope, q_pe), (ckv_cache, kpe_cache) = q, caches
     B, Sq, Hq, Dc = q_nope.shape
     Dr = q_pe.shape[-1]
     scale = (Dc + Dr) ** -0.5 if scale is None else scale

@@ -7,7 +7,7 @@ Shared memory does not grow with the head dim:
   - the output head dim is cut into slices of BLOCK_DV columns, one slice per program, so the float32
     accumulator [BLOCK_M, BLOCK_DV] stays in registers. Grid axis 0 enumerates (query block, slice) with the
     slices of one query block adjacent: they read the same Q and K rows from L2 at about the same time. Every
-    slice recomputes S: a split into n slices costs n - 1 extra Q K^T products (large_d.py weighs this).
+    slice recomputes S: a split into n slices costs n - 1 extra Q K^T products (launch_large_d.slices weighs this).
 The masking model, the three key ranges (masked / unmasked / masked) and the online softmax are those of
 kernels.py, whose helpers this kernel calls.
 
@@ -26,7 +26,8 @@ Constexpr options beyond kernels.py's:
 import triton
 import triton.language as tl
 
-from .kernels import key_range, seq_bases, softmax_probs, tanh, visible
+from ..common.masking import key_range, seq_bases, visible
+from ..common.softmax import softmax_probs, tanh
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""fp8 inputs of dense attention: quantization, the sequence-major V layout, and the checks of the fp8 options.
+"""fp8 inputs of attention (dense and flex): quantization, the sequence-major V layout, the checks of the fp8 options.
 
 Conventions (FlashAttention-3's): q, k, v are stored in one fp8 dtype (float8_e4m3fn or float8_e5m2); the real
 value of an element is the stored value times its descale (float32, a scalar or one per [batch, kv head]).
@@ -21,7 +21,8 @@ import math
 
 import torch
 import triton
-import triton.language as tl  # noqa: F401  (the interpreter runs packed_key_pos with this module's globals)
+
+from .fp8_kernels import pack_v_kernel, packed_key_pos
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 P_SHIFT = 8  # log2 of the factor P is scaled by before its fp8 rounding
@@ -65,14 +66,6 @@ def quantize_fp8(x, dtype=torch.float8_e4m3fn, group=1):
     descale = torch.where(amax > 0, amax / _FP8_MAX[dtype], torch.ones_like(amax))
     x8 = (xf / descale[:, None, :, None]).to(dtype).reshape(B, S, H, D)
     return x8, descale
-
-
-def packed_key_pos(j):
-    """Position of key j (an int or an integer tensor) in the packed fp8 V layout (Fp8V): within each group of
-    16 keys, key 8g + 2c + b sits at 4c + 2g + b, the order in which a thread holds the scores of the tensor
-    cores' accumulator and the order the fp8 P operand takes them in (so P goes from one to the other without
-    moving between threads). Also compiled into the kernels (kernels.packed_key_pos)."""
-    return (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)
 
 
 def is_seq_major(v) -> bool:
@@ -136,7 +129,6 @@ def fp8_v_layout(v):
     pitch = max(PACK_ALIGN, triton.cdiv(S, PACK_ALIGN) * PACK_ALIGN)
     data = torch.empty(B, H, D, pitch, dtype=v.dtype, device=v.device)
     if data.numel():
-        from .kernels import pack_v_kernel
         block_s = PACK_ALIGN
         grid = (pitch // block_s * B * H,)
         pack_v_kernel[grid](v, data, S, H, v.stride(0), v.stride(1), v.stride(2), v.stride(3), data.stride(0),
@@ -151,7 +143,7 @@ def packed_pitch(v) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# checks of the fp8 options (the tensor checks are in checks.py)
+# checks of the fp8 options (the tensor checks are in each op's problem.py)
 # ---------------------------------------------------------------------------------------------------------
 def check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, batch):
     """Descales and out_dtype: only with fp8 inputs; a descale is a finite positive number, or a float32

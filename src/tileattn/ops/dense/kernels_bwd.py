@@ -4,113 +4,23 @@ With the forward's log-sum-exp (natural log) the probabilities are recomputed bl
     P = exp(Z - lse),  Z = scale * Q K^T  (or cap * tanh(scale * Q K^T / cap) with a softcap)
     dV = P^T dO,  dP = dO V^T,  dZ = P * (dP - delta),  delta = rowsum(dO * O) - dlse
     dQ = scale * (dZ * Z') K,  dK = scale * (dZ * Z')^T Q   (Z' = 1 - tanh^2 with a softcap, else 1)
-`bwd_preprocess_kernel` computes delta (dlse: the gradient reaching the returned lse, if any).
+`bwd_preprocess_kernel` (ops/common/bwd_kernels.py) computes delta (dlse: the gradient reaching the returned lse, if any).
 `bwd_dkdv_kernel`: one program per (key block, batch * kv head) walks the query blocks that see its keys, for
 every query head of its group (GQA/MQA: dK and dV summed over the group inside the program, no atomics).
 `bwd_dq_kernel`: one program per (query block, batch * query head) walks its key blocks.
 No atomic adds anywhere, so gradients are bit-identical from run to run.
 
-Masking model, layouts and the varlen convention are those of kernels.py (key j visible to query i iff
+Masking model, layouts and the varlen convention are those of the forward (ops/common/masking.py) (key j visible to query i iff
 i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); lse / delta are [B, Hq, Sq] (varlen [Hq, total_q]).
 """
 import triton
 import triton.language as tl
 
-from .kernels import key_range, tanh
+from ..common.bwd_kernels import k_axis, load_rows, q_axis, row_index, row_stats, seq_rows
+from ..common.masking import key_range
+from ..common.softmax import tanh
 
 LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
-    """(first row of the sequence in q, in k, its query length, its key length)."""
-    if IS_VARLEN:
-        q0 = tl.load(cu_q + i_b)
-        k0 = tl.load(cu_k + i_b)
-        return q0, k0, tl.load(cu_q + i_b + 1) - q0, tl.load(cu_k + i_b + 1) - k0
-    else:
-        return 0, 0, seqlen_q, seqlen_k
-
-
-@triton.jit
-def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
-                          stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh,
-                          DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
-                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32):
-    """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
-    layout (dlse contiguous along the sequence)."""
-    i_m = tl.program_id(0)
-    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-    if i_bh >= num_bh:
-        return
-    i_b = i_bh // num_heads
-    i_h = (i_bh % num_heads).to(tl.int64)
-    q0, _, seqlen_q, _ = _seq(i_b, cu_q, cu_q, seqlen_q, seqlen_q, IS_VARLEN)
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_d = tl.arange(0, BLOCK_DV)
-    m_ok = o_m < seqlen_q
-    rows = (q0 + o_m).to(tl.int64)
-    if IS_VARLEN:
-        ob = 0
-        db = 0
-        lb = q0.to(tl.int64)
-        glb = q0.to(tl.int64)
-    else:
-        ob = i_b.to(tl.int64) * stride_ob
-        db = i_b.to(tl.int64) * stride_db
-        lb = i_b.to(tl.int64) * stride_lb
-        glb = i_b.to(tl.int64) * stride_glb
-    o = _tile(O + ob + i_h * stride_oh, rows, stride_os, m_ok, o_d, DV)
-    do = _tile(DO + db + i_h * stride_dh, rows, stride_ds, m_ok, o_d, DV)
-    delta = tl.sum(o.to(ACC) * do.to(ACC), 1)
-    if HAS_DLSE:
-        delta -= tl.load(DLSE + glb + i_h * stride_glh + o_m, mask=m_ok, other=0.0)
-    tl.store(DELTA + lb + i_h * stride_lh + o_m, delta, mask=m_ok)
-
-
-@triton.jit
-def _tile(ptr, rows, stride_s, ok, cols, ncols, UNMASKED: tl.constexpr = False):
-    """[len(rows), len(cols)] tile of a row-major operand: rows of stride stride_s from ptr, masked by ok and
-    cols < ncols (zeros there); UNMASKED: the caller knows every element is inside."""
-    if UNMASKED:
-        return tl.load(ptr + rows[:, None] * stride_s + cols[None, :])
-    else:
-        return tl.load(ptr + rows[:, None] * stride_s + cols[None, :], mask=ok[:, None] & (cols < ncols)[None, :],
-                       other=0.0)
-
-
-@triton.jit
-def _offsets(rows, ROW64: tl.constexpr):
-    """Row indices for _tile: int32 unless rows * stride can pass 2^31 (ROW64, the launcher's check)."""
-    if ROW64:
-        return rows.to(tl.int64)
-    else:
-        return rows
-
-
-@triton.jit
-def _row_stats(LSE, DELTA, off, o_m, m_ok):
-    """(lse, delta) of query rows o_m (lse -inf past the sequence: those rows get p = 0)."""
-    return (tl.load(LSE + off + o_m, mask=m_ok, other=float("-inf")),
-            tl.load(DELTA + off + o_m, mask=m_ok, other=0.0))
-
-
-@triton.jit
-def _q_axis(x, TRANS: tl.constexpr):
-    """A per-query vector broadcast along a tile's query axis (rows; columns of a transposed tile)."""
-    if TRANS:
-        return x[None, :]
-    else:
-        return x[:, None]
-
-
-@triton.jit
-def _k_axis(x, TRANS: tl.constexpr):
-    """A per-key vector broadcast along a tile's key axis (columns; rows of a transposed tile)."""
-    if TRANS:
-        return x[:, None]
-    else:
-        return x[None, :]
 
 
 @triton.jit
@@ -121,7 +31,7 @@ def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr, TRANS: tl.constexpr,
         dp = tl.dot(v, tl.trans(do), out_dtype=ACC)
     else:
         dp = tl.dot(do, tl.trans(v), out_dtype=ACC)
-    dz = p * (dp - _q_axis(delta, TRANS))
+    dz = p * (dp - q_axis(delta, TRANS))
     if HAS_SOFTCAP:
         dz = dz * (1.0 - t * t)
     return dz
@@ -147,14 +57,14 @@ def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale,
         z2 = s * qk_scale
     if MASKED:
         # the visibility rule of kernels.visible, in either orientation
-        vis = _k_axis(o_n < seqlen_k, TRANS) & _q_axis(m_ok & (lse > float("-inf")), TRANS)
+        vis = k_axis(o_n < seqlen_k, TRANS) & q_axis(m_ok & (lse > float("-inf")), TRANS)
         if HAS_RIGHT:
-            vis = vis & (_k_axis(o_n, TRANS) <= _q_axis(o_m + off_diag + right, TRANS))
+            vis = vis & (k_axis(o_n, TRANS) <= q_axis(o_m + off_diag + right, TRANS))
         if HAS_LEFT:
-            vis = vis & (_k_axis(o_n, TRANS) >= _q_axis(o_m + off_diag - left, TRANS))
-        p = tl.where(vis, tl.exp2(z2 - _q_axis(lse * LOG2E, TRANS)), 0.0)
+            vis = vis & (k_axis(o_n, TRANS) >= q_axis(o_m + off_diag - left, TRANS))
+        p = tl.where(vis, tl.exp2(z2 - q_axis(lse * LOG2E, TRANS)), 0.0)
     else:
-        p = tl.exp2(z2 - _q_axis(lse * LOG2E, TRANS))
+        p = tl.exp2(z2 - q_axis(lse * LOG2E, TRANS))
     return p, t
 
 
@@ -167,9 +77,9 @@ def _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_
     o_m = m0 + tl.arange(0, BLOCK_M)
     m_ok = o_m < seqlen_q
     qrows = (q0 + o_m).to(tl.int64)
-    q = _tile(hq, qrows, stride_qs, m_ok, o_d, D)
-    do = _tile(hdo, qrows, stride_ds, m_ok, o_dv, DV_)
-    lse, delta = _row_stats(LSE, DELTA, hl, o_m, m_ok)
+    q = load_rows(hq, qrows, stride_qs, m_ok, o_d, D)
+    do = load_rows(hdo, qrows, stride_ds, m_ok, o_dv, DV_)
+    lse, delta = row_stats(LSE, DELTA, hl, o_m, m_ok)
     pt, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
                    softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, True, ACC)
     dv = tl.dot(pt.to(do.dtype), do, dv, out_dtype=ACC)
@@ -197,7 +107,7 @@ def bwd_dkdv_kernel(
         return
     i_b = i_bh // num_kv_heads
     i_hk = (i_bh % num_kv_heads).to(tl.int64)
-    q0, k0, seqlen_q, seqlen_k = _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
+    q0, k0, seqlen_q, seqlen_k = seq_rows(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
     n0 = i_n * BLOCK_N
     if n0 >= seqlen_k:
         return
@@ -215,8 +125,8 @@ def bwd_dkdv_kernel(
     o_dv = tl.arange(0, BLOCK_DV)
     n_ok = o_n < seqlen_k
     krows = (k0 + o_n).to(tl.int64)
-    k = _tile(K + kb + i_hk * stride_kh, krows, stride_ks, n_ok, o_d, D)
-    v = _tile(V + vb + i_hk * stride_vh, krows, stride_vs, n_ok, o_dv, DV_)
+    k = load_rows(K + kb + i_hk * stride_kh, krows, stride_ks, n_ok, o_d, D)
+    v = load_rows(V + vb + i_hk * stride_vh, krows, stride_vs, n_ok, o_dv, DV_)
     # the queries that see keys n0 .. n0 + BLOCK_N - 1 (query i sees key j iff j - OFF - RIGHT <= i and
     # i <= j - OFF + LEFT)
     m_lo = 0
@@ -275,8 +185,8 @@ def _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m
     o_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = o_n < seqlen_k
     krows = (k0 + o_n).to(tl.int64)
-    k = _tile(hk, krows, stride_ks, n_ok, o_d, D)
-    v = _tile(hv, krows, stride_vs, n_ok, o_dv, DV_)
+    k = load_rows(hk, krows, stride_ks, n_ok, o_d, D)
+    v = load_rows(hv, krows, stride_vs, n_ok, o_dv, DV_)
     p, t = _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
                   HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, False, ACC)
     return tl.dot(_dscores(p, t, do, v, delta, HAS_SOFTCAP, False, ACC).to(k.dtype), k, dq, out_dtype=ACC)
@@ -301,7 +211,7 @@ def bwd_dq_kernel(
     i_b = i_bh // num_heads
     i_h = (i_bh % num_heads).to(tl.int64)
     i_hk = i_h // group_size
-    q0, k0, seqlen_q, seqlen_k = _seq(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
+    q0, k0, seqlen_q, seqlen_k = seq_rows(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
     m0 = i_m * BLOCK_M
     if m0 >= seqlen_q:
         return
@@ -319,9 +229,9 @@ def bwd_dq_kernel(
     o_dv = tl.arange(0, BLOCK_DV)
     m_ok = o_m < seqlen_q
     qrows = (q0 + o_m).to(tl.int64)
-    q = _tile(Q + qb + i_h * stride_qh, qrows, stride_qs, m_ok, o_d, D)
-    do = _tile(DO + db + i_h * stride_dh, qrows, stride_ds, m_ok, o_dv, DV_)
-    lse, delta = _row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
+    q = load_rows(Q + qb + i_h * stride_qh, qrows, stride_qs, m_ok, o_d, D)
+    do = load_rows(DO + db + i_h * stride_dh, qrows, stride_ds, m_ok, o_dv, DV_)
+    lse, delta = row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
     lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
                                          HAS_RIGHT)
     if not NEEDS_MASK:

@@ -1,5 +1,5 @@
 """Hopper (sm90) Gluon kernel of dense attention forward for large head dims: the schedule of
-large_d_kernels.py (S summed over head-dim chunks, the output cut into 256-column slices, one slice per CTA)
+kernels_large_d.py (S summed over head-dim chunks, the output cut into 256-column slices, one slice per CTA)
 with warp specialization, TMA and no register spills.
 
 Why (Nsight Compute on the H100, B=1, H=48, N=8K, D=1024 causal, `gpu_check.sh ncu-fwd`, 2026-11-21): the
@@ -29,13 +29,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from ..mla import kernels as mla_kernels
+from ..common import softmax
 
 LN2 = gl.constexpr(0.6931471805599453)
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup
 
 # the base-2 online softmax step (raw scores, scale inside exp2; rows that saw nothing stay finite)
-_online_softmax = gluon.jit(mla_kernels.online_softmax.fn)
+_online_softmax = gluon.jit(softmax.online_softmax.fn)
 
 
 @gluon.jit

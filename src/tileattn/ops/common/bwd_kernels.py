@@ -1,0 +1,98 @@
+"""Backward pieces shared by the dense and flex backward kernels (Triton jit): where a sequence's rows are,
+row tiles, the per-row statistics, the broadcasts of (possibly transposed) tiles, and the preprocess kernel
+delta = rowsum(dO * O) - dlse.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def seq_rows(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
+    """(first row of the sequence in q, in k, its query length, its key length)."""
+    if IS_VARLEN:
+        q0 = tl.load(cu_q + i_b)
+        k0 = tl.load(cu_k + i_b)
+        return q0, k0, tl.load(cu_q + i_b + 1) - q0, tl.load(cu_k + i_b + 1) - k0
+    else:
+        return 0, 0, seqlen_q, seqlen_k
+
+
+@triton.jit
+def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
+                          stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh,
+                          DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32):
+    """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
+    layout (dlse contiguous along the sequence)."""
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
+    i_b = i_bh // num_heads
+    i_h = (i_bh % num_heads).to(tl.int64)
+    q0, _, seqlen_q, _ = seq_rows(i_b, cu_q, cu_q, seqlen_q, seqlen_q, IS_VARLEN)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_DV)
+    m_ok = o_m < seqlen_q
+    rows = (q0 + o_m).to(tl.int64)
+    if IS_VARLEN:
+        ob = 0
+        db = 0
+        lb = q0.to(tl.int64)
+        glb = q0.to(tl.int64)
+    else:
+        ob = i_b.to(tl.int64) * stride_ob
+        db = i_b.to(tl.int64) * stride_db
+        lb = i_b.to(tl.int64) * stride_lb
+        glb = i_b.to(tl.int64) * stride_glb
+    o = load_rows(O + ob + i_h * stride_oh, rows, stride_os, m_ok, o_d, DV)
+    do = load_rows(DO + db + i_h * stride_dh, rows, stride_ds, m_ok, o_d, DV)
+    delta = tl.sum(o.to(ACC) * do.to(ACC), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + glb + i_h * stride_glh + o_m, mask=m_ok, other=0.0)
+    tl.store(DELTA + lb + i_h * stride_lh + o_m, delta, mask=m_ok)
+
+
+@triton.jit
+def load_rows(ptr, rows, stride_s, ok, cols, ncols, UNMASKED: tl.constexpr = False):
+    """[len(rows), len(cols)] tile of a row-major operand: rows of stride stride_s from ptr, masked by ok and
+    cols < ncols (zeros there); UNMASKED: the caller knows every element is inside."""
+    if UNMASKED:
+        return tl.load(ptr + rows[:, None] * stride_s + cols[None, :])
+    else:
+        return tl.load(ptr + rows[:, None] * stride_s + cols[None, :], mask=ok[:, None] & (cols < ncols)[None, :],
+                       other=0.0)
+
+
+@triton.jit
+def row_index(rows, ROW64: tl.constexpr):
+    """Row indices for load_rows: int32 unless rows * stride can pass 2^31 (ROW64, the launcher's check)."""
+    if ROW64:
+        return rows.to(tl.int64)
+    else:
+        return rows
+
+
+@triton.jit
+def row_stats(LSE, DELTA, off, o_m, m_ok):
+    """(lse, delta) of query rows o_m (lse -inf past the sequence: those rows get p = 0)."""
+    return (tl.load(LSE + off + o_m, mask=m_ok, other=float("-inf")),
+            tl.load(DELTA + off + o_m, mask=m_ok, other=0.0))
+
+
+@triton.jit
+def q_axis(x, TRANS: tl.constexpr):
+    """A per-query vector broadcast along a tile's query axis (rows; columns of a transposed tile)."""
+    if TRANS:
+        return x[None, :]
+    else:
+        return x[:, None]
+
+
+@triton.jit
+def k_axis(x, TRANS: tl.constexpr):
+    """A per-key vector broadcast along a tile's key axis (columns; rows of a transposed tile)."""
+    if TRANS:
+        return x[:, None]
+    else:
+        return x[None, :]

@@ -1,0 +1,96 @@
+"""Config tables more than one op reads: the Hopper forward pipeline's (dense and flex Gluon kernels) and the
+backward kernels' tiles (dense and flex backward). Each entry says which measurement chose it."""
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ... import hw
+from .backend import forced_config
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """Tiles of the backward kernels, each (BLOCK_M, BLOCK_N, num_warps, num_stages): the dK/dV kernel's
+    (one program per BLOCK_N keys) and the dQ kernel's (one per BLOCK_M queries). Forcing one
+    (tileattn.force_backend(config=BwdConfig(...))) sets the dense and the flex backward."""
+    backend: ClassVar = None  # no backend of its own: read by the dense and flex backward
+    dkdv: tuple
+    dq: tuple
+
+
+# The interpreter's small tiles; on GPUs 64 x 64 tiles with 4 warps, 32 x 32 past d = 128.
+# scripts/sweep.py bwd on the H100 (fp16, B=4, H=32, N 1K-16K; docs/design/backward.md): 3 stages win at D=64
+# (causal 16K 336 vs 312 TFLOPS with 2), 2 at D=128 (non-causal 16K 350 vs 325); 8 warps on 64 x 64 (no spills
+# at D=128) lost 40%, 64 x 128 tiles with 8 warps 35-50%. Earlier (2026-11-21): 128 x 128 / 8 warps 258 vs 357
+# at D=128.
+_INTERPRETER = BwdConfig((16, 16, 4, 1), (16, 16, 4, 1))
+_BWD = [  # (largest head dim, config)
+    (64, BwdConfig((64, 64, 4, 3), (64, 64, 4, 3))),
+    (128, BwdConfig((64, 64, 4, 2), (64, 64, 4, 2))),
+    (256, BwdConfig((32, 32, 4, 1), (32, 32, 4, 1))),
+]
+
+
+def bwd_config(d: int) -> BwdConfig:
+    """The backward's tiles for head dim d (the larger of D and Dv): forced > interpreter > table."""
+    forced = forced_config(BwdConfig)
+    if forced is not None:
+        return forced
+    if hw.interpreter_enabled():
+        return _INTERPRETER
+    return next(cfg for dmax, cfg in _BWD if d <= dmax or dmax == _BWD[-1][0])
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """A config of the Hopper forward pipeline (gluon_attn_sm90.py): the dense and the flex Gluon kernels."""
+    backend: ClassVar = "dense.sm90"
+    block_m: int  # query rows per consumer warpgroup (the CTA computes 2 * block_m)
+    block_n: int  # keys per K/V tile
+    stages: int  # K/V tiles in flight (shared-memory ring)
+    consumer_regs: int  # registers per thread of the second consumer warpgroup (setmaxnreg)
+    persistent: bool = True  # one CTA per SM looping over tiles (else one CTA per tile)
+    q_slots: int = 2  # Q tiles in flight per consumer (2: the next tile's Q loads during this one)
+    serves_causal: bool = True  # False: problems with a right bound (causal) go to the portable kernel
+    max_programs: int = 0  # CTAs of the grid at most (0: one per SM; tests use few CTAs walking many tiles)
+
+
+# Per head dim. Shared memory: 2 x q_slots Q tiles + stages x (K + V) tiles, within the 227 KB of an
+# H100.
+# Chosen from the compiled kernel's registers (no spills in the key loop) and shared memory (inspect_sm90.py);
+# timing sweeps are in bench/NOTES.md.
+# The pipelined loop (FA3's intra-warpgroup overlap) won over a plain one at N >= 4K on the H100 (2026-11-21,
+# scripts/dev_sm90.py): D=64 434 vs 396 TFLOPS at 16K non-causal, D=128 546 vs 524; 128-key tiles beat 64.
+# The persistent grid (one CTA per SM, the next tile's Q loaded during the current one) against one CTA per
+# tile, same run (2026-11-21, dev_sm90.py --old): geomean over the dense grid 0.922 vs 0.867 of cuDNN; N=1K
+# rows +4-20% (D=64 causal 205 -> 246 TFLOPS), N=16K within -4..+1%.
+SM90 = {
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+    128: Sm90Config(block_m=64, block_n=128, stages=2, consumer_regs=240),
+    # D = 256: one Q slot (64 KB) and two stages of 64-key K/V tiles (128 KB); a 64 x 256 float32 accumulator
+    # is 128 registers per thread. Against the portable kernel on the H100 (2026-11-21, tileattn bench dense
+    # with TILEATTN_SM90=1/0): non-causal +4-6% (B=1, H=48, N=8K: 509 vs 481 TFLOPS; B=1, H=8, N=16K: 508 vs
+    # 488), causal -2% (H=48, 8K) to -32% (H=8, 16K): causal stays on the portable kernel. 32-key tiles with 4
+    # stages and one CTA per tile were no better (scripts/dev_sm90.py --dims 256).
+    256: Sm90Config(block_m=64, block_n=64, stages=2, consumer_regs=240, q_slots=1, serves_causal=False),
+}
+# fp8 (1-byte Q/K/V tiles, a bf16/fp16 O buffer per consumer): the same tiles, more stages in flight
+SM90_FP8 = {
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+    128: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+}
+
+
+def sm90_config(d: int, dtype) -> Sm90Config:
+    """The Gluon kernel's config for head dim d and input dtype (KeyError: no entry), or the forced one."""
+    forced = forced_config(Sm90Config)
+    if forced is not None:
+        return forced
+    return (SM90_FP8 if dtype.itemsize == 1 else SM90)[d]
+
+
+def sm90_smem_bytes(cfg: Sm90Config, d: int, dv: int, elem_bytes: int, out_bytes: int = None) -> int:
+    """Shared memory of the kernel: q_slots Q tiles per consumer, `stages` K and V tiles, one O tile per
+    consumer when the output dtype is wider than the input (fp8), 1 KB for barriers and alignment (matches the
+    compiled kernel's figure within that KB, scripts/compile_sm90_cpu.py)."""
+    o = 2 * cfg.block_m * dv * out_bytes if out_bytes and out_bytes != elem_bytes else 0
+    return (2 * cfg.q_slots * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + o + 1024

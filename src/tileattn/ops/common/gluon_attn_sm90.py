@@ -1,0 +1,563 @@
+"""The Hopper (sm90) attention forward pipeline in Gluon, with FlashAttention-3's warp-specialized schedule:
+`attn_fwd_pipeline`, the body of the dense kernel (ops/dense/gluon_sm90.py, attn_fwd_sm90_kernel) and of the
+flex kernel (ops/flex/gluon_sm90.py, flex_fwd_sm90_kernel, FLEX mode: key blocks from a block mask, traced
+score / mask mods).
+
+A tile is NUM_CONSUMERS * BLOCK_M query rows of one (batch, query head). The grid may be persistent: each
+CTA walks one tile per round (`_tile_of`: heaviest causal query blocks first, dealt out in a snake), and its
+partitions keep their barrier phases running across tiles:
+  - a loader partition (one warp) loads a tile's Q into one of Q_SLOTS Q slots (with two, the next tile's Q
+    arrives while the current tile runs; D = 256 has room for one), then streams its K and V tiles through a
+    ring of STAGES shared-memory buffers with TMA, signalling `k_ready` / `v_ready` barriers per buffer;
+  - NUM_CONSUMERS consumer warpgroups (4 warps each) own BLOCK_M rows each: S = Q K^T by wgmma from shared
+    memory, the online softmax in registers, O += P V with P from registers. They read the same K/V
+    buffers; a buffer is handed back to the loader when every consumer has arrived on its `empty` barrier.
+    O is staged for its TMA store in the tile's own Q slot, which is handed back (`q_empty`) once the store
+    has read it.
+The consumers are independent warpgroups, so the softmax of one overlaps the wgmma of the other (the
+inter-warpgroup overlap FlashAttention-3 calls ping-pong), and the loader runs STAGES tiles ahead.
+
+Masking model and key-block ranges are those of masking.py: key j is visible to query i
+iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk. Every consumer walks the CTA's key blocks in the same
+order (the loader's order) and splits them by its own rows into masked / unmasked / masked ranges (a block
+none of its rows can see is computed fully masked: p = 0, at most one such block per CTA for causal).
+
+Tensors are [B, S, H, D] with any strides whose bytes are 16-byte aligned (TMA); rows beyond a sequence are
+zero-filled on load and clipped on store by the copy engine. Scores are kept raw (q.k) and the scale (times
+log2 e) is folded into the exp2 argument, one FFMA per element.
+
+fp8 (fp8.py): q, k, v in one fp8 dtype; V_SEQ_MAJOR: V's descriptor is over the packed layout
+[B, Hkv, D, Sk'] of fp8.Fp8V (fp8 wgmma operands must be K-major, and the P V product's K is the key index;
+keys in the order P's registers hold them, see _p_operand); P is rounded
+to V's dtype after a scaling by 2 ** P_SHIFT folded into exp2's argument; HAS_DESCALE reads per-(batch, kv
+head) descales; the output (another dtype) is staged in its own buffers instead of the Q slot.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from . import masking, softmax
+
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+# the masking model's helpers, written once as Triton functions and compiled here as Gluon
+_tanh = gluon.jit(softmax.tanh.fn)
+_key_range = gluon.jit(masking.key_range.fn)
+_visible = gluon.jit(masking.visible.fn)
+
+
+@gluon.jit
+def _tile_of(r, num_m, num_tiles, REVERSE_M: gl.constexpr):
+    """Tile of this CTA in round r of the persistent grid, as (valid, query block, batch * head).
+
+    Rounds deal tiles out in a snake (CTA p takes r * nprog + p in even rounds, r * nprog + nprog - 1 - p in
+    odd ones), so that with tiles in decreasing cost (REVERSE_M: the heaviest causal query blocks of a head
+    first) a CTA that got a heavy tile in one round gets a light one in the next. Heads are the slow index:
+    the CTAs of a round read few heads' K/V, which stay in L2 (on the H100, spreading a round over more heads
+    lost 10-40% at N = 1K-16K, scripts/dev_sm90.py, 2026-11-21)."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    t = r * nprog + pid + (r % 2) * (nprog - 1 - 2 * pid)
+    i_m = t % num_m
+    if REVERSE_M:
+        i_m = num_m - 1 - i_m
+    return t < num_tiles, i_m, t // num_m
+
+
+@gluon.jit
+def _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """(first query row, first key, key blocks) of a tile: loader and consumers must agree on the count."""
+    m0 = i_m * ROWS
+    m_last = gl.minimum(m0 + ROWS, seqlen_q) - 1
+    lo, hi, _, _ = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    return m0, lo, gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+
+
+@gluon.jit
+def _flex_lists(fx, i_b, i_h, i_m):
+    """Flex: (partial blocks, full blocks, partial list, full list) of query block i_m of (i_b, i_h), from the
+    block mask's tensors in fx (see attn_fwd_sm90_kernel)."""
+    n_part = gl.load(fx[0] + i_b * fx[4] + i_h * fx[5] + i_m * fx[6])
+    part = fx[1] + i_b * fx[7] + i_h * fx[8] + i_m * fx[9]
+    n_full = gl.load(fx[2] + i_b * fx[10] + i_h * fx[11] + i_m * fx[12])
+    full = fx[3] + i_b * fx[13] + i_h * fx[14] + i_m * fx[15]
+    return n_part, n_full, part, full
+
+
+@gluon.jit
+def _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, FLEX: gl.constexpr):
+    """(first query row, first key, key blocks, partial blocks, partial list, full list) of a tile. Dense: the
+    window model's key range (lists unused); flex: the block mask's partial blocks, then its full ones."""
+    if FLEX:
+        n_part, n_full, part, full = _flex_lists(fx, i_b, i_h, i_m)
+        return i_m * ROWS, 0, n_part + n_full, n_part, part, full
+    else:
+        m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS, BLOCK_N, HAS_LEFT,
+                                        HAS_RIGHT)
+        return m0, n_lo, n_blocks, 0, fx[1], fx[3]
+
+
+@gluon.jit
+def _block_start(it, n_lo, lst, base, BLOCK_N: gl.constexpr, FLEX: gl.constexpr):
+    """First key of the tile's block `it`: n_lo + it * BLOCK_N, or (flex) entry it - base of a block list."""
+    if FLEX:
+        return gl.load(lst + it - base) * BLOCK_N
+    else:
+        return n_lo + it * BLOCK_N
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
+            BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+            FLEX: gl.constexpr):
+    kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
+    j = 0  # tiles started so far: Q slot and phase
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        valid, i_m, i_bh = _tile_of(r, num_m, num_tiles, REVERSE_M)
+        if valid:
+            j, kv = _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                               kv_empty, j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag,
+                               left, right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, V_SEQ_MAJOR,
+                               FLEX)
+
+
+@gluon.jit
+def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+               j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
+               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
+    """The loads of one tile: Q into slot j % Q_SLOTS and its K/V blocks into the ring from position kv.
+
+    With two Q slots Q goes first (its slot was freed a tile ago). With one, the slot frees only when the
+    previous tile's O is stored: the first STAGES K/V blocks go before it (their buffers are freed by the
+    previous tile's consumers, which need nothing more from the loader), so the ring is full when Q lands."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    i_hk = i_h // group_size
+    m0, n_lo, n_blocks, n_part, part, full = _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
+                                                          right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
+                                                          HAS_RIGHT, FLEX)
+    Q_SLOTS: gl.constexpr = q_ready.shape[0]
+    if Q_SLOTS == 1:
+        first = gl.minimum(n_blocks, STAGES)
+    else:
+        first = 0
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, 0, first, n_lo, n_part, part, full,
+             i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
+    slot = j % Q_SLOTS
+    # slots and buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh one)
+    mbarrier.wait(q_empty.index(slot), ((j // Q_SLOTS) & 1) ^ 1)
+    mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(NUM_CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
+                                        q_bufs.index(slot * NUM_CONSUMERS + c))
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, n_part, part,
+             full, i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
+    return j + 1, kv + n_blocks
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_lo, it_hi, n_lo, n_part, part,
+             full, i_b, i_hk, STAGES: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
+    """K/V blocks it_lo..it_hi - 1 of a tile (keys from n_lo; flex: the partial then the full list) into ring
+    positions kv + it."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    for it in range(it_lo, it_hi):
+        s = (kv + it) % STAGES
+        phase = ((kv + it) // STAGES) & 1
+        if it < n_part:
+            n0 = _block_start(it, n_lo, part, 0, BLOCK_N, FLEX)
+        else:
+            n0 = _block_start(it, n_lo, full, n_part, BLOCK_N, FLEX)
+        mbarrier.wait(kv_empty.index(s), phase ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        if V_SEQ_MAJOR:
+            tma.async_copy_global_to_shared(v_desc, [i_b, i_hk, 0, n0], v_ready.index(s), v_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale,
+                   softcap_scale, softcap_out, fm, caps_s, caps_m, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                   HAS_SOFTCAP: gl.constexpr, P_SHIFT: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
+                   MASK_MOD: gl.constexpr):
+    """One block of the online softmax: returns (p, alpha, m, l) for raw scores qk [BLOCK_M, BLOCK_N]. p and l
+    carry a factor 2 ** P_SHIFT (fp8), which out = acc / l cancels. Flex: fm = (batch, head, scale); the scores
+    are scaled, then SCORE_MOD (captures caps_s), then (MASKED) MASK_MOD (caps_m), and sm_scale is log2 e."""
+    if HAS_SOFTCAP:
+        qk = _tanh(qk * softcap_scale) * softcap_out
+    if FLEX:
+        qk = qk * fm[2]
+        if SCORE_MOD is not None:
+            qk = SCORE_MOD(qk, fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], caps_s)
+    if MASKED:
+        keep = _visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
+        if FLEX:
+            if MASK_MOD is not None:
+                keep = keep & MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], caps_m)
+        qk = gl.where(keep, qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+    if P_SHIFT != 0:
+        p = gl.exp2(qk * sm_scale - (m_shift - P_SHIFT)[:, None])
+    else:
+        p = gl.exp2(qk * sm_scale - m_shift[:, None])
+    alpha = gl.exp2(m_i * sm_scale - m_shift)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
+    """P [BLOCK_M, BLOCK_N] as the A operand of the p.v wgmma. PACKED_KEYS (fp8): in each group of 16 columns,
+    column 8g + 2c + b goes to 4c + 2g + b, which is where the accumulator layout has it in the operand's
+    register order (no exchange between threads); V's keys are stored in that order (fp8.Fp8V)."""
+    if PACKED_KEYS:
+        M: gl.constexpr = p.shape[0]
+        N: gl.constexpr = p.shape[1]
+        p = gl.reshape(gl.permute(gl.reshape(p, [M, N // 16, 2, 4, 2]), (0, 1, 3, 2, 4)), [M, N])
+    return gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
+def _p_carry(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
+    """P as the pipelined loop carries it to the next iteration's p.v: float32 for fp8 (converted in the block
+    that issues the wgmma, _p_from_carry), else the 16-bit operand itself. An fp8 operand carried around the
+    loop is one byte per register across the back edge, and packing those bytes for the wgmma cost ~100 PRMT
+    per thread and block (bench/NOTES.md); 16-bit operands carried as they are measured ~1% faster than float32
+    (scripts/dev_sm90.py --old, 2026-11-21)."""
+    if dtype.primitive_bitwidth == 8:
+        return p
+    else:
+        return _p_operand(p, dtype, p_layout, PACKED_KEYS)
+
+
+@gluon.jit
+def _p_from_carry(p_carry, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
+    """The p.v A operand from what _p_carry returned."""
+    if dtype.primitive_bitwidth == 8:
+        return _p_operand(p_carry, dtype, p_layout, PACKED_KEYS)
+    else:
+        return p_carry
+
+
+@gluon.jit
+def _v_operand(v_bufs, s, V_SEQ_MAJOR: gl.constexpr):
+    """Ring buffer s of V as the [BLOCK_N, DV] B operand of p.v (a transposed view of a sequence-major tile)."""
+    if V_SEQ_MAJOR:
+        return v_bufs.index(s).reshape([v_bufs.shape[3], v_bufs.shape[4]]).permute((1, 0))
+    else:
+        return v_bufs.index(s).reshape([v_bufs.shape[2], v_bufs.shape[4]])
+
+
+@gluon.jit
+def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs,
+                     k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
+                     softcap_out, fm, caps_s, caps_m,
+                     MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr, p_layout: gl.constexpr, P_SHIFT: gl.constexpr,
+                     V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
+                     MASK_MOD: gl.constexpr):
+    """Steady-state iterations b in [b_start, b_end): q.k of block b and p.v of block b - 1 go to the tensor
+    cores together; the softmax of b waits only for the first. p_carry holds P of block b - 1 (_p_carry);
+    block b sits in ring buffer (kv + b) % STAGES.
+
+    No data-dependent branch inside the loop (MASKED is a constexpr): the assembler keeps a wgmma in flight
+    only across straight-line code, and waits for all of them at a join."""
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    D: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    dtype: gl.constexpr = v_bufs.dtype
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    for it in range(b_start, b_end):
+        s = (kv + it) % STAGES
+        sp = (kv + it - 1) % STAGES
+        mbarrier.wait(k_ready.index(s), ((kv + it) // STAGES) & 1)
+        qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)
+        p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
+        mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, _block_start(it, n_lo, lst, base, BLOCK_N, FLEX), o_m,
+                                            o_n, MASKED, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
+                                            softcap_out, fm, caps_s, caps_m, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                            P_SHIFT, FLEX, SCORE_MOD, MASK_MOD)
+        # a 16-bit P of this block overwrites the registers the p.v wgmma in flight reads: convert only after its
+        # wait. (ptxas 12.x still schedules this wait ahead of most of the softmax; see bench/NOTES.md.)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(sp))
+        p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
+        acc = acc * gl.convert_layout(alpha, o_row)[:, None]
+    return acc, m_i, l_i, p_carry
+
+
+@gluon.jit
+def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs, v_bufs,
+                       k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
+                       softcap_out, n_part, part, full, fm, caps_s, caps_m,
+                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                       STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                       P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr,
+                       SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
+    """All the CTA's key blocks, software-pipelined (FlashAttention-3's intra-warpgroup overlap): block 0's
+    scores, then masked / unmasked / masked steady-state ranges, then the p.v of the last block. Flex: the
+    masked range is the block mask's partial list (b_full_lo = n_part), the unmasked one its full list."""
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    D: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    dtype: gl.constexpr = v_bufs.dtype
+    # P in registers as the A operand of the p.v wgmma: 32 bits of k per thread (2 fp16 or 4 fp8 values)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                 k_width=32 // dtype.primitive_bitwidth)
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    p_carry = _p_carry(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), dtype, p_layout, V_SEQ_MAJOR)
+    if n_blocks > 0:
+        if n_part > 0:
+            n_first = _block_start(0, n_lo, part, 0, BLOCK_N, FLEX)
+        else:
+            n_first = _block_start(0, n_lo, full, 0, BLOCK_N, FLEX)
+        mbarrier.wait(k_ready.index(kv % STAGES), (kv // STAGES) & 1)
+        qk = warpgroup_mma(q_smem, k_bufs.index(kv % STAGES).reshape([BLOCK_N, D]).permute((1, 0)),
+                           gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+        # block 0 is masked whichever range it is in (the rule holds trivially on a fully visible block)
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_first, o_m, o_n, True, seqlen_k, off_diag, left,
+                                            right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
+                                            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, P_SHIFT, FLEX, SCORE_MOD, MASK_MOD)
+        p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
+    b1 = gl.maximum(b_full_lo, 1)
+    b2 = gl.maximum(b_full_hi, b1)
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, part, 0, 1, b1, o_m, o_n, q_smem,
+                                              k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
+                                              right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, True,
+                                              HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout,
+                                              p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, full, n_part, b1, b2, o_m, o_n,
+                                              q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k,
+                                              off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm,
+                                              caps_s, caps_m, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                                              s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD,
+                                              MASK_MOD)
+    # (dense only: flex has b_full_hi = n_blocks)
+    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, part, 0, b2, n_blocks, o_m, o_n,
+                                              q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k,
+                                              off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm,
+                                              caps_s, caps_m, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                                              s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD,
+                                              MASK_MOD)
+    if n_blocks > 0:
+        sp = (kv + n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
+        acc = warpgroup_mma(_p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR),
+                            _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(sp))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+              stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+              stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
+              right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
+              WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr,
+              V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
+              MASK_MOD: gl.constexpr):
+    j = 0  # tiles done so far: Q slot and phase
+    kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        valid, i_m, i_bh = _tile_of(r, num_m, num_tiles, REVERSE_M)
+        if valid:
+            i_b = i_bh // num_heads
+            i_hk = (i_bh % num_heads) // group_size
+            tile_scale = sm_scale
+            tile_cap_scale = softcap_scale
+            tile_out_scale = out_scale
+            flex_scale = fx[16]
+            if HAS_DESCALE:  # fp8: the scores carry q_descale * k_descale, the output v_descale
+                qk_descale = gl.load(qd_ptr + i_b * stride_qdb + i_hk * stride_qdh) * gl.load(
+                    kd_ptr + i_b * stride_kdb + i_hk * stride_kdh)
+                tile_out_scale = out_scale * gl.load(vd_ptr + i_b * stride_vdb + i_hk * stride_vdh)
+                if FLEX:  # the descales go in before score_mod
+                    flex_scale = flex_scale * qk_descale
+                elif HAS_SOFTCAP:
+                    tile_cap_scale = softcap_scale * qk_descale
+                else:
+                    tile_scale = sm_scale * qk_descale
+            j, kv = _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                                  kv_empty, lse_ptr, stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q,
+                                  seqlen_k, off_diag, left, right, tile_scale, tile_cap_scale, softcap_out,
+                                  tile_out_scale, fx, flex_scale, caps_s, caps_m, WG, BLOCK_M, STAGES,
+                                  NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, P_SHIFT, V_SEQ_MAJOR,
+                                  SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)
+
+
+@gluon.jit
+def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                  stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
+                  sm_scale, softcap_scale, softcap_out, out_scale, fx, flex_scale, caps_s, caps_m,
+                  WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                  RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+                  SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
+    """This warpgroup's rows of one tile: Q from slot j % Q_SLOTS, K/V blocks from ring position kv. O is stored
+    through the Q slot (then handed back to the loader), or through this warpgroup's O buffer (SEPARATE_O)."""
+    D: gl.constexpr = q_bufs.shape[4]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    DV: gl.constexpr = o_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_bufs.dtype
+    # the K of one wgmma instruction: 256 bits of each operand row (16 fp16 or 32 fp8 values)
+    INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
+    if not SEPARATE_O:
+        gl.static_assert(DV == D, "O is staged in the Q slot: Dv must equal D")
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, INSTR_K])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DV, INSTR_K])
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    m0_cta, n_lo, n_blocks, n_part, part, full = _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
+                                                              right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
+                                                              HAS_RIGHT, FLEX)
+    m0 = m0_cta + WG * BLOCK_M
+    m_last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
+    if FLEX:  # the block mask's partial blocks (masked), then its full ones; flex tiles are whole (Sq % 128 = 0)
+        b_full_lo = n_part
+        b_full_hi = n_blocks
+    else:
+        _, _, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                            HAS_RIGHT)
+        # split the tile's n_blocks key blocks (from n_lo) by this warpgroup's rows, in block indices so that
+        # the three ranges always add up to the loader's count: a partial block at either end is masked
+        b_full_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo - n_lo, BLOCK_N), 0), n_blocks)
+        b_full_hi = gl.minimum(gl.maximum((full_hi - n_lo) // BLOCK_N, b_full_lo), n_blocks)
+        if m0 >= seqlen_q:  # no row of this warpgroup exists (nothing is stored): mask every block
+            b_full_lo = 0
+            b_full_hi = 0
+
+    Q_SLOTS: gl.constexpr = q_ready.shape[0]
+    slot = j % Q_SLOTS
+    q_smem = q_bufs.index(slot * NUM_CONSUMERS + WG).reshape([BLOCK_M, D])
+    o_m = m0 + gl.arange(0, BLOCK_M, layout=s_row)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
+    acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
+    mbarrier.wait(q_ready.index(slot), (j // Q_SLOTS) & 1)
+    acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
+                                       k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
+                                       right, sm_scale, softcap_scale, softcap_out, n_part, part, full,
+                                       (i_b, i_h, flex_scale), caps_s, caps_m, HAS_LEFT, HAS_RIGHT,
+                                       HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, V_SEQ_MAJOR, FLEX,
+                                       SCORE_MOD, MASK_MOD)
+
+    # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    if SEPARATE_O:
+        mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
+        out = acc * gl.convert_layout(out_scale / l_safe, o_row)[:, None]
+        o_buf = o_bufs.index(WG)
+    else:
+        out = acc / gl.convert_layout(l_safe, o_row)[:, None]
+        o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
+    o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [i_b, m0, i_h, 0], o_buf)
+    if RETURN_LSE:
+        lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe) - P_SHIFT) * LN2, float("-inf"))
+        gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,
+                 mask=o_m < seqlen_q)
+    tma.store_wait(pendings=0)  # the store has read the buffer: it may be written again
+    if not SEPARATE_O:
+        mbarrier.arrive(q_empty.index(slot))
+    return j + 1, kv + n_blocks
+
+
+@gluon.jit
+def attn_fwd_pipeline(
+    q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh,
+    stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    seqlen_q, seqlen_k, num_heads, group_size, num_bh,
+    sm_scale, softcap_scale, softcap_out, out_scale, left, right, fx, caps_s, caps_m,
+    BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+    HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
+    FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
+):
+    """The whole forward: shared memory, barriers, and the loader and two consumer partitions. The dense and
+    flex kernels' docstrings say what their arguments hold; fx, caps_s / caps_m, SCORE_MOD / MASK_MOD are the
+    flex mode's block mask and mods (placeholders for dense)."""
+    NUM_CONSUMERS: gl.constexpr = 2
+    num_m = gl.cdiv(seqlen_q, NUM_CONSUMERS * BLOCK_M)
+    num_tiles = num_m * num_bh
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    else:
+        off_diag = 0
+
+    # Q_SLOTS Q slots of one tile per consumer (slot-major), STAGES K/V buffers, one O buffer per consumer
+    # when O has its own dtype
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS * NUM_CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if SEPARATE_O:
+        o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
+    else:
+        o_bufs = q_bufs
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(Q_SLOTS):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(q_empty.index(s), count=NUM_CONSUMERS)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
+
+    gl.warp_specialize([
+        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
+                     0, BLOCK_M, STAGES,
+                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)),
+        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
+                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
+                     1, BLOCK_M, STAGES,
+                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)),
+        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
+                   right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),
+    ], [4, 1], [CONSUMER_REGS, 24])

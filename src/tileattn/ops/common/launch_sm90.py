@@ -1,0 +1,62 @@
+"""Host side of the Hopper forward pipeline (gluon_attn_sm90.py), shared by the dense and flex Gluon backends:
+what the pipeline serves, its grid, its scale arguments and its tensor descriptors."""
+import torch
+import triton
+
+from ... import hw
+from .configs import SM90, SM90_FP8, sm90_config, sm90_smem_bytes
+from .fp8 import FP8_DTYPES, packed_pitch
+from .softmax import LOG2E
+from .tma import gluon_desc, gluon_sm90_reason
+
+DTYPES = (torch.float16, torch.bfloat16) + FP8_DTYPES
+
+
+def reason(device, dtype, head_dim, head_dim_v, out_dtype):
+    """Why the pipeline cannot serve these head dims and dtypes on `device` ("" when it can): a Hopper GPU and
+    triton 3.6, D = Dv with a table entry (configs.SM90 / SM90_FP8), the config's shared memory within the
+    device's budget (TILEATTN_SMEM_BUDGET may emulate a smaller one)."""
+    why = gluon_sm90_reason(device)
+    if why:
+        return why
+    if dtype not in DTYPES:
+        return f"dtype {dtype}"
+    table = SM90_FP8 if dtype in FP8_DTYPES else SM90
+    if head_dim not in table or head_dim_v != head_dim:
+        return f"head dims D={head_dim}, Dv={head_dim_v}: the Gluon kernel serves D = Dv in {sorted(table)}"
+    cfg = sm90_config(head_dim, dtype)
+    need = sm90_smem_bytes(cfg, head_dim, head_dim_v, dtype.itemsize, out_dtype.itemsize)
+    budget = hw.device_info(device).smem_per_block
+    if need > budget:
+        return f"its config needs {need} bytes of shared memory, the budget is {budget}"
+    return ""
+
+
+def grid(cfg, seqlen_q, num_bh, device):
+    """(programs,): one per SM (persistent) or one per tile of 2 * block_m query rows, at most cfg.max_programs."""
+    tiles = triton.cdiv(seqlen_q, 2 * cfg.block_m) * num_bh
+    n = min(tiles, hw.device_info(device).num_sms) if cfg.persistent else tiles
+    if cfg.max_programs:
+        n = min(n, cfg.max_programs)
+    return (max(1, n),)
+
+
+def scales(scale, softcap):
+    """(sm_scale, softcap_scale, softcap_out) of the kernel: the scale times log2 e goes inside exp2, or the
+    softcap maps raw scores to log2 units and exp2 takes them as they are."""
+    if softcap > 0:
+        return 1.0, scale / softcap, softcap * LOG2E
+    return scale * LOG2E, 1.0, 1.0
+
+
+def descriptors(q, k, v, out, cfg):
+    """(q, k, v, o) descriptors of [B, S, H, D] tensors for the pipeline. An fp8 v is the view of an fp8.Fp8V:
+    its descriptor is over the whole [B, Hkv, Dv, Sk'] packed buffer (sequence-major)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if v.dtype in FP8_DTYPES:
+        vt = v.permute(0, 2, 3, 1)
+        v_desc = gluon_desc(vt.as_strided(vt.shape[:3] + (packed_pitch(v),), vt.stride()), [1, 1, dv, cfg.block_n])
+    else:
+        v_desc = gluon_desc(v, [1, cfg.block_n, 1, dv])
+    return (gluon_desc(q, [1, cfg.block_m, 1, d]), gluon_desc(k, [1, cfg.block_n, 1, d]), v_desc,
+            gluon_desc(out, [1, cfg.block_m, 1, dv]))

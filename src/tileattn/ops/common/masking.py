@@ -1,0 +1,68 @@
+"""The visibility rule of dense attention and where a sequence's rows are (Triton jit; the Gluon kernels wrap
+these with `gluon.jit(fn.fn)`).
+
+Key j is visible to query i iff
+    i + OFF - LEFT <= j <= i + OFF + RIGHT   and   j < Sk
+where OFF = Sk - Sq (bottom-right alignment, FlashAttention >= 2.1) or 0 (top-left, torch SDPA), and a bound
+is only applied when HAS_LEFT / HAS_RIGHT is set. Causal attention is RIGHT = 0.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def key_range(m_first, m_last, seqlen_k, off_diag, left, right, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key range [lo, hi) seen by query rows [m_first, m_last], and its unmasked part [full_lo, full_hi):
+    multiples of BLOCK_N except an end clamped to seqlen_k."""
+    lo = 0
+    full_lo = 0
+    hi = seqlen_k
+    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
+    if HAS_LEFT:
+        lo = tl.maximum(m_first + off_diag - left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        full_lo = tl.maximum(m_last + off_diag - left, 0)
+        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(tl.maximum(m_last + off_diag + right + 1, 0), seqlen_k)
+        full_hi = tl.minimum(full_hi, (tl.maximum(m_first + off_diag + right + 1, 0) // BLOCK_N) * BLOCK_N)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, hi, full_lo, full_hi
+
+
+@triton.jit
+def visible(o_m, o_j, seqlen_k, off_diag, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[rows, keys] mask of the visibility rule for query positions o_m and key positions o_j."""
+    vis = (o_j < seqlen_k)[None, :]
+    if HAS_RIGHT:
+        vis = vis & (o_j[None, :] <= (o_m + off_diag + right)[:, None])
+    if HAS_LEFT:
+        vis = vis & (o_j[None, :] >= (o_m + off_diag - left)[:, None])
+    return vis
+
+
+@triton.jit
+def seq_bases(i_b, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, stride_qb, stride_qs, stride_kb, stride_ks,
+              stride_vb, stride_vs, stride_ob, stride_os, stride_lb, IS_VARLEN: tl.constexpr):
+    """Sequence b's (seqlen_q, seqlen_k, first key row, int64 element offsets of its Q, K, V, O and lse):
+    from cu_seqlens (varlen: packed rows, lse [Hq, total_q]) or from the batch strides."""
+    if IS_VARLEN:
+        q_row0 = tl.load(cu_seqlens_q + i_b)
+        seqlen_q = tl.load(cu_seqlens_q + i_b + 1) - q_row0
+        k_row0 = tl.load(cu_seqlens_k + i_b)  # int32: also a tensor-descriptor coordinate
+        seqlen_k = tl.load(cu_seqlens_k + i_b + 1) - k_row0
+        q_base = q_row0.to(tl.int64) * stride_qs
+        k_base = k_row0.to(tl.int64) * stride_ks
+        v_base = k_row0.to(tl.int64) * stride_vs
+        o_base = q_row0.to(tl.int64) * stride_os
+        l_base = q_row0.to(tl.int64)  # varlen lse is [Hq, total_q]
+    else:
+        k_row0 = 0
+        q_base = i_b.to(tl.int64) * stride_qb
+        k_base = i_b.to(tl.int64) * stride_kb
+        v_base = i_b.to(tl.int64) * stride_vb
+        o_base = i_b.to(tl.int64) * stride_ob
+        l_base = i_b.to(tl.int64) * stride_lb
+    return seqlen_q, seqlen_k, k_row0, q_base, k_base, v_base, o_base, l_base

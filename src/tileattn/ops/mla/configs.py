@@ -1,0 +1,89 @@
+"""Config tables of MLA decode, one per backend (dispatch.py), each entry with the measurement that chose it.
+Forcing one: tileattn.force_backend(config=...) (a config's class names its backend).
+
+    MLAConfig      portable split kernel (kernels.py): candidates per query-row tile, the first whose shared
+                   memory fits the budget (so sm89 / sm80 budgets, emulated with TILEATTN_SMEM_BUDGET, get
+                   smaller steps or split outputs)
+    MLASm90Config  Hopper split kernel (gluon_sm90.py): the first that fits the page size and the budget
+"""
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..common.backend import forced_config
+
+BLOCK_M = 64  # query rows per tile of the Gluon kernel: one wgmma M for each of its two consumer warpgroups
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """A config of the portable split kernel (kernels.py)."""
+    backend: ClassVar = "mla.triton"
+    block_n: int  # cache tokens per step
+    num_warps: int
+    num_stages: int
+    out_split: int  # programs sharing one work item's output columns (each recomputes the scores)
+
+
+# Candidates per query-row tile (block_m), best first; the first whose shared memory fits the budget is used,
+# so the 99 KB / 163 KB budgets of sm89 / sm80 (emulated with TILEATTN_SMEM_BUDGET) get smaller steps or
+# split outputs. Chosen by scripts/sweep_mla.py on the H100 (2026-11-21, bf16, page 64, read bandwidth
+# 2939 GB/s): 16 rows (Hq 16, Sq 1), batch 768 x 1K: 32/4/2/1 2638 GB/s, 64/8/2/1 2343, 32/8/2/1 2251;
+# 64 rows (Hq 64), batch 768 x 2K: 64/8/2/1 1721 (it spills: 255 registers), 32/8/3/1 1401, 32/8/2/1 1362,
+# 32/4/2/2 806; batch 16 x 32K: 64/8/2/1 1465, 32/8/3/1 1237.
+_SMALL_M = [
+    MLAConfig(block_n=32, num_warps=4, num_stages=2, out_split=1),
+    MLAConfig(block_n=64, num_warps=8, num_stages=2, out_split=1),
+]
+_LARGE_M = [
+    MLAConfig(block_n=64, num_warps=8, num_stages=2, out_split=1),
+    MLAConfig(block_n=32, num_warps=8, num_stages=2, out_split=1),
+]
+# for small budgets: the query rows alone are 72 KB at block_m = 64, Dc = 512, Dr = 64
+_FALLBACK = [
+    MLAConfig(block_n=32, num_warps=4, num_stages=2, out_split=2),
+    MLAConfig(block_n=16, num_warps=4, num_stages=1, out_split=2),
+    MLAConfig(block_n=16, num_warps=4, num_stages=1, out_split=4),
+]
+
+
+def candidates(block_m):
+    """The portable kernel's configs for query-row tiles of block_m, best first (the forced one alone)."""
+    forced = forced_config(MLAConfig)
+    if forced is not None:
+        return [forced]
+    return (_SMALL_M if block_m <= 16 else _LARGE_M) + _FALLBACK
+
+
+@dataclass(frozen=True)
+class MLASm90Config:
+    """A config of the Hopper split kernel (gluon_sm90.py)."""
+    backend: ClassVar = "mla.sm90"
+    block_n: int  # cache tokens per step (a page holds whole steps)
+    stages: int  # steps in flight (shared-memory ring)
+    consumer_regs: int = 240  # registers per thread of the second consumer warpgroup (setmaxnreg)
+
+
+# Best first; the first that fits the page size and the shared-memory budget is used. Shared memory at
+# Dc = 512, Dr = 64, 16-bit: the Q slot 72 KB, a 64-token step 72 KB (two stages: 216 KB of the 227 KB).
+# Measured on the H100 (2026-11-21, scripts/sweep_mla.py --quick, bf16, page 64, read bandwidth 2937 GB/s),
+# GB/s for 32 tokens x 4 stages / 32 x 3 / 64 x 2, and the portable kernel's best:
+#   batch 768 x 2K, Hq 64: 2574 / 2497 / 2281, portable 1721;  batch 16 x 32K, Hq 64: 2475 / 2329 / 2056, 1535;
+#   batch 768 x 1K, Hq 32: 2538 / 2441 / 2180, portable 2120;  batch 768 x 1K, Hq 16: 2568 / 2453 / 2157, 2638.
+# So 16 rows or fewer (a 64-row tile would be mostly padding) stay on the portable kernel.
+SM90_CONFIGS = [
+    MLASm90Config(block_n=32, stages=4),
+    MLASm90Config(block_n=32, stages=3),
+    MLASm90Config(block_n=64, stages=2),
+]
+MIN_ROWS = 17
+
+
+def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int:
+    """The Q slot, `stages` cache steps, 1 KB for barriers and alignment."""
+    return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + 1024
+
+
+def sm90_configs():
+    """The Gluon kernel's configs, best first (the forced one alone)."""
+    forced = forced_config(MLASm90Config)
+    return [forced] if forced is not None else SM90_CONFIGS
