@@ -6,9 +6,11 @@
     tileattn bench flex [--out FILE]
     tileattn bench bwd [--dtype fp16|bf16] [--seqlens ...] [--out FILE]
     tileattn bench large-d [--dtype fp16|bf16] [--head-dims 256,320,...] [--out FILE]
-    tileattn info
+    tileattn info [--all]
 
-With no CUDA GPU, `bench` says so and runs a small correctness demo through the Triton interpreter.
+With no CUDA GPU, `bench` says so and runs a small correctness demo through the Triton interpreter. `info`
+prints the versions, the device, the environment switches set, and which kernel serves typical problems of
+each op on this machine, with the reason every other one was skipped (--all: more problems).
 """
 import argparse
 import os
@@ -31,7 +33,8 @@ def _parser():
     b.add_argument("--seqlens", default=None, help="comma-separated N values (default: the suite's grid)")
     b.add_argument("--out", default=None, help="results JSON (default: bench/results/<suite>.json)")
     b.add_argument("--plot", default=None, help="PNG plot (default: next to the JSON)")
-    sub.add_parser("info", help="print what tileattn sees of this machine")
+    i = sub.add_parser("info", help="print what tileattn sees of this machine and which kernels serve what")
+    i.add_argument("--all", action="store_true", help="more example problems")
     return p
 
 
@@ -39,10 +42,8 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     import torch
     if args.cmd in (None, "info"):
-        print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
-        if torch.cuda.is_available():
-            from . import hw
-            print(hw.device_info(torch.device("cuda")))
+        from .info import print_info
+        print_info(every=getattr(args, "all", False))
         return 0
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -90,7 +91,8 @@ def main(argv=None):
     if unknown:
         print(f"unknown providers: {sorted(unknown)}", file=sys.stderr)
         return 2
-    doc = dense.run(dtype=args.dtype or "fp16", long=args.long, providers=providers, head_dims=head_dims,
-                    seqlens=seqlens, out_json=out, plot=plot)
+    grid = dense.Grid(dtype=args.dtype or "fp16", long=args.long, providers=providers, head_dims=head_dims,
+                      seqlens=tuple(seqlens) if seqlens else None)
+    doc = dense.run(grid, out_json=out, plot=plot)
     print(f"\nwrote {out} and {plot}")
     return 1 if doc["summary"]["check_failures"] else 0

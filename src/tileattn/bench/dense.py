@@ -6,6 +6,8 @@ peers [B, H, S, D]. Before timing, tileattn's output is checked against cuDNN's 
 against a float32 reference on a slice (batch 0, two heads) under the tolerance rule; a case that fails is
 reported and gets no throughput.
 """
+from dataclasses import dataclass
+
 import torch
 
 from ..ops.dense.reference import attention_ref
@@ -64,11 +66,24 @@ def check_case(out_bshd, cudnn_bhsd, q, k, v, causal):
                 "finite": finite}
 
 
-def run(dtype="fp16", long=False, providers=PROVIDERS, head_dims=(64, 128), seqlens=None, batch=4, heads=32,
-        out_json=None, plot=None, log=print):
+@dataclass(frozen=True)
+class Grid:
+    """The dense suite's grid (targets.md): fp16 (or bf16), D 64 / 128, causal and not, N 1K-16K (32K, 64K with
+    long; B shrinks past 16K so that B * N stays constant), B=4, H=32."""
+    dtype: str = "fp16"
+    long: bool = False
+    providers: tuple = PROVIDERS
+    head_dims: tuple = (64, 128)
+    seqlens: tuple = None
+    batch: int = 4
+    heads: int = 32
+
+
+def run(grid=Grid(), out_json=None, plot=None, log=print):
     import tileattn
-    dt = DTYPES[dtype]
-    Ns = seqlens or ([1024, 2048, 4096, 8192, 16384] + ([32768, 65536] if long else []))
+    dt = DTYPES[grid.dtype]
+    providers, head_dims, batch, heads = grid.providers, grid.head_dims, grid.batch, grid.heads
+    Ns = grid.seqlens or ([1024, 2048, 4096, 8192, 16384] + ([32768, 65536] if grid.long else []))
     doc = results_header("dense")
     rows, failures = [], []
     for D in head_dims:

@@ -95,7 +95,7 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
             t, f = ms.get("tileattn"), ms["flex"]
             log(f"{N:6d} {name:>15} {fmt(t, '{:.3f}'):>9} {f:10.3f} {fmt(f / t if t else None, '{:.2f}'):>6}   "
                 + " ".join(f"{p} {m:.3f}" for p, m in ms.items() if p not in ("tileattn", "flex")))
-            ms8 = _fp8_row(q, k, v, score_mod, mask_mod, bm, case, flops, rows, log)
+            ms8 = _fp8_row((q, k, v), (score_mod, mask_mod, bm), case, flops, rows, log)
             if ms8 is None:
                 failures += 1
             elif t:
@@ -126,12 +126,13 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
     return finish(doc, out_json, log)
 
 
-def _fp8_row(q, k, v, score_mod, mask_mod, bm, case, flops, rows, log):
-    """tileattn flex with e4m3 inputs (per-(batch, head) descales, V in the Fp8V layout a cache would keep):
+def _fp8_row(qkv, mods, case, flops, rows, log):
+    """tileattn flex with e4m3 inputs (qkv: the bf16 inputs; mods: score_mod, mask_mod, block mask) (per-(batch, head) descales, V in the Fp8V layout a cache would keep):
     checked on batch 0, heads 0-1 against the reference on the dequantized values (P rounded to e4m3 in the
     input-precision one), then timed. Returns ms, or None when the check fails."""
     import tileattn
     from ..ops.flex.reference import flex_ref
+    (q, k, v), (score_mod, mask_mod, bm) = qkv, mods
     fp8 = torch.float8_e4m3fn
     (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(x.transpose(1, 2), fp8) for x in (q, k, v))
     v8p = tileattn.fp8_v_layout(v8)
