@@ -1,4 +1,6 @@
 """Input validation, torch.compile support, config tables and the budget emulation."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -147,3 +149,9 @@ def test_candidates_fit_budget(arch, budget, bd):
         assert cands
         assert all(c.smem_bytes(bd, bd, 2) <= budget for c in cands)
         assert all(not c.use_tma for c in cands) or arch >= 90
+
+
+def test_options_with_lse():
+    opts = AttnOptions(scale=0.3, window=(4, 0), softcap=2.0, bottom_right=False, max_seqlen_q=5, max_seqlen_k=6,
+                       out_scale=0.5, out_dtype=torch.float16, v_packed=True)
+    assert opts.with_lse() == dataclasses.replace(opts, return_lse=True)

@@ -125,7 +125,7 @@ def _run(q, k, v, cu_seqlens, descales, opts):
         raise ValueError(f"q, k or v requires grad, but the backward takes head dims up to "
                          f"{MAX_GRAD_HEAD_DIM} (got D={q.shape[-1]}, Dv={v.shape[-1]}); run the forward "
                          f"under torch.no_grad() or detach the inputs")
-    run_opts = AttnOptions(**{**vars(opts), "return_lse": True}) if grad and not opts.return_lse else opts
+    run_opts = opts.with_lse() if grad and not opts.return_lse else opts
     descales = None if descales[0] is None else descales
     # The registered op is what torch.compile traces and what autograd sees; an eager call with no gradient
     # to track (varlen, fp8, tensor subclasses; plain batched calls never get here) skips the op dispatcher.

@@ -37,6 +37,11 @@ class AttnOptions:
     out_dtype: Optional[torch.dtype] = None  # fp8: the output dtype (None: q's)
     v_packed: bool = False  # fp8: v is the view of an Fp8V
 
+    def with_lse(self) -> "AttnOptions":
+        """The same options with return_lse (written out field by field: torch.compile traces this)."""
+        return AttnOptions(self.scale, self.window, self.softcap, self.bottom_right, True, self.max_seqlen_q,
+                           self.max_seqlen_k, self.out_scale, self.out_dtype, self.v_packed)
+
     def encode(self) -> str:
         """The options as the registered op's string argument ("name=value;..."; decode reverses it)."""
         return ";".join(f"{f.name}={_enc(getattr(self, f.name))}" for f in fields(self))

@@ -1,0 +1,115 @@
+"""Profiling targets. Subcommands:
+
+    profile_kernels.py fwd [--provider tileattn|cudnn|efficient] [--B 1] [--H 48] [--N 8192] [--D 1024] [--causal]
+        one forward call between cudaProfilerStart/Stop, for Nsight Compute. A first call (compiles, warms up) runs
+        outside the profiled range. Inputs are random normal fp16, [B, S, H, D] for tileattn and the [B, H, S, D]
+        view of the same values for torch's SDPA backends.
+    profile_kernels.py bwd
+        per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
+        backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
+
+scripts/gpu_check.sh runs:
+    ncu-fwd      ncu --clock-control none --profile-from-start off --section ... \
+                     python3 scripts/profile_kernels.py fwd $c
+                 (NCU_CASES: ';'-separated argument lists of `fwd`, e.g. "--provider tileattn --D 1024 --causal")
+    profile-bwd  python3 scripts/profile_kernels.py bwd   (greps ^PROF)
+
+Not named profile.py: `python scripts/<any>.py` puts scripts/ first on sys.path, where a profile.py would shadow the
+standard library's `profile`, which cProfile imports (and torch._dynamo imports cProfile).
+"""
+import argparse
+import time
+
+import torch
+
+
+def fwd(a):
+    q, k, v = (torch.randn(a.B, a.N, a.H, a.D, device="cuda", dtype=torch.float16) for _ in range(3))
+    if a.provider == "tileattn":
+        import tileattn
+        fn = lambda: tileattn.attention(q, k, v, causal=a.causal)  # noqa: E731
+    else:
+        from tileattn.bench.dense import sdpa
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        fn = lambda: sdpa(a.provider)(qh, kh, vh, a.causal)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def kernel_times(fn, reps=5):
+    """[(ms per call, kernel name)] of the six kernels with the most GPU time, most first."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
+            rows.append((e.self_device_time_total / reps / 1e3, e.key[:90]))
+    return sorted(rows, reverse=True)[:6]
+
+
+def host_us(fn, reps=20):
+    """Median host microseconds to issue fn() (synchronized before each call, not after)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+    return sorted(times)[reps // 2]
+
+
+def bwd(a, N=8192):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    import tileattn
+    from tileattn.bench import flex as fx
+    B, H, D = fx.B, fx.H, fx.D
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+    flex_c = fx._torch_flex()
+    for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
+        if name not in ("causal", "softcap_causal"):
+            continue
+        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")
+        for who, o in (("tileattn", tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)),
+                       ("torch", flex_c(q, k, v, score_mod=score_mod, block_mask=bm))):
+            fn = (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+            for ms, kname in kernel_times(fn):
+                print(f"PROF {name} {who}: {ms:.3f} ms {kname}", flush=True)
+            print(f"PROF {name} {who}: host {host_us(fn):.0f} us to issue the backward", flush=True)
+    qd, kd, vd = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    o = tileattn.attention(qd, kd, vd, causal=True)
+    for ms, kname in kernel_times(lambda: torch.autograd.grad(o, (qd, kd, vd), dout.transpose(1, 2),
+                                                              retain_graph=True)):
+        print(f"PROF dense-causal tileattn: {ms:.3f} ms {kname}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("fwd", help="one forward call in the profiled range (Nsight Compute)")
+    p.add_argument("--provider", default="tileattn", choices=("tileattn", "cudnn", "efficient"))
+    p.add_argument("--B", type=int, default=1)
+    p.add_argument("--H", type=int, default=48)
+    p.add_argument("--N", type=int, default=8192)
+    p.add_argument("--D", type=int, default=1024)
+    p.add_argument("--causal", action="store_true")
+    p.set_defaults(func=fwd)
+    p = sub.add_parser("bwd", help="per-kernel GPU time of the flex and dense backward (torch.profiler)")
+    p.set_defaults(func=bwd)
+    a = ap.parse_args()
+    a.func(a)
+
+
+if __name__ == "__main__":
+    main()

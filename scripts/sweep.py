@@ -1,0 +1,326 @@
+"""Maintainer sweeps: time candidate configs (ops/*/configs.py tables) on the GPU, each output checked before it is
+timed; a config that fails the check, does not compile or is refused is reported and skipped. Subcommands:
+
+    dense   [--out sweep.json] [--heads 64,128] [--seqlens 1024,4096,16384] [--dtype fp16] [--budget-s 300]
+            [--set all|ctas]: portable forward kernel (AttnConfig) vs cuDNN, B=4, H=32. A JSON line per (case,
+            config), "BEST D=..." per case, the results file, a ranking per (D, causal): "  D=... <geomean> <cfg>"
+    bwd     [--quick] [--flex | --flex-only]: backward tiles (BwdConfig), "D=... causal=... N=...: <name>: <TFLOPS>
+            | ..." (2.5x forward FLOPs, gradients checked, N=1K again last: a drift check); --flex: the flex
+            backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
+    large-d [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J] [--budget-s 500]
+            [--sm90]: large-D Triton kernel (LargeDConfig) vs SDPA EFFICIENT, B=1: "EFF" per case, "CFG <i> ..."
+            per (config, case) (i: index into LARGE_D; --sm90: CFG -1, unforced, the Gluon kernel where it
+            serves), "BEST" per case
+    mla     [--quick]: MLA decode (MLASm90Config, MLAConfig), GB/s per (shape, config), and the read bandwidth
+
+scripts/gpu_check.sh: step sweep runs `sweep.py dense --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330}`
+(greps ^BEST, ^  D=), sweep-bwd `sweep.py bwd ${SWEEP_ARGS:-}` (^D=, ^FLEX), sweep-large-d
+`sweep.py large-d ${LARGE_D_ARGS:-}` (^EFF, ^BEST, ^CFG).
+
+Configs are forced with tileattn.force_backend(config=...) (a config's class names its backend). Backward passes
+run on the calling thread (torch.autograd.set_multithreading_enabled(False)): autograd otherwise runs the backward
+of CUDA tensors on a thread of its own, which does not see the thread-local forcing.
+"""
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import time
+
+import torch
+
+import tileattn
+from tileattn.bench.common import attn_tflops, do_bench, max_abs
+from tileattn.ops.common.configs import BwdConfig
+from tileattn.ops.dense.configs import AttnConfig, LargeDConfig
+from tileattn.ops.mla.configs import MLAConfig, MLASm90Config
+
+A, L, M, G, BW = AttnConfig, LargeDConfig, MLAConfig, MLASm90Config, BwdConfig
+# dense: (128,128,8,2,TMA) crashed ptxas and warp specialization with 4 warps failed to compile (triton 3.6, H100,
+# 2026-11-20): left out. The third group issues q.k of the next block before this block's softmax.
+DENSE = [
+    A(128, 64, 4, 3), A(128, 64, 8, 3), A(128, 128, 8, 3), A(64, 64, 4, 3),
+    A(128, 128, 8, 3, True), A(128, 128, 4, 3, True), A(64, 64, 4, 3, True), A(128, 64, 8, 3, True),
+    A(128, 128, 8, 3, True, True), A(128, 64, 8, 3, True, True),
+    A(128, 64, 4, 3, pipeline_qk=True), A(128, 64, 8, 3, pipeline_qk=True), A(128, 128, 8, 3, pipeline_qk=True),
+    A(128, 128, 8, 3, True, pipeline_qk=True), A(128, 128, 4, 3, True, pipeline_qk=True),
+    A(64, 64, 4, 3, True, pipeline_qk=True), A(128, 64, 8, 3, True, pipeline_qk=True),
+]
+# thread-block clusters (num_ctas=2) against the table's winners: dense --set ctas
+DENSE_CTAS = [A(128, 64, 8, 3), A(128, 64, 8, 3, num_ctas=2), A(128, 128, 8, 3, True),
+              A(128, 128, 8, 3, True, num_ctas=2), A(128, 64, 4, 3), A(128, 64, 4, 3, num_ctas=2)]
+# backward: (name, tiles; None: the table's, configs.bwd_config)
+BWD = [("table", None), ("kv128-8w", BW((64, 128, 8, 2), (128, 64, 8, 2))),
+       ("kv128-8w-s3", BW((64, 128, 8, 3), (128, 64, 8, 3))), ("kv128/q64", BW((64, 128, 8, 2), (64, 64, 4, 2))),
+       ("kv64/q128", BW((64, 64, 4, 2), (128, 64, 8, 2))), ("32x128-4w", BW((32, 128, 4, 2), (128, 32, 4, 2)))]
+FLEX_BWD = [None, BW((64, 128, 8, 2), (128, 64, 8, 2)), BW((64, 128, 8, 3), (128, 64, 8, 3)),
+            BW((64, 128, 8, 3), (64, 64, 4, 2)), BW((128, 128, 8, 2), (128, 64, 8, 2)),
+            BW((64, 64, 4, 2), (128, 64, 8, 3))]
+# large-D: the H100 table's entries (configs.LARGE_D_SM90) and their closest rivals (bench/NOTES.md "Large head dims")
+LARGE_D = [L(128, 128, 64, 256, 8, 3, 64), L(128, 128, 64, 256, 8, 4, 64), L(128, 64, 64, 256, 8, 4, 128),
+           L(128, 128, 64, 256, 8, 3, 128), L(128, 128, 64, 256, 8, 4), L(128, 128, 64, 256, 8, 3),
+           L(128, 64, 64, 256, 8, 3), L(64, 128, 64, 512, 8, 2)]
+# MLA: the Gluon kernel's (block_n, stages, consumer regs), then the portable kernel's (block_n, warps, stages, split)
+MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
+       M(64, 8, 2, 1), M(32, 8, 2, 1), M(32, 8, 3, 1), M(32, 4, 2, 1), M(64, 8, 1, 1), M(32, 4, 2, 2), M(64, 4, 2, 2),
+       M(16, 4, 1, 2), M(16, 4, 1, 4)]
+MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
+
+
+# ---- shared parts -------------------------------------------------------------------------------------------
+def ints(s):
+    """argparse type of a comma list of integers ("64,128")."""
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+@contextlib.contextmanager
+def forced(cfg):
+    """Every call (backward included, see the module docstring) served as config `cfg` says; None: the tables'."""
+    with tileattn.force_backend(config=cfg) if cfg is not None else contextlib.nullcontext(), \
+            torch.autograd.set_multithreading_enabled(False):
+        yield
+
+
+def checked_ms(fn, check):
+    """(ms, info): fn() once, check(its result) -> (ok, info), then fn timed (do_bench median); ms None if not ok."""
+    ok, info = check(fn())
+    return (do_bench(fn) if ok else None), info
+
+
+def grad_fn(out, inputs, dout):
+    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+
+def err(e, n=300):
+    return f"{type(e).__name__}: {str(e)[:n]}"
+
+
+# ---- dense ---------------------------------------------------------------------------------------------------
+def dense(a):
+    from tileattn.bench.dense import DTYPES, sdpa
+    candidates, dt, t0, res = DENSE_CTAS if a.set == "ctas" else DENSE, DTYPES[a.dtype], time.time(), []
+    B, H = 4, 32
+    for D, causal, N in itertools.product(a.heads, (False, True), a.seqlens):
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(3))
+        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        ref = sdpa("cudnn")(q, k, v, causal)
+        ms_cudnn = do_bench(lambda: sdpa("cudnn")(q, k, v, causal))
+
+        def check(out):
+            diff = max_abs(out.transpose(1, 2), ref)
+            if not torch.isfinite(out).all() or diff > 2e-2:
+                raise RuntimeError(f"wrong output: max diff vs cudnn {diff:.3e}")
+            return True, diff
+        best = None
+        for cfg in candidates:
+            if time.time() - t0 > a.budget_s:
+                break
+            entry = {"D": D, "causal": causal, "N": N, "cfg": vars(cfg)}
+            try:
+                with forced(cfg):
+                    ms, diff = checked_ms(lambda: tileattn.attention(qt, kt, vt, causal=causal), check)
+                entry.update(ms=ms, tflops=attn_tflops(B, H, N, N, D, D, causal, ms), vs_cudnn=ms_cudnn / ms, diff=diff)
+                if best is None or ms < best["ms"]:
+                    best = entry
+            except Exception as e:  # noqa: BLE001
+                entry["error"] = err(e)
+            res.append(entry)
+            print(json.dumps(entry), flush=True)
+        if best:
+            print(f"BEST D={D} causal={int(causal)} N={N}: {best['cfg']} {best['tflops']:.0f} TFLOPS "
+                  f"({best['vs_cudnn']:.2f}x cudnn {attn_tflops(B, H, N, N, D, D, causal, ms_cudnn):.0f})", flush=True)
+        del q, k, v, qt, kt, vt, ref
+        torch.cuda.empty_cache()
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print("\nconfig ranking per (D, causal), geomean vs cudnn over N:")  # only configs measured at every N
+    for D in sorted({r["D"] for r in res}):
+        for causal in (False, True):
+            scores = {}
+            for r in res:
+                if r["D"] == D and r["causal"] == causal and "ms" in r:
+                    scores.setdefault(json.dumps(r["cfg"]), []).append(r["vs_cudnn"])
+            nmax = max((len(v) for v in scores.values()), default=0)
+            ranked = sorted(((math.exp(sum(map(math.log, v)) / len(v)), c) for c, v in scores.items()
+                             if len(v) == nmax), reverse=True)
+            for g, c in ranked[:4]:
+                print(f"  D={D} causal={int(causal)} {g:.3f} {c}")
+
+
+# ---- backward ------------------------------------------------------------------------------------------------
+def bwd_case(D, causal, N, B=4, H=32):
+    from tileattn.bench.bwd import _check
+    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+    line = []
+    for name, cfg in BWD:
+        try:
+            with forced(cfg):
+                out = tileattn.attention(q, k, v, causal=causal)
+                ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
+            line.append(f"{name}: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else f"{name}: WRONG")
+        except Exception as e:  # noqa: BLE001
+            line.append(f"{name}: {err(e, 60)}")
+    print(f"D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
+    del q, k, v, dout
+    torch.cuda.empty_cache()
+
+
+def bwd_flex(N=8192):
+    from torch.nn.attention.flex_attention import create_block_mask
+    from tileattn.bench import flex as fx
+    B, H, D = fx.B, fx.H, fx.D
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+    flex_c = fx._torch_flex()
+    for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
+        if name not in ("causal", "document", "softcap_causal"):
+            continue
+        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")
+        with forced(None):  # timed the same way as ours
+            o = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
+            line = [f"torch {do_bench(grad_fn(o, (q, k, v), dout)):.3f}"]
+        for cfg in FLEX_BWD:  # not checked here: tests/flex/test_flex_backward.py and `tileattn bench bwd` check them
+            tiles = None if cfg is None else (cfg.dkdv, cfg.dq)
+            try:
+                with forced(cfg):
+                    out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+                    line.append(f"{tiles}: {do_bench(grad_fn(out, (q, k, v), dout)):.3f}")
+            except Exception as e:  # noqa: BLE001
+                line.append(f"{tiles}: {err(e, 60)}")
+        print(f"FLEX {name} N={N} ms: " + " | ".join(line), flush=True)
+
+
+def bwd(a):
+    if a.flex or a.flex_only:
+        bwd_flex()
+    if a.flex_only:
+        return
+    seqlens = (1024, 4096) if a.quick else (1024, 2048, 4096, 16384)
+    for D, causal, N in itertools.product((64, 128), (False, True), seqlens):
+        bwd_case(D, causal, N)
+    for D, causal in itertools.product((64, 128), (False, True)):  # drift check
+        bwd_case(D, causal, 1024)
+
+
+# ---- large head dims -----------------------------------------------------------------------------------------
+def kernel_info(q, k, v, causal, cfg):
+    """Shared memory, registers and spills of the kernel the forward compiles under `cfg` (None: unforced)."""
+    from tileattn.ops.dense.plans import compile_only
+    try:
+        with forced(cfg):
+            kern = compile_only(q, k, v, causal)  # the chosen (here: forced) backend's first launch
+        kern._init_handles()  # n_regs and n_spills are read when the binary is loaded
+        return f"{kern.metadata.shared} regs={kern.n_regs} spills={kern.n_spills}"
+    except Exception as e:  # noqa: BLE001
+        return f"? ({err(e, 100)})"
+
+
+def large_d(a):
+    from tileattn.bench.dense import sdpa
+    from tileattn.bench.large_d import check_case
+    t_start, best = time.time(), {}
+    cfgs = list(enumerate(LARGE_D)) if a.configs is None else [(i, LARGE_D[i]) for i in a.configs]
+    cfgs = [(-1, None)] * a.sm90 + cfgs
+    B, H, N = 1, a.heads, a.n
+    for D, causal in itertools.product(a.dims, (bool(x) for x in a.causal)):
+        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16) for _ in range(3))
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        eff_out = sdpa("efficient")(qh, kh, vh, causal)
+        eff_tf = attn_tflops(B, H, N, N, D, D, causal, do_bench(lambda: sdpa("efficient")(qh, kh, vh, causal)))
+        print(f"EFF D={D} causal={causal} {eff_tf:.0f} TFLOPS", flush=True)
+        for i, cfg in cfgs:
+            if time.time() - t_start > a.budget_s:
+                print("budget exhausted", flush=True)
+                break
+            name = cfg if cfg is not None else "unforced"
+            try:
+                with forced(cfg):
+                    # the bench's check: float32 on heads 0-1, EFFICIENT on every head
+                    ms, info = checked_ms(lambda: tileattn.attention(q, k, v, causal=causal),
+                                          lambda out: check_case(out, eff_out, qh, kh, vh, causal))
+            except Exception as e:  # noqa: BLE001
+                print(f"CFG {i} {name} D={D} causal={causal} ERROR {err(e)}", flush=True)
+                continue
+            smem = kernel_info(q, k, v, causal, cfg)
+            tf = attn_tflops(B, H, N, N, D, D, causal, ms) if ms else 0.0
+            print(f"CFG {i} {name} D={D} causal={causal} smem={smem} err={info['err_vs_fp32']:.2e} "
+                  f"diff_eff={info['max_diff_vs_efficient']:.1e} ok={ms is not None} {tf:.0f} TFLOPS "
+                  f"x{tf / eff_tf:.2f} eff", flush=True)
+            if ms and tf > best.get((D, causal), (0,))[0]:
+                best[(D, causal)] = (tf, i, tf / eff_tf, name)
+        del q, k, v, qh, kh, vh, eff_out
+        torch.cuda.empty_cache()
+    for (D, causal), (tf, i, r, name) in sorted(best.items()):
+        print(f"BEST D={D} causal={causal}: cfg {i} {name} {tf:.0f} TFLOPS x{r:.2f} eff")
+
+
+# ---- MLA decode ----------------------------------------------------------------------------------------------
+def mla_name(cfg):
+    if isinstance(cfg, G):
+        return f"sm90 {cfg.block_n}/{cfg.stages}/{cfg.consumer_regs}"
+    return f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}/{cfg.out_split}"
+
+
+def mla(a):
+    from tileattn.bench.mla import DC, DR, check, make_inputs, read_bandwidth
+    print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
+    shapes = [(768, 1024, 16, 1, 64), (768, 2048, 64, 1, 64), (16, 32768, 64, 1, 64), (768, 1024, 32, 1, 64)]
+    if not a.quick:
+        shapes += [(768, 2048, 16, 1, 64), (768, 1024, 64, 1, 1), (4, 8192, 64, 2, 64)]
+    for batch, kv, hq, sq, page in shapes:
+        qn, qp, ckv, kpe, table, seqlens = make_inputs(batch, kv, hq, sq, page, torch.bfloat16)
+        nbytes = 2 * (batch * kv * (DC + DR) + batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
+        line = []
+        for cfg in MLA_QUICK if a.quick else MLA:
+            try:
+                with forced(cfg):  # the plan keeps the config chosen when it is made
+                    plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=page)
+                ms, info = checked_ms(lambda: plan.run(qn, qp, ckv, kpe, table),
+                                      lambda out: check(out, qn, qp, ckv, kpe, table, seqlens, sample=8))
+                line.append(f"{mla_name(cfg)}: {nbytes / ms / 1e6:.0f}" if ms else f"{mla_name(cfg)}: WRONG {info}")
+            except Exception as e:  # noqa: BLE001
+                line.append(f"{mla_name(cfg)}: {err(e, 80)}")
+        plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=page)  # the unforced schedule
+        print(f"b{batch} kv{kv} h{hq} sq{sq} p{page} items={plan.num_items} chunk={plan.chunk} "
+              f"({mla_name(plan.config)}): " + " | ".join(line), flush=True)
+        del qn, qp, ckv, kpe, table, plan
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("dense", help="portable forward kernel configs against cuDNN")
+    p.add_argument("--out", default="sweep.json")
+    p.add_argument("--heads", type=ints, default="64,128", help="head dims")
+    p.add_argument("--seqlens", type=ints, default="1024,4096,16384")
+    p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    p.add_argument("--budget-s", type=float, default=300)
+    p.add_argument("--set", default="all", choices=["all", "ctas"])
+    p.set_defaults(func=dense)
+    p = sub.add_parser("bwd", help="backward tiles (dense; flex with --flex)")
+    p.add_argument("--quick", action="store_true", help="N 1K and 4K only")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--flex", action="store_true", help="also the flex backward's tiles, first")
+    g.add_argument("--flex-only", action="store_true", help="the flex backward's tiles only")
+    p.set_defaults(func=bwd)
+    p = sub.add_parser("large-d", help="large-D Triton kernel configs against SDPA EFFICIENT")
+    p.add_argument("--dims", type=ints, default="320,512,1024")
+    p.add_argument("--causal", type=ints, default="0,1")
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--heads", type=int, default=48)
+    p.add_argument("--configs", type=ints, default=None, help="comma-separated indices into LARGE_D")
+    p.add_argument("--budget-s", type=float, default=500)
+    p.add_argument("--sm90", action="store_true", help="also time the unforced path (the Gluon kernel)")
+    p.set_defaults(func=large_d)
+    p = sub.add_parser("mla", help="MLA decode configs against the read bandwidth")
+    p.add_argument("--quick", action="store_true", help="four shapes, seven configs")
+    p.set_defaults(func=mla)
+    a = ap.parse_args()
+    a.func(a)
+
+
+if __name__ == "__main__":
+    main()
