@@ -111,11 +111,11 @@ def test_opcheck(device):
     """torch.library's own consistency checks of the registration (schema, fake vs real)."""
     q, k, v = _qkv(device, S=20)
     opts = AttnOptions(scale=0.125, window=(-1, 0), return_lse=True)
-    torch.library.opcheck(torch.ops.tileattn.attn_fwd.default, (q, k, v, [], [], opts.encode()),
+    torch.library.opcheck(torch.ops.tileattn.attn_fwd.default, (q, k, v, None, None, opts.encode()),
                           test_utils=("test_schema", "test_faketensor"))
     cu = torch.tensor([0, 7, 20], dtype=torch.int32, device=device)
     opts = AttnOptions(scale=0.125, window=(-1, 0), return_lse=True, max_seqlen_q=13, max_seqlen_k=13)
-    torch.library.opcheck(torch.ops.tileattn.attn_fwd.default, (q[0], k[0], v[0], [cu, cu], [], opts.encode()),
+    torch.library.opcheck(torch.ops.tileattn.attn_fwd.default, (q[0], k[0], v[0], cu, cu, opts.encode()),
                           test_utils=("test_schema", "test_faketensor"))
 
 

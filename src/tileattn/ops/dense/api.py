@@ -130,7 +130,11 @@ def _run(q, k, v, cu_seqlens, descales, opts):
     # The registered op is what torch.compile traces and what autograd sees; an eager call with no gradient
     # to track (varlen, fp8, tensor subclasses; plain batched calls never get here) skips the op dispatcher.
     if torch.compiler.is_compiling() or grad:
-        out, lse = custom_ops.attn_fwd(q, k, v, list(cu_seqlens), list(descales or ()), run_opts.encode())
+        cu_q, cu_k = cu_seqlens or (None, None)
+        if q.dtype in fp8.FP8_DTYPES:
+            out, lse = custom_ops.attn_fwd_fp8(q, k, v, cu_q, cu_k, list(descales or ()), run_opts.encode())
+        else:
+            out, lse = custom_ops.attn_fwd(q, k, v, cu_q, cu_k, run_opts.encode())
     else:
         out, lse = plans.attn_fwd(q, k, v, cu_seqlens, descales, run_opts)
     return (out, lse) if opts.return_lse else out
