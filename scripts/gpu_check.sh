@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
-#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [sm90] [tests] [sanitize] [sweep] [bench]
+#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
-#                                                        [ncu-fwd] (NCU_CASES: ';'-separated profile_fwd.py argument lists)
+#                                                        [ncu-fwd] (NCU_CASES: ';'-separated `profile_kernels.py fwd`
+#                                                                   argument lists)
+# Maintainer tools it runs: scripts/sweep.py (config sweeps), scripts/profile_kernels.py (Nsight Compute targets),
+# scripts/host_overhead.py, scripts/gpu_diag.py. scripts/compile_sm90_cpu.py needs no GPU.
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
 # (the device copy has no .git: pass the commit so the results file records what was measured)
 # Prints a short summary last.
@@ -25,10 +28,6 @@ for s in $steps; do
     host)
       timeout 120 python3 scripts/host_overhead.py > "$OUT/host.log" 2>&1; rc=$?
       summary+=("host rc=$rc: $(tail -n 4 "$OUT/host.log" | tr '\n' ';')") ;;
-    sm90)
-      timeout 200 python3 scripts/dev_sm90.py --no-bench > "$OUT/sm90.log" 2>&1; rc=$?
-      summary+=("sm90 rc=$rc: $(grep -c '^ok' "$OUT/sm90.log") ok, $(grep '^CHECK' "$OUT/sm90.log")")
-      grep FAIL "$OUT/sm90.log" | head -5 ;;
     tests)
       timeout 420 python3 -m pytest -q -x -n ${TEST_WORKERS:-4} -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?
       summary+=("tests rc=$rc: $(tail -n 1 "$OUT/tests.log")") ;;
@@ -45,7 +44,7 @@ for s in $steps; do
         > "$OUT/sanitize_large_d.log" 2>&1; rc=$?
       summary+=("sanitize-large-d rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_large_d.log" | tail -n 2 | tr '\n' ' ')") ;;
     sweep)
-      python3 scripts/sweep_dense.py --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330} > "$OUT/sweep.log" 2>&1; rc=$?
+      python3 scripts/sweep.py dense --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330} > "$OUT/sweep.log" 2>&1; rc=$?
       summary+=("sweep rc=$rc"); grep -E "^BEST|^  D=" "$OUT/sweep.log" ;;
     bench)
       timeout 480 python3 -m tileattn bench dense --out "$OUT/dense.json" --plot "$OUT/dense.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; rc=$?
@@ -80,13 +79,13 @@ for s in $steps; do
       summary+=("bwd-tests rc=$rc: $(tail -n 1 "$OUT/bwd_tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/bwd_tests.log" | head -10 ;;
     sweep-bwd)
-      timeout 500 python3 scripts/sweep_bwd.py ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
+      timeout 500 python3 scripts/sweep.py bwd ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
       summary+=("sweep-bwd rc=$rc"); grep -E "^(D=|FLEX)" "$OUT/sweep_bwd.log" ;;
     profile-bwd)
-      timeout 300 python3 scripts/profile_bwd.py > "$OUT/profile_bwd.log" 2>&1; rc=$?
+      timeout 300 python3 scripts/profile_kernels.py bwd > "$OUT/profile_bwd.log" 2>&1; rc=$?
       summary+=("profile-bwd rc=$rc"); grep "^PROF" "$OUT/profile_bwd.log" ;;
     sweep-large-d)
-      timeout 580 python3 scripts/sweep_large_d.py ${LARGE_D_ARGS:-} > "$OUT/sweep_large_d.log" 2>&1; rc=$?
+      timeout 580 python3 scripts/sweep.py large-d ${LARGE_D_ARGS:-} > "$OUT/sweep_large_d.log" 2>&1; rc=$?
       summary+=("sweep-large-d rc=$rc"); grep -E "^(EFF|BEST|CFG)" "$OUT/sweep_large_d.log" | cut -c1-200 ;;
     large-d-tests)
       timeout 500 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_large_d.py > "$OUT/large_d_tests.log" 2>&1; rc=$?
@@ -103,7 +102,7 @@ for s in $steps; do
         i=$((i + 1))
         timeout 240 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
           --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section LaunchStats \
-          --section Occupancy python3 scripts/profile_fwd.py $c > "$OUT/ncu_$i.txt" 2>&1 || rc=$?
+          --section Occupancy python3 scripts/profile_kernels.py fwd $c > "$OUT/ncu_$i.txt" 2>&1 || rc=$?
         summary+=("ncu case $i ($c) rc=$rc")
         grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Pipes Busy|Max Bandwidth|Stall|Shared Memory  " "$OUT/ncu_$i.txt" | cut -c1-160 | head -40
       done ;;

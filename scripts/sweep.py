@@ -17,9 +17,8 @@ scripts/gpu_check.sh: step sweep runs `sweep.py dense --out "$OUT/sweep.json" --
 (greps ^BEST, ^  D=), sweep-bwd `sweep.py bwd ${SWEEP_ARGS:-}` (^D=, ^FLEX), sweep-large-d
 `sweep.py large-d ${LARGE_D_ARGS:-}` (^EFF, ^BEST, ^CFG).
 
-Configs are forced with tileattn.force_backend(config=...) (a config's class names its backend). Backward passes
-run on the calling thread (torch.autograd.set_multithreading_enabled(False)): autograd otherwise runs the backward
-of CUDA tensors on a thread of its own, which does not see the thread-local forcing.
+Configs are forced with tileattn.force_backend(config=...) (a config's class names its backend; process-wide, so
+the backward's own threads see it too).
 """
 import argparse
 import contextlib
@@ -76,9 +75,8 @@ def ints(s):
 
 @contextlib.contextmanager
 def forced(cfg):
-    """Every call (backward included, see the module docstring) served as config `cfg` says; None: the tables'."""
-    with tileattn.force_backend(config=cfg) if cfg is not None else contextlib.nullcontext(), \
-            torch.autograd.set_multithreading_enabled(False):
+    """Every call (backward included) served as config `cfg` says; None: the tables'."""
+    with tileattn.force_backend(config=cfg) if cfg is not None else contextlib.nullcontext():
         yield
 
 

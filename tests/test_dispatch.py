@@ -6,6 +6,7 @@ Triton version check passes; problems are described, never launched.
 """
 import subprocess
 import sys
+import threading
 import types
 import warnings
 
@@ -128,10 +129,17 @@ def test_forcing(h100, monkeypatch):
 
 
 def test_forced_configs_reach_their_readers(h100):
+    """A forced config reaches its readers, on other threads too: autograd runs the backward of CUDA tensors
+    on a thread of its own."""
     assert bwd_config(128) == BwdConfig((64, 64, 4, 2), (64, 64, 4, 2))
     forced = BwdConfig((32, 32, 4, 1), (16, 16, 4, 1))
+    seen = []
     with tileattn.force_backend(config=forced):
         assert bwd_config(64) == forced and backend.forced_config(Sm90Config) is None
+        worker = threading.Thread(target=lambda: seen.append(bwd_config(64)))
+        worker.start()
+        worker.join()
+    assert seen == [forced] and bwd_config(64) == BwdConfig((64, 64, 4, 3), (64, 64, 4, 3))
 
 
 def test_flex_and_mla_routes(h100):

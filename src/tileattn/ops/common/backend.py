@@ -21,10 +21,11 @@ Forcing, one context manager and one environment variable (knobs.py):
 A forced backend that does not serve a problem raises ValueError with its reason: never a silent fallback.
 A forced config applies wherever its class is the config read (e.g. Sm90Config for the dense and flex Gluon
 kernels, BwdConfig for the dense and flex backward). Plans made inside a `force_backend` block are keyed by it.
+The forcing is process-wide, not per thread: autograd runs the backward of CUDA tensors on threads of its own,
+and a backward inside the block must see it too.
 """
 import contextlib
 import logging
-import threading
 
 from ... import knobs
 
@@ -48,14 +49,13 @@ class Backend:
         return f"<backend {self.name}>"
 
 
-class _Forced(threading.local):
-    # class defaults: reading an unset thread-local attribute raises inside getattr (~0.5 us)
+class _Forced:
     key = None  # what plan caches key on: None when nothing is forced
     names = None  # {op: backend name}, TRITON for every op, or None
     config = None
 
 
-_forced = _Forced()
+_forced = _Forced()  # process-wide (see the module docstring)
 
 
 def _parse(spec, what):
@@ -81,7 +81,7 @@ def force_backend(name=None, *, config=None):
     """Within the block, serve every call by backend `name` (of its op; "triton": every op on its Triton
     kernels) and/or with `config` (a config dataclass of ops/*/configs.py; without `name`, the backend its
     class names). A forced backend that does not serve a problem raises ValueError. Nested blocks replace
-    the outer one; plans made inside are keyed by it."""
+    the outer one; plans made inside are keyed by it. Process-wide (backward threads see it too)."""
     names = _parse(name, "force_backend(name)")
     if config is not None:
         implied = getattr(type(config), "backend", None)
@@ -101,12 +101,12 @@ def force_backend(name=None, *, config=None):
 
 
 def forced_key():
-    """A hashable summary of what force_backend sets in this thread (None: nothing): part of plan keys."""
+    """A hashable summary of what force_backend sets (None: nothing): part of plan keys."""
     return _forced.key
 
 
 def forced_config(config_type):
-    """The config forced in this thread if it is a `config_type`, else None."""
+    """The forced config if it is a `config_type`, else None."""
     cfg = _forced.config
     return cfg if isinstance(cfg, config_type) else None
 
