@@ -56,7 +56,7 @@ BWD = [("table", None), ("kv128-8w", BW((64, 128, 8, 2), (128, 64, 8, 2))),
 FLEX_BWD = [None, BW((64, 128, 8, 2), (128, 64, 8, 2)), BW((64, 128, 8, 3), (128, 64, 8, 3)),
             BW((64, 128, 8, 3), (64, 64, 4, 2)), BW((128, 128, 8, 2), (128, 64, 8, 2)),
             BW((64, 64, 4, 2), (128, 64, 8, 3))]
-# large-D: the H100 table's entries (configs.LARGE_D_SM90) and their closest rivals (bench/NOTES.md "Large head dims")
+# large-D: the H100 table's entries (configs.LARGE_D_SM90) and their closest rivals (docs/design/large_d.md)
 LARGE_D = [L(128, 128, 64, 256, 8, 3, 64), L(128, 128, 64, 256, 8, 4, 64), L(128, 64, 64, 256, 8, 4, 128),
            L(128, 128, 64, 256, 8, 3, 128), L(128, 128, 64, 256, 8, 4), L(128, 128, 64, 256, 8, 3),
            L(128, 64, 64, 256, 8, 3), L(64, 128, 64, 512, 8, 2)]

@@ -56,12 +56,12 @@ class Sm90Config:
 
 # Per head dim. Shared memory: 2 x q_slots Q tiles + stages x (K + V) tiles, within the 227 KB of an
 # H100.
-# Chosen from the compiled kernel's registers (no spills in the key loop) and shared memory (inspect_sm90.py);
-# timing sweeps are in bench/NOTES.md.
+# Chosen from the compiled kernel's registers (no spills in the key loop) and shared memory (scripts/compile_sm90_cpu.py);
+# timing sweeps are in docs/design/dense.md.
 # The pipelined loop (FA3's intra-warpgroup overlap) won over a plain one at N >= 4K on the H100 (2026-11-21,
-# scripts/dev_sm90.py): D=64 434 vs 396 TFLOPS at 16K non-causal, D=128 546 vs 524; 128-key tiles beat 64.
+# an A/B run, docs/design/dense.md): D=64 434 vs 396 TFLOPS at 16K non-causal, D=128 546 vs 524; 128-key tiles beat 64.
 # The persistent grid (one CTA per SM, the next tile's Q loaded during the current one) against one CTA per
-# tile, same run (2026-11-21, dev_sm90.py --old): geomean over the dense grid 0.922 vs 0.867 of cuDNN; N=1K
+# tile, same run (2026-11-21, docs/design/dense.md): geomean over the dense grid 0.922 vs 0.867 of cuDNN; N=1K
 # rows +4-20% (D=64 causal 205 -> 246 TFLOPS), N=16K within -4..+1%.
 SM90 = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
@@ -70,7 +70,7 @@ SM90 = {
     # is 128 registers per thread. Against the portable kernel on the H100 (2026-11-21, tileattn bench dense
     # with TILEATTN_SM90=1/0): non-causal +4-6% (B=1, H=48, N=8K: 509 vs 481 TFLOPS; B=1, H=8, N=16K: 508 vs
     # 488), causal -2% (H=48, 8K) to -32% (H=8, 16K): causal stays on the portable kernel. 32-key tiles with 4
-    # stages and one CTA per tile were no better (scripts/dev_sm90.py --dims 256).
+    # stages and one CTA per tile were no better (docs/design/large_d.md, D = 256).
     256: Sm90Config(block_m=64, block_n=64, stages=2, consumer_regs=240, q_slots=1, serves_causal=False),
 }
 # fp8 (1-byte Q/K/V tiles, a bf16/fp16 O buffer per consumer): the same tiles, more stages in flight

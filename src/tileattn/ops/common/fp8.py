@@ -8,7 +8,7 @@ P (the softmax probabilities, in [0, 1]) is rounded to V's fp8 dtype for the P V
 2 ** P_SHIFT, folded into the exponent of exp2 (no extra instruction) and cancelled by the row sum. The scaling
 keeps probabilities down to 2 ** -14 (e4m3) out of the subnormal range, where fp8 keeps fewer bits or
 flushes them to 0; above that the relative rounding error is the dtype's own (2 ** -4 for e4m3). It costs no
-instruction. Measured (scripts/fp8_p_scheme.py, D = 128, random inputs): for e4m3 the mean output error drops
+instruction. Measured (docs/design/fp8.md, D = 128, random inputs): for e4m3 the mean output error drops
 7-20x (N = 2048 non-causal: 0.0154 -> 0.0008; most probabilities there are near 1/N = 2^-11, subnormal in
 e4m3); for e5m2 (normal down to 2^-14) it changes nothing.
 

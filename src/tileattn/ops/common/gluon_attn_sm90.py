@@ -61,7 +61,7 @@ def _tile_of(r, num_m, num_tiles, REVERSE_M: gl.constexpr):
     odd ones), so that with tiles in decreasing cost (REVERSE_M: the heaviest causal query blocks of a head
     first) a CTA that got a heavy tile in one round gets a light one in the next. Heads are the slow index:
     the CTAs of a round read few heads' K/V, which stay in L2 (on the H100, spreading a round over more heads
-    lost 10-40% at N = 1K-16K, scripts/dev_sm90.py, 2026-11-21)."""
+    lost 10-40% at N = 1K-16K, docs/design/dense.md, 2026-11-21)."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     t = r * nprog + pid + (r % 2) * (nprog - 1 - 2 * pid)
@@ -240,8 +240,8 @@ def _p_carry(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.con
     """P as the pipelined loop carries it to the next iteration's p.v: float32 for fp8 (converted in the block
     that issues the wgmma, _p_from_carry), else the 16-bit operand itself. An fp8 operand carried around the
     loop is one byte per register across the back edge, and packing those bytes for the wgmma cost ~100 PRMT
-    per thread and block (bench/NOTES.md); 16-bit operands carried as they are measured ~1% faster than float32
-    (scripts/dev_sm90.py --old, 2026-11-21)."""
+    per thread and block (docs/design/fp8.md); 16-bit operands carried as they are measured ~1% faster than float32
+    (an A/B run, 2026-11-21)."""
     if dtype.primitive_bitwidth == 8:
         return p
     else:
@@ -302,7 +302,7 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
                                             softcap_out, fm, caps_s, caps_m, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                             P_SHIFT, FLEX, SCORE_MOD, MASK_MOD)
         # a 16-bit P of this block overwrites the registers the p.v wgmma in flight reads: convert only after its
-        # wait. (ptxas 12.x still schedules this wait ahead of most of the softmax; see bench/NOTES.md.)
+        # wait. (ptxas 12.x still schedules this wait ahead of most of the softmax; see docs/design/dense.md.)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(sp))
         p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)

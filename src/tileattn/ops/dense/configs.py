@@ -28,7 +28,7 @@ class AttnConfig:
     use_tma: bool = False  # K/V through tensor descriptors (sm90+)
     warp_specialize: bool = False  # compiler warp specialization of the unmasked loop (sm90+, with TMA)
     pipeline_qk: bool = False  # q.k of block n + 1 issued before the softmax of block n (unmasked loop)
-    num_ctas: int = 1  # CTAs per cluster (Triton's num_ctas); 2 fails to compile in triton 3.6 (bench/NOTES.md)
+    num_ctas: int = 1  # CTAs per cluster (Triton's num_ctas); 2 fails to compile in triton 3.6 (docs/design/dense.md)
 
     def smem_bytes(self, block_d: int, block_dv: int, elem_bytes: int) -> int:
         """A lower bound of the shared memory the kernel needs (K/V tiles of num_stages - 1 buffers in flight,
@@ -48,9 +48,9 @@ TRITON_FALLBACK = [
     C(16, 16, 4, 1),
 ]
 
-# sm90 (H100), per (padded head dim, causal, sequence bucket). Chosen by scripts/sweep_dense.py on two healthy
+# sm90 (H100), per (padded head dim, causal, sequence bucket). Chosen by scripts/sweep.py dense on two healthy
 # H100 leases (B=4, H=32, fp16, N = 1K / 4K / 16K for short / mid / long; geomean of the two runs' ratios to
-# cuDNN; 2026-11-20, bench/NOTES.md). First entry: the winner; second: the runner-up.
+# cuDNN; 2026-11-20, docs/design/dense.md). First entry: the winner; second: the runner-up.
 TRITON_SM90 = {
     (64, False, "short"): [C(128, 64, 8, 3, True, True), C(128, 64, 4, 3)],
     (64, False, "mid"): [C(128, 64, 8, 3), C(128, 64, 8, 3, True)],
@@ -139,8 +139,8 @@ class LargeDConfig:
 C = LargeDConfig
 
 # sm90 (H100), per (Dv bucket, causal): Dv up to 320 / 384 / 512 / 768 / 1024 (any Dv <= 256 with D > 256
-# takes the first). Chosen by scripts/sweep_large_d.py on the H100 (B=1, H=48, N=8192, fp16, D = Dv, 2026-11-21,
-# bench/NOTES.md "Large head dims"), TFLOPS non-causal / causal:
+# takes the first). Chosen by scripts/sweep.py large-d on the H100 (B=1, H=48, N=8192, fp16, D = Dv, 2026-11-21,
+# docs/design/large_d.md), TFLOPS non-causal / causal:
 #   D=320  128x128, 256 + 64 columns, 3 stages: 353 / 342 (two slices of 256: 250 / 257)
 #   D=384  128x64, 256 + 128 columns, 4 stages: 296 / 301 (128x128, 256 then 128: 272 / 266)
 #   D=512  128x128, 2 x 256 columns, 4 stages: 294 / 288
@@ -191,8 +191,8 @@ class LargeDSm90Config:
         return (q + self.stages * self.block_n * self.block_k + self.block_n * self.dvs) * elem_bytes + 1024
 
 
-# Measured on the H100 (fp16, D = Dv, TFLOPS non-causal / causal, outputs checked; scripts/sweep_large_d.py --sm90
-# and scripts/dev_large_d_sm90.py; bench/NOTES.md "Large head dims"). Dv >= 512, B=1, H=48, N=8192: D=512 413 / 388,
+# Measured on the H100 (fp16, D = Dv, TFLOPS non-causal / causal, outputs checked; scripts/sweep.py large-d --sm90
+# and A/B runs; docs/design/large_d.md). Dv >= 512, B=1, H=48, N=8192: D=512 413 / 388,
 # D=1024 266 / 248 (2026-11-21, after the P V / scores wgmmas stopped overlapping in a warpgroup, which had made
 # ptxas serialize every wgmma: 373 / 338 and 234 / 221 before; the Triton kernel 295 / 290 and 209 / 198). 5 ring
 # buffers: no better. 64-key blocks with P V(b - 1) issued after the scores of b (no serialization at that size)

@@ -20,7 +20,7 @@ A CTA computes 2 * 64 query rows of one (batch, head) and one slice of DVS outpu
     issued at the start of the next block and waited on before its first chunk. The two never overlap in one
     warpgroup: with a 64x256 and a 64x128 float32 accumulator both in flight ptxas finds too few registers for
     its wgmma pipeline and serializes every wgmma of the kernel (C7512 "insufficient register resources"),
-    which cost 11-16% (bench/NOTES.md). The two warpgroups keep the tensor cores busy between them.
+    which cost 11-15% (docs/design/large_d.md). The two warpgroups keep the tensor cores busy between them.
 The masking model is that of kernels.py for causal problems and key-length bounds: key j is visible to query i
 iff j <= i + OFF (causal) and j < Sk. Tensors are [B, S, H, D] with 16-byte aligned strides (TMA); rows and
 columns past a tensor's end are zero-filled on load, and the store is masked.

@@ -13,7 +13,7 @@ kernels.py, whose helpers this kernel calls.
 
 Loads are pointer loads with the rows clamped into the sequence instead of masked (a clamped key row is a
 real, finite key whose score is masked and whose probability is 0). Tensor-descriptor (TMA) loads were
-measured too and dropped: several configs gave wrong outputs on the H100 with triton 3.6 (bench/NOTES.md).
+measured too and dropped: several configs gave wrong outputs on the H100 with triton 3.6 (docs/design/large_d.md).
 
 Constexpr options beyond kernels.py's:
     BLOCK_K      head-dim columns of one Q K^T step (EVEN_K: D is a multiple)
@@ -65,7 +65,7 @@ def _key_blocks(b_acc, b_acc2, b_l, b_m, q_src, q_off, k_src, v_src, stride_ks, 
         k_off = rows.to(tl.int64) * stride_ks
         v_off = rows.to(tl.int64) * stride_vs
         # this slice of V is issued first, its load overlapping the Q K^T steps (loading it after them was
-        # 3-10% slower on the H100, bench/NOTES.md)
+        # slower on the H100, docs/design/large_d.md)
         b_v = _tile(v_src, v_off, o_dv, c0, DV, EVEN_DV)  # [BLOCK_N, BLOCK_DV]
         b_v2 = b_v
         if BLOCK_DV2 > 0:

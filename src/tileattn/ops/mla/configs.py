@@ -26,7 +26,7 @@ class MLAConfig:
 
 # Candidates per query-row tile (block_m), best first; the first whose shared memory fits the budget is used,
 # so the 99 KB / 163 KB budgets of sm89 / sm80 (emulated with TILEATTN_SMEM_BUDGET) get smaller steps or
-# split outputs. Chosen by scripts/sweep_mla.py on the H100 (2026-11-21, bf16, page 64, read bandwidth
+# split outputs. Chosen by scripts/sweep.py mla on the H100 (2026-11-21, bf16, page 64, read bandwidth
 # 2939 GB/s): 16 rows (Hq 16, Sq 1), batch 768 x 1K: 32/4/2/1 2638 GB/s, 64/8/2/1 2343, 32/8/2/1 2251;
 # 64 rows (Hq 64), batch 768 x 2K: 64/8/2/1 1721 (it spills: 255 registers), 32/8/3/1 1401, 32/8/2/1 1362,
 # 32/4/2/2 806; batch 16 x 32K: 64/8/2/1 1465, 32/8/3/1 1237.
@@ -65,7 +65,7 @@ class MLASm90Config:
 
 # Best first; the first that fits the page size and the shared-memory budget is used. Shared memory at
 # Dc = 512, Dr = 64, 16-bit: the Q slot 72 KB, a 64-token step 72 KB (two stages: 216 KB of the 227 KB).
-# Measured on the H100 (2026-11-21, scripts/sweep_mla.py --quick, bf16, page 64, read bandwidth 2937 GB/s),
+# Measured on the H100 (2026-11-21, scripts/sweep.py mla --quick, bf16, page 64, read bandwidth 2937 GB/s),
 # GB/s for 32 tokens x 4 stages / 32 x 3 / 64 x 2, and the portable kernel's best:
 #   batch 768 x 2K, Hq 64: 2574 / 2497 / 2281, portable 1721;  batch 16 x 32K, Hq 64: 2475 / 2329 / 2056, 1535;
 #   batch 768 x 1K, Hq 32: 2538 / 2441 / 2180, portable 2120;  batch 768 x 1K, Hq 16: 2568 / 2453 / 2157, 2638.
