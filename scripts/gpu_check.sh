@@ -9,7 +9,8 @@
 # Maintainer tools it runs: scripts/sweep.py (config sweeps), scripts/profile_kernels.py (Nsight Compute targets),
 # scripts/host_overhead.py, scripts/gpu_diag.py. scripts/compile_sm90_cpu.py needs no GPU.
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
-# (the device copy has no .git: pass the commit so the results file records what was measured)
+# (pass the commit from this machine: the device copy's .git, where there is one, is not the tree sent, so
+# git there names the wrong commit; the results file records what TILEATTN_COMMIT says)
 # Prints a short summary last.
 set -u
 OUT=${OUT:-/tmp/tileattn-out}

@@ -16,14 +16,6 @@ def tma_ok(t) -> bool:
     return t.numel() > 0 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
 
 
-def tma_layout_ok(shape, strides, elem_bytes) -> bool:
-    """tma_ok for a tensor not allocated yet (a fresh allocation is 16-byte aligned): its shape and strides."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    return numel > 0 and all((s * elem_bytes) % 16 == 0 for s in strides[:-1])
-
-
 @functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
     """Gluon's Hopper API as the kernels were written and tested against it: triton 3.6."""
