@@ -117,8 +117,8 @@ def fp8_v_layout(v):
     """fp8 V [B, Sk, Hkv, Dv] (any strides) in the layout tileattn's fp8 attention reads without a copy.
 
     Returns an `Fp8V` to pass as attention's v. Keep V (e.g. an fp8 KV cache) this way to save attention a
-    re-layout per call: a read and a write of V, which costs 1-8% of an fp8 attention call at N = 4K-16K,
-    D = 128 on the H100, up to 19% at N = 1K (bench/results/h100/fp8.json: tileattn-e4m3 against
+    re-layout per call: a read and a write of V, which costs 1-5% of an fp8 attention call at N = 4K-16K,
+    D = 128 on the H100, up to 24% at N = 1K (bench/results/h100/fp8.json: tileattn-e4m3 against
     tileattn-e4m3-vrow).
     """
     if isinstance(v, Fp8V):

@@ -38,8 +38,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0
     fp8 dtype (after a scaling by 2 ** 8, which keeps small ones out of the subnormal range) for the P V
     product, as FlashAttention-3 does. The fast V is an `Fp8V` (`fp8_v_layout(v)`: sequence-major, keys in
     the register order of the P operand; e.g. an fp8 KV cache kept that way): attention reads it without a
-    copy. Any other fp8 V is re-laid out inside each call on Hopper, a read and a write of V that costs 1-8%
-    of the call at D = 128, N = 4K-16K on an H100, up to 19% at N = 1K (bench/results/h100/fp8.json, rows
+    copy. Any other fp8 V is re-laid out inside each call on Hopper, a read and a write of V that costs 1-5%
+    of the call at D = 128, N = 4K-16K on an H100, up to 24% at N = 1K (bench/results/h100/fp8.json, rows
     tileattn-e4m3-vrow).
     An fp8 k/v with a float16/bfloat16 q is refused (quantize q as well, `quantize_fp8`).
 
