@@ -203,7 +203,7 @@ def test_gpu_varlen(dtype, device):
 
 
 def _backend(q, k, v, **opts):
-    return dispatch.select(plans.describe(q, k, v, **opts))[0].name
+    return dispatch.select(plans.describe(q, k, v, **opts)[0])[0].name
 
 
 @pytest.mark.gpu

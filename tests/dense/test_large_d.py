@@ -188,7 +188,7 @@ def test_gpu_table_configs_compile_without_exceeding_smem(dims, device):
 
 
 def _backend(q, k, v, **opts):
-    return dispatch.select(plans.describe(q, k, v, **opts))[0].name
+    return dispatch.select(plans.describe(q, k, v, **opts)[0])[0].name
 
 
 def _sm90(q, k, v):

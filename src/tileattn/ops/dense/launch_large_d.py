@@ -18,11 +18,7 @@ from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc, gluon_sm90_reason
 from .configs import LARGE_D_FROM, Q_RESIDENT_DIMS, LargeDConfig, large_d_candidates, large_d_sm90_config
 from .kernels_large_d import attn_fwd_large_d_kernel
-from .launch_triton import MAX_GRID_Y, scales
-
-
-def _pow2(n):
-    return max(16, triton.next_power_of_2(n))
+from .launch_triton import MAX_GRID_Y, block_dim, scales
 
 
 # ---- the Gluon kernel ----------------------------------------------------------------------------------------
@@ -93,7 +89,7 @@ def _cover(dv, w, w2):
     full, rem = divmod(dv, w + w2)
     out = [(0, w, w2, full)] if full else []
     if rem:
-        last = (min(_pow2(rem), w), 0) if rem <= w else (w, _pow2(rem - w))
+        last = (min(block_dim(rem), w), 0) if rem <= w else (w, block_dim(rem - w))
         if out and last == (w, w2):  # the same width as the full slices: one more of them, masked
             return [(0, w, w2, full + 1)]
         out.append((full * (w + w2), last[0], last[1], 1))

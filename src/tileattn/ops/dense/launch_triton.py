@@ -31,7 +31,8 @@ def scales(scale, softcap):
     return scale * LOG2E, 1.0, 1.0
 
 
-def _pow2(d):
+def block_dim(d):
+    """A head dim (or a slice width) rounded up to a power of two, at least 16: a tile's width."""
     return max(16, triton.next_power_of_2(d))
 
 
@@ -73,7 +74,7 @@ def choose_config(p, c):
     if forced is not None:
         return forced
     info = hw.device_info(p.device)
-    bd, bdv = _pow2(p.head_dim), _pow2(p.head_dim_v)
+    bd, bdv = block_dim(p.head_dim), block_dim(p.head_dim_v)
     causal = p.right >= 0
     variant = (p.left >= 0, p.opts.softcap > 0, p.varlen, p.opts.return_lse, p.opts.bottom_right)
     key = (p.device, p.dtype, bd, bdv, causal, seq_bucket(p.seqlen_q), info.smem_per_block, variant,
@@ -154,7 +155,7 @@ def kernel_call(p, c, cfg):
     q, k, v, out, lse = c.q, c.k, c.v, c.out, c.lse
     varlen, return_lse = p.varlen, p.opts.return_lse
     left, right = p.opts.window
-    bd, bdv = _pow2(p.head_dim), _pow2(p.head_dim_v)
+    bd, bdv = block_dim(p.head_dim), block_dim(p.head_dim_v)
     if varlen:
         sq, sk, sv, so = ((0,) + tuple(t.stride()) for t in (q, k, v, out))
         stride_vd = v.stride(2)

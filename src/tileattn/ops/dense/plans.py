@@ -229,23 +229,21 @@ def _new_plan(entry, c, opts):
     return _Plan(fill, None, dispatch.plan(p, c))
 
 
-def compile_only(q, k, v, causal=False):
-    """The kernel the chosen backend compiles for these batched inputs (its first launch; compiles, never
-    runs): .metadata.shared is its shared memory (tests check it against the device's budget)."""
-    entry = _Entry(q, v, False)
-    out = torch.empty_strided(entry.out_shape, entry.out_strides, dtype=entry.out_dtype, device=q.device)
-    c = Call(q, k, v, out, entry.no_lse, None, None, None, entry.default_scale, 0.0, 1.0)
-    p = AttnProblem.of(c, AttnOptions(scale=entry.default_scale, window=effective_window(causal, (-1, -1))))
-    return dispatch.plan(p, c).compile(c)
-
-
 def describe(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
-    """The AttnProblem of an attention() call on these batched tensors and options (no launch; fp8: bfloat16
-    output, no descale tensors): what dispatch.select / dispatch.explain take (tests)."""
+    """(problem, call) of an attention() call on these batched tensors and options, its output allocated, no
+    launch (fp8: bfloat16 output, no descale tensors): what dispatch.select / dispatch.explain take (tests)."""
     check_inputs(q, k, v, varlen=False)
     check_options(causal, scale, window, softcap)
     entry = _Entry(q, v, False, out_dtype=torch.bfloat16 if is_fp8(q.dtype) else None)
     out = torch.empty_strided(entry.out_shape, entry.out_strides, dtype=entry.out_dtype, device=q.device)
     scale = entry.default_scale if scale is None else float(scale)
     c = Call(q, k, v, out, entry.no_lse, None, None, None, scale, float(softcap), 1.0)
-    return AttnProblem.of(c, AttnOptions(scale=scale, window=effective_window(causal, window), softcap=float(softcap)))
+    opts = AttnOptions(scale=scale, window=effective_window(causal, window), softcap=float(softcap))
+    return AttnProblem.of(c, opts), c
+
+
+def compile_only(q, k, v, causal=False):
+    """The kernel the chosen backend compiles for these batched inputs (its first launch; compiles, never
+    runs): .metadata.shared is its shared memory (tests check it against the device's budget)."""
+    p, c = describe(q, k, v, causal=causal)
+    return dispatch.plan(p, c).compile(c)

@@ -87,7 +87,6 @@ class AttnProblem:
     varlen: bool = False
     descale: bool = False  # fp8: per-(batch, kv head) descale tensors are read on the device
     tma: tuple = (False, False, False, False)  # q, k, v, out suit tensor descriptors (tma_ok)
-    v_seq_major: bool = False  # fp8 v with a contiguous sequence dimension
 
     @property
     def left(self) -> int:
@@ -116,7 +115,7 @@ class AttnProblem:
             batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         return cls(batch, seqlen_q, seqlen_k, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.dtype, out.dtype,
                    q.device, opts, varlen=varlen, descale=c.descales is not None,
-                   tma=(tma_ok(q), tma_ok(k), tma_ok(v), tma_ok(out)), v_seq_major=is_seq_major(v))
+                   tma=(tma_ok(q), tma_ok(k), tma_ok(v), tma_ok(out)))
 
 
 @dataclass(slots=True)

@@ -109,5 +109,4 @@ def _forward(p, c):
     if p.seqlen_q and p.batch * p.heads_q:
         c.out, c.lse = out, lse
         dispatch.select(p)[0].run(p, c)
-        c.out = c.lse = None  # the call object outlives the launch in the backward's context: keep no outputs
     return (out, lse) if p.return_lse else out

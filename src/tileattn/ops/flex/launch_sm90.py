@@ -36,7 +36,7 @@ class Sm90Backend(Backend):
     def supports(self, p):
         if p.head_dim not in (64, 128):
             return False, f"head dims D={p.head_dim}, Dv={p.head_dim_v}: it serves D = Dv in [64, 128]"
-        why = pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, torch.bfloat16 if p.fp8 else p.dtype)
+        why = pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, p.out_dtype)
         if why:
             return False, why
         if (p.q_block, p.kv_block) != (BLOCK, BLOCK) or p.seqlen_q % BLOCK or p.seqlen_k % BLOCK:

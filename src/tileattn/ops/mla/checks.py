@@ -7,7 +7,7 @@ _DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = torch.float8_e4m3fn
 
 
-def _pow2(x):
+def is_pow2(x):
     return x > 0 and x & (x - 1) == 0
 
 
@@ -35,9 +35,9 @@ def check_plan_args(cache_seqlens, plan):
     if q_len < 1:
         raise ValueError(f"q_len: expected >= 1, got {q_len}")
     for name, d in (("head_dim_ckv (Dc)", dc), ("head_dim_kpe (Dr)", dr)):
-        if not (_pow2(d) and 16 <= d <= 1024):
+        if not (is_pow2(d) and 16 <= d <= 1024):
             raise ValueError(f"{name}: expected a power of two in 16..1024, got {d}")
-    if not (_pow2(page_size) and page_size <= 128):
+    if not (is_pow2(page_size) and page_size <= 128):
         raise ValueError(f"page_size: expected a power of two in 1..128, got {page_size}")
     if dtype not in _DTYPES:
         raise TypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")

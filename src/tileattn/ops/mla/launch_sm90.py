@@ -11,11 +11,8 @@ from ... import hw
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
+from .checks import is_pow2
 from .configs import BLOCK_M, MIN_ROWS, smem_bytes, sm90_configs
-
-
-def _pow2(x):
-    return x > 0 and x & (x - 1) == 0
 
 
 def _rows_view(q):
@@ -43,7 +40,7 @@ class Sm90Backend(Backend):
         if plan.cache_dtype not in (torch.float16, torch.bfloat16):
             return False, f"{plan.cache_dtype} caches run on the Triton kernel"
         # the accumulator of one warpgroup is 64 x Dc / 2 float32: at most 128 registers per thread
-        if not (_pow2(plan.dc) and 32 <= plan.dc <= 512 and _pow2(plan.dr) and 16 <= plan.dr <= 256):
+        if not (is_pow2(plan.dc) and 32 <= plan.dc <= 512 and is_pow2(plan.dr) and 16 <= plan.dr <= 256):
             return False, f"Dc={plan.dc}, Dr={plan.dr}: it serves powers of two, Dc in 32..512, Dr in 16..256"
         if self.config(plan) is None:
             return False, (f"no config fits pages of {plan.page_size} tokens and the shared-memory budget of "
