@@ -1,6 +1,4 @@
 """flex_attention: torch's FlexAttention programming model (score_mod, mask_mod, block masks) on tileattn."""
-import dataclasses
-
 import torch
 
 from ... import knobs
@@ -41,12 +39,14 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     """
     check_inputs(query, key, value, enable_gqa, scale)
     check_fp8_options(query, key.transpose(1, 2), q_descale, k_descale, v_descale, out_dtype, query.shape[0])
-    p, c = _describe(query, key, value, score_mod, block_mask, scale)
     fp8 = query.dtype in FP8_DTYPES
-    if fp8:
-        p = dataclasses.replace(p, out_dtype=out_dtype or torch.bfloat16)
-        c.descales = (q_descale, k_descale, v_descale)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (query, key, value))
+    odt = (out_dtype or torch.bfloat16) if fp8 else query.dtype
+    # a tracked gradient asks for the lse (the backward recomputes the probabilities from it)
+    p, c = _describe(query, key, value, score_mod, block_mask, scale, odt, bool(return_lse or grad))
+    c.descales = (q_descale, k_descale, v_descale)
+    if grad:
         if fp8:
             raise NotImplementedError("flex_attention: fp8 inputs have no backward pass (detach them, or train in "
                                       "float16 / bfloat16)")
@@ -54,12 +54,12 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             p.score_mod.grad_fn()  # an operation without a derivative raises here, before the forward runs
         if block_mask is not None:
             c.tlists = transposed_lists(block_mask, p.batch, p.heads_q, p.seqlen_k, query.device)
-        out, lse = _FlexFn.apply(query, key, value, dataclasses.replace(p, return_lse=True), c)
+        out, lse = _FlexFn.apply(query, key, value, p, c)
         return (out, lse) if return_lse else out
-    return _forward(dataclasses.replace(p, return_lse=bool(return_lse)), c)
+    return _forward(p, c)
 
 
-def _describe(query, key, value, score_mod, block_mask, scale):
+def _describe(query, key, value, score_mod, block_mask, scale, out_dtype, return_lse):
     """(FlexProblem, FlexCall) of checked inputs: the mods traced, the block mask's lists checked."""
     B, H, Sq, D = query.shape
     Sk = key.shape[2]
@@ -70,9 +70,9 @@ def _describe(query, key, value, score_mod, block_mask, scale):
         lists, q_block, kv_block, mask_fn = mask_tensors(block_mask, B, H, Sq, Sk, query.device)
         mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
     views = [t.transpose(1, 2) for t in (query, key) + (() if not isinstance(value, torch.Tensor) else (value,))]
-    p = FlexProblem(B, H, key.shape[1], Sq, Sk, D, value_shape(value)[3], query.dtype, query.dtype, query.device,
+    p = FlexProblem(B, H, key.shape[1], Sq, Sk, D, value_shape(value)[3], query.dtype, out_dtype, query.device,
                     D ** -0.5 if scale is None else float(scale), smod, mmod, block_mask is not None, q_block,
-                    kv_block, tma=all(tma_ok(t) for t in views))
+                    kv_block, return_lse, tma=all(tma_ok(t) for t in views))
     return p, FlexCall(query, key, value, lists=lists)
 
 
