@@ -3,12 +3,14 @@
 No MLA peer runs on our image, so the yardstick is the read bandwidth of a large torch reduction measured in
 the same run. Bytes and FLOPs by targets.md: bytes = 2 * (kv_tokens * (Dc + Dr) + B*Sq*Hq*(Dc + Dr) +
 B*Sq*Hq*Dc), FLOPs = 2 * B * Sq * Hq * kv_len * (2 * Dc + Dr). Every case's output is checked against the
-float32 reference (tolerance rule) before it is timed; plans are made outside the timed region (run only).
+float32 reference (tolerance rule) before it is timed; plans are made outside the timed region (run only);
+each time is the best of two do_bench medians (common.bench_rounds: one reading of a 0.3 ms case varies by
+up to a quarter between runs).
 """
 import torch
 
 from ..tolerance import allowed_error
-from .common import do_bench, finish, fmt, results_header
+from .common import bench_rounds, do_bench, finish, fmt, results_header
 
 DC, DR = 512, 64
 SEED = [(768, kv, hq, 1) for kv in (1024, 2048) for hq in (16, 32, 64)]  # (batch, kv_len, Hq, Sq)
@@ -67,7 +69,7 @@ def run(dtype="bf16", out_json=None, log=print, cases=None):
         row = {"case": case, "provider": "tileattn", "ms": None, "tflops": None, "gbps": None, "check": info,
                "plan": repr(plan)}
         if ok:
-            ms = do_bench(lambda: plan.run(qn, qp, ckv, kpe, table))
+            ms = bench_rounds({"tileattn": lambda: plan.run(qn, qp, ckv, kpe, table)})["tileattn"]
             nbytes = 2 * (batch * kv_len * (DC + DR) + batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
             flops = 2 * batch * sq * hq * kv_len * (2 * DC + DR)
             row.update(ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12)
