@@ -4,6 +4,7 @@
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
+#                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [ncu-fwd] (NCU_CASES: ';'-separated `profile_kernels.py fwd`
 #                                                                   argument lists)
 # Maintainer tools it runs: scripts/sweep.py (config sweeps), scripts/profile_kernels.py (Nsight Compute targets),
@@ -63,6 +64,23 @@ for s in $steps; do
     mla-tests)
       timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/mla > "$OUT/mla_tests.log" 2>&1; rc=$?
       summary+=("mla-tests rc=$rc: $(tail -n 1 "$OUT/mla_tests.log")") ;;
+    decode-tests)
+      timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/decode > "$OUT/decode_tests.log" 2>&1; rc=$?
+      summary+=("decode-tests rc=$rc: $(tail -n 1 "$OUT/decode_tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/decode_tests.log" | head -20 ;;
+    sweep-decode)
+      timeout 420 python3 scripts/sweep.py decode ${SWEEP_ARGS:-} > "$OUT/sweep_decode.log" 2>&1; rc=$?
+      summary+=("sweep-decode rc=$rc"); grep -E "^DEC|^read" "$OUT/sweep_decode.log" ;;
+    bench-decode)
+      timeout 560 python3 -m tileattn bench decode --out "$OUT/decode.json" ${DECODE_ARGS:-} > "$OUT/bench_decode.log" 2>&1; rc=$?
+      summary+=("bench-decode rc=$rc: $(grep '^summary' "$OUT/bench_decode.log")")
+      cat "$OUT/bench_decode.log" | grep -v "^summary" | head -150 ;;
+    ab-large-d)
+      # the pre-restructure tree (.ab/src, carried) and this one, in the same run, D = 256 only
+      for tree in .ab/src src; do
+        PYTHONPATH=$PWD/$tree timeout 150 python3 -m tileattn bench large-d --head-dims 256 --out "$OUT/ab_$(echo $tree | tr -d ./).json" > "$OUT/ab.log" 2>&1
+        summary+=("ab-large-d $tree: $(grep '^summary' "$OUT/ab.log" | grep -o 'vs_[a-z]*_H48_D256_[a-z]*=[0-9.]*' | tr '\n' ' ')")
+      done ;;
     bench-mla)
       timeout 400 python3 -m tileattn bench mla --out "$OUT/mla.json" > "$OUT/bench_mla.log" 2>&1; rc=$?
       summary+=("bench-mla rc=$rc: $(grep '^summary' "$OUT/bench_mla.log")")

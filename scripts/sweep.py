@@ -12,6 +12,8 @@ timed; a config that fails the check, does not compile or is refused is reported
             per (config, case) (i: index into LARGE_D; --sm90: CFG -1, unforced, the Gluon kernel where it
             serves), "BEST" per case
     mla     [--quick]: MLA decode (MLASm90Config, MLAConfig), GB/s per (shape, config), and the read bandwidth
+    decode  [--quick]: attention over a paged KV cache (DecodeConfig, and plan.PROGRAMS_PER_SM), GB/s per (shape,
+            config): "DEC <shape> (<table's choice>): <cfg>: <GB/s> | ..."
 
 scripts/gpu_check.sh: step sweep runs `sweep.py dense --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330}`
 (greps ^BEST, ^  D=), sweep-bwd `sweep.py bwd ${SWEEP_ARGS:-}` (^D=, ^FLEX), sweep-large-d
@@ -33,6 +35,7 @@ import tileattn
 from tileattn.bench.common import attn_tflops, do_bench, max_abs
 from tileattn.ops.common.configs import BwdConfig
 from tileattn.ops.dense.configs import AttnConfig, LargeDConfig
+from tileattn.ops.decode.configs import DecodeConfig
 from tileattn.ops.mla.configs import MLAConfig, MLASm90Config
 
 A, L, M, G, BW = AttnConfig, LargeDConfig, MLAConfig, MLASm90Config, BwdConfig
@@ -65,6 +68,10 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
        M(64, 8, 2, 1), M(32, 8, 2, 1), M(32, 8, 3, 1), M(32, 4, 2, 1), M(64, 8, 1, 1), M(32, 4, 2, 2), M(64, 4, 2, 2),
        M(16, 4, 1, 2), M(16, 4, 1, 4)]
 MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
+# decode: (block_n, warps, stages); then programs per SM with the table's config
+DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (64, 4, 4), (32, 4, 3), (32, 4, 4), (32, 4, 6), (128, 4, 2),
+                                  (128, 8, 2), (64, 8, 3), (64, 2, 3), (32, 2, 4), (16, 2, 4), (16, 4, 6))]
+DEC_PPS = [1, 2, 4, 8, 16]
 
 
 # ---- shared parts -------------------------------------------------------------------------------------------
@@ -287,6 +294,46 @@ def mla(a):
         torch.cuda.empty_cache()
 
 
+# ---- attention over a paged KV cache ------------------------------------------------------------------------
+def decode(a):
+    from tileattn.bench.decode import D, _nbytes, check, make_cache, read_bandwidth
+    from tileattn.ops.decode import plan as plan_mod
+    print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
+    f8, bf = torch.float8_e4m3fn, torch.bfloat16
+    shapes = [(32, 8, 1, 32768, 1, 16, bf), (32, 8, 32, 4096, 1, 16, bf), (32, 8, 128, 16384, 1, 64, bf),
+              (32, 8, 32, 16384, 1, 16, f8), (32, 8, 32, 4096, 16, 16, bf), (64, 8, 32, 4096, 16, 16, bf)]
+    if not a.quick:
+        shapes += [(64, 8, 64, 16384, 1, 16, bf), (32, 32, 32, 4096, 1, 16, bf), (32, 8, 8, 1024, 1, 16, bf),
+                   (32, 8, 1, 1024, 1, 64, bf), (32, 8, 64, 16384, 4, 16, bf), (32, 8, 128, 32768, 1, 16, f8)]
+    default_pps = plan_mod.PROGRAMS_PER_SM
+    for hq, hkv, batch, kv, sq, page, cdt in shapes:
+        k, v, table, seqlens = make_cache(batch, kv, hkv, page, cdt)
+        q = torch.randn(batch, sq, hq, D, device="cuda", dtype=bf)
+        nbytes = _nbytes(batch, kv, hq, hkv, sq, cdt.itemsize)
+        line = []
+        variants = [(c, default_pps) for c in DEC] + [(None, p) for p in DEC_PPS]
+        for cfg, pps in variants:
+            name = f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}" if cfg else f"pps{pps}"
+            plan_mod.PROGRAMS_PER_SM = pps
+            try:
+                with forced(cfg):  # the plan keeps the config chosen when it is made
+                    plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
+                                                q_len=sq, dtype=bf, cache_dtype=cdt)
+                ms, info = checked_ms(lambda: plan.run(q, k, v, table),
+                                      lambda out: check(out, q, k, v, table, seqlens, sample=2))
+                line.append(f"{name}: {nbytes / ms / 1e6:.0f}" if ms else f"{name}: WRONG {info}")
+            except Exception as e:  # noqa: BLE001
+                line.append(f"{name}: {err(e, 80)}")
+            finally:
+                plan_mod.PROGRAMS_PER_SM = default_pps
+        plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page, q_len=sq,
+                                    dtype=bf, cache_dtype=cdt)
+        print(f"DEC hq{hq}/{hkv} b{batch} kv{kv} sq{sq} p{page} {str(cdt)[6:]} items={plan.num_items} "
+              f"chunk={plan.chunk} ({plan.config}): " + " | ".join(line), flush=True)
+        del k, v, table, plan, q
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -316,6 +363,9 @@ def main():
     p = sub.add_parser("mla", help="MLA decode configs against the read bandwidth")
     p.add_argument("--quick", action="store_true", help="four shapes, seven configs")
     p.set_defaults(func=mla)
+    p = sub.add_parser("decode", help="attention over a paged KV cache: configs against the read bandwidth")
+    p.add_argument("--quick", action="store_true", help="six shapes")
+    p.set_defaults(func=decode)
     a = ap.parse_args()
     a.func(a)
 

@@ -7,6 +7,8 @@ Public API:
     quantize_fp8(x, dtype), fp8_v_layout(v) -> Fp8V                          fp8 inputs of attention
     mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, ...)  MLA over a paged cache
     MLADecodePlan(cache_seqlens, num_heads=..., ...).run(...)                  the same, planned once
+    kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, ...)   decode / prefill over a KV cache
+    KVCachePlan(seqlens, num_heads=..., num_kv_heads=..., ...).run(...)        the same, planned once
     flex_attention(query, key, value, score_mod, block_mask, ...)             torch's FlexAttention model
     mods                                                                       ready-made score / mask mods
     force_backend(name=None, config=None)                                      force a kernel (context manager)
@@ -16,7 +18,8 @@ CPU-only machine before any kernel is defined.
 """
 __version__ = "0.1.0"
 __all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "quantize_fp8", "fp8_v_layout",
-           "Fp8V", "mla_decode", "MLADecodePlan", "flex_attention", "FlexCompileError", "mods", "force_backend",
+           "Fp8V", "mla_decode", "MLADecodePlan", "kvcache_attention", "KVCachePlan", "flex_attention",
+           "FlexCompileError", "mods", "force_backend",
            "__version__"]
 
 
@@ -36,6 +39,12 @@ def __getattr__(name):
     if name == "MLADecodePlan":
         from .ops.mla.plan import MLADecodePlan
         return MLADecodePlan
+    if name == "kvcache_attention":
+        from .ops.decode.api import kvcache_attention
+        return kvcache_attention
+    if name == "KVCachePlan":
+        from .ops.decode.plan import KVCachePlan
+        return KVCachePlan
     if name == "flex_attention":
         from .ops.flex.api import flex_attention
         return flex_attention

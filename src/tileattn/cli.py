@@ -6,6 +6,7 @@
     tileattn bench flex [--out FILE]
     tileattn bench bwd [--dtype fp16|bf16] [--seqlens ...] [--out FILE]
     tileattn bench large-d [--dtype fp16|bf16] [--head-dims 256,320,...] [--out FILE]
+    tileattn bench decode [--quick] [--out FILE]
     tileattn info [--all]
 
 With no CUDA GPU, `bench` says so and runs a small correctness demo through the Triton interpreter. `info`
@@ -16,7 +17,7 @@ import argparse
 import os
 import sys
 
-SUITES = ("dense", "fp8", "mla", "flex", "bwd", "large-d")
+SUITES = ("dense", "fp8", "mla", "flex", "bwd", "large-d", "decode")
 
 
 def _parser():
@@ -31,6 +32,7 @@ def _parser():
     b.add_argument("--fp8-dtypes", default="e4m3,e5m2", help="fp8 suite: comma-separated subset of e4m3,e5m2")
     b.add_argument("--head-dims", default=None, help="default: the suite's grid (dense, fp8: 64,128)")
     b.add_argument("--seqlens", default=None, help="comma-separated N values (default: the suite's grid)")
+    b.add_argument("--quick", action="store_true", help="decode suite: batch 1 and 32, kv 4K and 32K only")
     b.add_argument("--out", default=None, help="results JSON (default: bench/results/<suite>.json)")
     b.add_argument("--plot", default=None, help="PNG plot (default: next to the JSON)")
     i = sub.add_parser("info", help="print what tileattn sees of this machine and which kernels serve what")
@@ -64,6 +66,11 @@ def main(argv=None):
     if args.suite == "mla":
         from .bench import mla
         doc = mla.run(dtype=args.dtype or "bf16", out_json=out)
+        print(f"\nwrote {out}")
+        return 1 if doc["summary"]["check_failures"] else 0
+    if args.suite == "decode":
+        from .bench import decode
+        doc = decode.run(out_json=out, quick=args.quick)
         print(f"\nwrote {out}")
         return 1 if doc["summary"]["check_failures"] else 0
     if args.suite == "large-d":

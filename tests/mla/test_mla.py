@@ -100,7 +100,7 @@ def test_mla_plan_form_and_split(device, monkeypatch):
 
 
 def test_mla_chunk_choice():
-    from tileattn.ops.mla.plan import choose_chunk
+    from tileattn.ops.common.paging import choose_chunk
     assert choose_chunk([32768] * 16, 64, 132) == 4096  # 128 pieces: one wave of 132 SMs
     assert choose_chunk([1024] * 768, 64, 132) == 1024  # more sequences than SMs: no split
     assert choose_chunk([8192], 64, 132) == 128  # at least two steps per piece

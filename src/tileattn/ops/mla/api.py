@@ -1,7 +1,8 @@
 """Public MLA decode entry point (the functional form; MLADecodePlan is the plan/run form)."""
 import torch
 
-from .checks import check_pages, check_run_args
+from ..common.paging import check_pages
+from .checks import check_run_args
 from .plan import MLADecodePlan, MLARun
 
 

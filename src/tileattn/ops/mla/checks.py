@@ -2,6 +2,7 @@
 import torch
 
 from ... import hw
+from ..common.paging import check_seqlens
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = torch.float8_e4m3fn
@@ -9,19 +10,6 @@ _FP8 = torch.float8_e4m3fn
 
 def is_pow2(x):
     return x > 0 and x & (x - 1) == 0
-
-
-def check_seqlens(cache_seqlens, batch, device):
-    if not isinstance(cache_seqlens, torch.Tensor):
-        raise TypeError("cache_seqlens: expected a torch.Tensor")
-    if cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
-        raise ValueError(f"cache_seqlens: expected a 1-D int32 tensor, got {cache_seqlens.dtype} "
-                         f"of shape {tuple(cache_seqlens.shape)}")
-    if batch is not None and cache_seqlens.shape[0] != batch:
-        raise ValueError(f"cache_seqlens: the plan is for a batch of {batch}, got {cache_seqlens.shape[0]} "
-                         f"lengths (make a new plan for a new batch size)")
-    if device is not None and cache_seqlens.device != device:
-        raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is on {device}")
 
 
 def check_plan_args(cache_seqlens, plan):
@@ -105,13 +93,3 @@ def check_run_args(plan, r):
                             or lse.device != plan.device or lse.stride(-1) != 1):
         raise ValueError(f"lse: expected a float32 [B, num_heads, q_len] = {[B, H, S]} tensor with a contiguous "
                          f"last dimension on {plan.device}")
-
-
-def check_pages(block_table, cache_seqlens, page_size, num_pages):
-    """Host check (a device sync) that every page a sequence uses is a valid id in [0, num_pages)."""
-    lens = cache_seqlens.to(torch.int64)
-    used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] * page_size < lens[:, None]
-    ids = block_table[used]
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_pages):
-        raise ValueError(f"block_table: page ids must be in [0, {num_pages}) for the pages a sequence uses, got "
-                         f"{int(ids.min())}..{int(ids.max())}")

@@ -23,16 +23,10 @@ checks page ids on the host where it can; see plan.py).
 import triton
 import triton.language as tl
 
+from ..common.paging import gather_rows
 from ..common.softmax import online_softmax
 
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _gather_rows(cache, stride_p, stride_s, pages, slots, cols, mask):
-    """[BLOCK_N, len(cols)] rows of a paged cache: token i is row slots[i] of page pages[i]."""
-    rows = pages.to(tl.int64) * stride_p + slots.to(tl.int64) * stride_s
-    return tl.load(cache + rows[:, None] + cols[None, :], mask=mask[:, None], other=0.0)
 
 
 @triton.jit
@@ -93,15 +87,15 @@ def mla_split_kernel(
         page = tl.load(bt_row + tok // PAGE, mask=tok_ok, other=0)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
         slot_in_page = tok % PAGE
-        kn = _gather_rows(CKV, stride_cp, stride_cs, page, slot_in_page, o_c, tok_ok).to(qn.dtype)  # [BLOCK_N, DC]
-        kp = _gather_rows(KPE, stride_kp, stride_ks, page, slot_in_page, o_r, tok_ok).to(qn.dtype)  # [BLOCK_N, DR]
+        kn = gather_rows(CKV, stride_cp, stride_cs, page, slot_in_page, o_c, tok_ok).to(qn.dtype)  # [BLOCK_N, DC]
+        kp = gather_rows(KPE, stride_kp, stride_ks, page, slot_in_page, o_r, tok_ok).to(qn.dtype)  # [BLOCK_N, DR]
         s = tl.dot(qn, tl.trans(kn)) + tl.dot(qp, tl.trans(kp))
         s = tl.where(tok[None, :] < limit[:, None], s, float("-inf"))
         p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, sm_scale)
         if OUT_SPLIT == 1:
             v = kn
         else:
-            v = _gather_rows(CKV, stride_cp, stride_cs, page, slot_in_page, o_o, tok_ok).to(qn.dtype)
+            v = gather_rows(CKV, stride_cp, stride_cs, page, slot_in_page, o_o, tok_ok).to(qn.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
     seen = l_i > 0.0

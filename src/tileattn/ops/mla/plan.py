@@ -17,42 +17,19 @@ import triton
 
 from ... import hw
 from ..common.backend import force_backend
+from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
-from .checks import check_kv_scale, check_plan_args, check_run_args, check_seqlens
+from .checks import check_kv_scale, check_plan_args, check_run_args
 from .configs import BLOCK_M
 from .kernels import mla_combine_kernel
 from .launch_sm90 import tensors_ok
 
 
 _WAVES = 1  # work items aimed for: at most this many programs per SM (each walks a long token range)
-_MIN_STEPS = 2  # a split piece has at least this many BLOCK_N steps (its partial output costs a write + read)
 
 
 def _block_m(rows):
     return max(16, min(64, triton.next_power_of_2(rows)))
-
-
-def choose_chunk(lens, step, max_items):
-    """The smallest chunk (a multiple of `step`, at least _MIN_STEPS steps) that cuts the sequences into at
-    most max_items pieces; one piece per sequence when even that makes more."""
-    longest = max(lens, default=0)
-    hi = max(step, -(-longest // step) * step)
-    lo = min(hi, _MIN_STEPS * step)
-
-    def pieces(c):
-        return sum(-(-n // c) for n in lens)
-    if pieces(lo) <= max_items:
-        return lo
-    if pieces(hi) > max_items:
-        return hi
-    lo_k, hi_k = lo // step, hi // step  # pieces(lo_k * step) > max_items >= pieces(hi_k * step)
-    while hi_k - lo_k > 1:
-        mid = (lo_k + hi_k) // 2
-        if pieces(mid * step) <= max_items:
-            hi_k = mid
-        else:
-            lo_k = mid
-    return hi_k * step
 
 
 def schedule(lens, chunk):
@@ -175,7 +152,7 @@ class MLADecodePlan:
             raise ValueError(f"cache_seqlens: a sequence of {self.max_len} tokens does not fit a block table of "
                              f"{self.max_pages_per_seq} pages of {self.page_size}")
         lens = lens.tolist()
-        chunk = choose_chunk(lens, self.config.block_n, self.target_items)
+        chunk = choose_chunk(lens, self.config.block_n, self.target_items)  # pieces of >= 2 steps
         items, splits, slots = schedule(lens, chunk)
         # choose_chunk: either <= target_items pieces, or one per sequence (no slots)
         assert len(items) <= self.capacity and slots <= self.slot_capacity

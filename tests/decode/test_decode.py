@@ -1,0 +1,296 @@
+"""Attention over a KV cache (kvcache_attention, KVCachePlan) against the float32 gather reference, under the
+tolerance rule.
+
+Pages are shuffled (never contiguous), and every cache slot no sequence uses holds NaN (spare pages, the tail
+of each last page, the contiguous cache's tail), so a kernel that reads a token it should not fails. CPU runs
+(interpreter) use small shapes and float16 (the interpreter's bf16 dots are wrong); `gpu` ones the bench's.
+"""
+import pytest
+import torch
+
+import tileattn
+from tileattn.ops.decode import plan as plan_mod
+from tileattn.ops.decode.reference import alibi_slopes, gather, kvcache_attention_ref
+from tests.helpers import assert_close, randn
+
+F16, BF16, FP8 = torch.float16, torch.bfloat16, torch.float8_e4m3fn
+
+
+def make_cache(lens, page_size, hkv, d, dtype, device, spare_pages=2):
+    """(k, v, block_table): shuffled pages ([num_pages, page_size, hkv, d]; page_size None: a contiguous
+    [B, max + 3, hkv, d] cache), every slot no sequence uses NaN, unused table entries -1."""
+    if page_size is None:
+        k = torch.full((len(lens), max(lens) + 3, hkv, d), float("nan"), dtype=dtype, device=device)
+        v = k.clone()
+        for b, n in enumerate(lens):
+            k[b, :n] = randn(n, hkv, d, dtype=dtype, device=device)
+            v[b, :n] = randn(n, hkv, d, dtype=dtype, device=device)
+        return k, v, None
+    pages_per = [-(-n // page_size) for n in lens]
+    num_pages = sum(pages_per) + spare_pages
+    perm = torch.randperm(num_pages).tolist()
+    k = torch.full((num_pages, page_size, hkv, d), float("nan"), dtype=dtype, device=device)
+    v = k.clone()
+    table = torch.full((len(lens), max(1, max(pages_per)) + 1), -1, dtype=torch.int32)
+    nxt = 0
+    for b, n in enumerate(lens):
+        for i in range(pages_per[b]):
+            pid = perm[nxt]
+            nxt += 1
+            table[b, i] = pid
+            used = min(page_size, n - i * page_size)
+            k[pid, :used] = randn(used, hkv, d, dtype=dtype, device=device)
+            v[pid, :used] = randn(used, hkv, d, dtype=dtype, device=device)
+    return k, v, table.to(device)
+
+
+def check(out, lse, q, k, v, seqlens, table, **kw):
+    ref, ref_lse = kvcache_attention_ref(q, k, v, seqlens, table, **kw)
+    ref_lp, ref_lse_lp = kvcache_attention_ref(q, k, v, seqlens, table, dtype=q.dtype, **kw)
+    assert_close("out", out, ref, ref_lp)
+    if lse is not None:
+        assert_close("lse", lse, ref_lse, ref_lse_lp.float())
+
+
+def run_case(device, lens, q_len, hq, hkv, d, page_size, dtype=F16, plan_form=False, **opts):
+    k, v, table = make_cache(lens, page_size, hkv, d, dtype, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = randn(len(lens), q_len, hq, d, dtype=dtype, device=device)
+    ref_opts = {n: opts[n] for n in ("causal", "window", "softcap", "alibi_slopes", "sinks", "scale") if n in opts}
+    if plan_form:
+        plan_opts = {n: opts[n] for n in ("causal", "window", "softcap", "scale") if n in opts}
+        plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
+                                    q_len=q_len, dtype=dtype, **plan_opts)
+        plan.out.fill_(float("nan"))
+        plan.lse.fill_(float("nan"))
+        out, lse = plan.run(q, k, v, table, alibi_slopes=opts.get("alibi_slopes"), sinks=opts.get("sinks"),
+                            return_lse=True)
+    else:
+        out, lse = tileattn.kvcache_attention(q, k, v, seqlens, table, return_lse=True, **opts)
+    check(out, lse, q, k, v, seqlens, table, **ref_opts)
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16, None])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_decode_matrix(device, page_size, hq, hkv, q_len):
+    run_case(device, [37, 3, 70], q_len, hq, hkv, 64, page_size)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_decode_head_dims(device, d):
+    run_case(device, [20, 45], 2, 4, 2, d, 16, plan_form=True)
+
+
+@pytest.mark.parametrize("opts", [
+    {"causal": False}, {"window": (8, 0)}, {"window": (5, 2), "causal": False}, {"softcap": 2.0},
+    {"scale": 0.3}, {"alibi": True}, {"sinks": True}, {"sinks": True, "window": (4, 0), "softcap": 3.0},
+], ids=lambda o: "-".join(o))
+@pytest.mark.parametrize("plan_form", [False, True])
+def test_decode_options(device, opts, plan_form):
+    opts = dict(opts)
+    if opts.pop("alibi", False):
+        opts["alibi_slopes"] = alibi_slopes(8).to(device)
+    if opts.pop("sinks", False):
+        opts["sinks"] = torch.randn(8, device=device) * 2
+    run_case(device, [50, 9, 0 if not plan_form else 1], 4, 8, 2, 64, 16, plan_form=plan_form, **opts)
+
+
+def test_decode_sink_alone(device):
+    """A sequence with no tokens: out = 0 and lse = the sink's logit."""
+    k, v, table = make_cache([5, 0], 4, 2, 64, F16, device)
+    seqlens = torch.tensor([0, 0], dtype=torch.int32, device=device)
+    q = randn(2, 1, 4, 64, dtype=F16, device=device)
+    sinks = torch.randn(4, device=device)
+    out, lse = tileattn.kvcache_attention(q, k, v, seqlens, table, sinks=sinks, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out))
+    torch.testing.assert_close(lse, sinks[None, :, None].expand(2, 4, 1))
+
+
+@pytest.mark.parametrize("page_size", [8, None])
+def test_decode_append(device, page_size):
+    """k_new / v_new land at cache_seqlens.. (FlashAttention's convention) and are attended to."""
+    lens, new = [30, 7, 16], 3
+    cap = [n + new for n in lens]
+    k, v, table = make_cache(cap, page_size, 2, 64, F16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = randn(3, new, 4, 64, dtype=F16, device=device)
+    kn, vn = randn(3, new, 2, 64, dtype=F16, device=device), randn(3, new, 2, 64, dtype=F16, device=device)
+    out, lse = tileattn.kvcache_attention(q, k, v, seqlens, table, k_new=kn, v_new=vn, return_lse=True)
+    total = seqlens + new
+    for b in range(3):
+        assert torch.equal(gather(k, table, b, cap[b])[lens[b]:], kn[b])
+        assert torch.equal(gather(v, table, b, cap[b])[lens[b]:], vn[b])
+    check(out, lse, q, k, v, total, table)
+
+
+def test_decode_chunked_prefill(device):
+    """Packed queries (cu_seqlens_q) against each sequence's paged cache, new keys appended, an empty query
+    sequence among them, a tile boundary inside a sequence (64 rows)."""
+    lens, qlens = [40, 12, 90, 5], [3, 0, 40, 5]
+    k, v, table = make_cache(lens, 16, 2, 64, F16, device)
+    cu = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0)), dtype=torch.int32, device=device)
+    q = randn(sum(qlens), 4, 64, dtype=F16, device=device)
+    kn, vn = randn(sum(qlens), 2, 64, dtype=F16, device=device), randn(sum(qlens), 2, 64, dtype=F16, device=device)
+    cache_seqlens = torch.tensor([n - m for n, m in zip(lens, qlens)], dtype=torch.int32, device=device)
+    out, lse = tileattn.kvcache_attention(q, k, v, cache_seqlens, table, k_new=kn, v_new=vn, cu_seqlens_q=cu,
+                                          window=(30, 0), return_lse=True)
+    assert lse.shape == (4, sum(qlens))
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    check(out, lse, q, k, v, seqlens, table, cu_seqlens_q=cu, window=(30, 0))
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_decode_fp8_cache(device, per_head):
+    lens = [33, 60]
+    k, v, table = make_cache(lens, 16, 2, 64, F16, device)
+    k8, v8 = (k.float() / 2).to(FP8), (v.float() * 4).to(FP8)
+    ks = torch.tensor([2.0, 1.0], device=device) if per_head else 2.0
+    vs = torch.tensor([0.25], device=device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = randn(2, 2, 4, 64, dtype=F16, device=device)
+    out, lse = tileattn.kvcache_attention(q, k8, v8, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
+    check(out, lse, q, k8, v8, seqlens, table, k_scale=ks, v_scale=vs)
+
+
+def test_decode_fp8_append(device):
+    """New keys are divided by the scale and saturated into an fp8 cache."""
+    k, v, table = make_cache([20], 8, 1, 64, F16, device)
+    k8, v8 = k.to(FP8), v.to(FP8)
+    kn = randn(1, 1, 1, 64, dtype=F16, device=device) * 3
+    kn[0, 0, 0, 0] = 5000.0  # saturates to 448 * scale
+    vn = randn(1, 1, 1, 64, dtype=F16, device=device)
+    q = randn(1, 1, 2, 64, dtype=F16, device=device)
+    seqlens = torch.tensor([19], dtype=torch.int32, device=device)
+    tileattn.kvcache_attention(q, k8, v8, seqlens, table, k_new=kn, v_new=vn, k_scale=2.0, v_scale=1.0)
+    row = gather(k8, table, 0, 20)[19, 0].float()
+    want = (kn[0, 0, 0].float() / 2).clamp(-448, 448).to(FP8).float()
+    assert row[0] == 448.0
+    torch.testing.assert_close(row, want, rtol=0.125, atol=2 ** -9)  # within one e4m3 step (rounding may differ)
+
+
+def test_decode_split_and_update(device, monkeypatch):
+    """A long sequence among short ones is split into many items and combined; update re-plans in place."""
+    monkeypatch.setattr(plan_mod, "PROGRAMS_PER_SM", 16)
+    monkeypatch.setattr(plan_mod, "MIN_STEPS", 1)
+    lens = [700, 7, 130]
+    k, v, table = make_cache(lens, 16, 2, 64, F16, device)
+    q = randn(3, 2, 4, 64, dtype=F16, device=device)
+    sinks = torch.randn(4, device=device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    plan = tileattn.KVCachePlan(seqlens, num_heads=4, num_kv_heads=2, head_dim=64, page_size=16, q_len=2,
+                                dtype=F16)
+    assert plan.num_slots >= 4, plan
+    out, lse = plan.run(q, k, v, table, sinks=sinks, return_lse=True)
+    check(out, lse, q, k, v, seqlens, table, sinks=sinks)
+    shorter = torch.tensor([300, 2, 129], dtype=torch.int32, device=device)
+    plan.update(shorter)
+    out, lse = plan.run(q, k, v, table, return_lse=True)
+    check(out, lse, q, k, v, shorter, table)
+
+
+def test_decode_errors(device):
+    k, v, table = make_cache([20, 9], 8, 2, 64, F16, device)
+    seqlens = torch.tensor([20, 9], dtype=torch.int32, device=device)
+    q = randn(2, 1, 4, 64, dtype=F16, device=device)
+    bad = table.clone()
+    bad[0, 1] = 10_000
+    with pytest.raises(ValueError, match="block_table"):
+        tileattn.kvcache_attention(q, k, v, seqlens, bad)
+    with pytest.raises(ValueError, match="does not fit a block table"):
+        tileattn.kvcache_attention(q, k, v, torch.tensor([20, 40], dtype=torch.int32, device=device), table)
+    with pytest.raises(ValueError, match="num_heads, num_kv_heads"):
+        tileattn.kvcache_attention(randn(2, 1, 3, 64, dtype=F16, device=device), k, v, seqlens, table)
+    with pytest.raises(TypeError, match="k_cache"):
+        tileattn.kvcache_attention(q, k.to(BF16), v, seqlens, table)
+    with pytest.raises(ValueError, match="head_dim"):
+        tileattn.kvcache_attention(randn(2, 1, 4, 96, dtype=F16, device=device), k, v, seqlens, table)
+    with pytest.raises(ValueError, match="lengths must be >= 0"):
+        tileattn.kvcache_attention(q, k, v, torch.tensor([20, -3], dtype=torch.int32, device=device), table)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        tileattn.kvcache_attention(q, k, v, seqlens.long(), table)
+    with pytest.raises(ValueError, match="window"):
+        tileattn.kvcache_attention(q, k, v, seqlens, table, window=(3,))
+    with pytest.raises(ValueError, match="sinks"):
+        tileattn.kvcache_attention(q, k, v, seqlens, table, sinks=torch.zeros(3, device=device))
+    with pytest.raises(ValueError, match="k_scale"):
+        tileattn.kvcache_attention(q, k, v, seqlens, table, k_scale=torch.ones(3, device=device))
+    plan = tileattn.KVCachePlan(seqlens, num_heads=4, num_kv_heads=2, head_dim=64, page_size=8, dtype=F16)
+    with pytest.raises(ValueError, match="page_size=8"):
+        plan.run(q, k[:, :4], v[:, :4], table)
+    with pytest.raises(ValueError, match="q: expected"):
+        plan.run(randn(3, 1, 4, 64, dtype=F16, device=device), k, v, table)
+    with pytest.raises(ValueError, match="k_new, v_new"):
+        plan.run(q, k, v, table, k_new=randn(2, 1, 2, 64, dtype=F16, device=device))
+    with pytest.raises(ValueError, match="seqlens: the plan is for a batch of 2"):
+        plan.update(torch.tensor([1], dtype=torch.int32, device=device))
+    with pytest.raises(NotImplementedError, match="no backward"):
+        plan.run(q.clone().requires_grad_(), k, v, table)
+
+
+# ---- GPU -------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64, None])
+@pytest.mark.parametrize("hq,hkv,q_len", [(32, 8, 1), (64, 8, 1), (32, 32, 1), (32, 8, 4), (64, 8, 16)])
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_gpu_decode(device, page_size, hq, hkv, q_len, dtype):
+    run_case(device, [3000, 17, 1, 1500], q_len, hq, hkv, 128, page_size, dtype=dtype, plan_form=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 256])
+def test_gpu_decode_head_dims(device, d):
+    run_case(device, [2000, 700], 4, 16, 4, d, 32, dtype=BF16, window=(500, 0), softcap=30.0,
+             sinks=torch.randn(16, device=device))
+
+
+@pytest.mark.gpu
+def test_gpu_decode_fp8(device):
+    lens = [4000, 33, 1000]
+    k, v, table = make_cache(lens, 16, 8, 128, BF16, device)
+    k8, v8 = k.to(FP8), v.to(FP8)
+    ks = torch.linspace(0.5, 1.5, 8, device=device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = randn(3, 1, 32, 128, dtype=BF16, device=device)
+    out, lse = tileattn.kvcache_attention(q, k8, v8, seqlens, table, k_scale=ks, v_scale=0.7, return_lse=True)
+    check(out, lse, q, k8, v8, seqlens, table, k_scale=ks, v_scale=0.7)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_cuda_graph(device):
+    """plan.run captured in a CUDA graph; update() (same buffers) then a replay gives the new lengths' result."""
+    lens = [5000, 40, 900, 3]
+    k, v, table = make_cache(lens, 16, 8, 128, BF16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = randn(4, 1, 32, 128, dtype=BF16, device=device)
+    sinks = torch.randn(32, device=device)
+    plan = tileattn.KVCachePlan(seqlens, num_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=BF16)
+    plan.run(q, k, v, table, sinks=sinks)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = plan.run(q, k, v, table, sinks=sinks)
+    g.replay()
+    torch.cuda.synchronize()
+    check(out, None, q, k, v, seqlens, table, sinks=sinks)
+    shorter = torch.tensor([4000, 1, 900, 2], dtype=torch.int32, device=device)
+    plan.update(shorter)
+    q.copy_(randn(4, 1, 32, 128, dtype=BF16, device=device))
+    g.replay()
+    torch.cuda.synchronize()
+    check(out, None, q, k, v, shorter, table, sinks=sinks)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_append_prefill(device):
+    """Chunked prefill of a 2K-token chunk per sequence over a paged cache, appended in place."""
+    lens, qlens = [6000, 2048, 3000], [2048, 2048, 100]
+    k, v, table = make_cache(lens, 64, 8, 128, BF16, device)
+    cu = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0)), dtype=torch.int32, device=device)
+    q = randn(sum(qlens), 32, 128, dtype=BF16, device=device)
+    kn, vn = randn(sum(qlens), 8, 128, dtype=BF16, device=device), randn(sum(qlens), 8, 128, dtype=BF16,
+                                                                         device=device)
+    cache_seqlens = torch.tensor([n - m for n, m in zip(lens, qlens)], dtype=torch.int32, device=device)
+    out, lse = tileattn.kvcache_attention(q, k, v, cache_seqlens, table, k_new=kn, v_new=vn, cu_seqlens_q=cu,
+                                          return_lse=True)
+    check(out, lse, q, k, v, torch.tensor(lens, dtype=torch.int32, device=device), table, cu_seqlens_q=cu)
