@@ -294,3 +294,23 @@ def test_gpu_decode_append_prefill(device):
     out, lse = tileattn.kvcache_attention(q, k, v, cache_seqlens, table, k_new=kn, v_new=vn, cu_seqlens_q=cu,
                                           return_lse=True)
     check(out, lse, q, k, v, torch.tensor(lens, dtype=torch.int32, device=device), table, cu_seqlens_q=cu)
+
+
+# ---- attention(...) with Sq = 1 takes the split-KV route ----------------------------------------------------------
+@pytest.mark.parametrize("opts", [{}, {"causal": True, "window": (40, 0)}, {"softcap": 5.0, "scale": 0.2}],
+                         ids=lambda o: "-".join(o) or "plain")
+def test_dense_decode_route(device, opts):
+    from tileattn.ops.dense import dispatch
+    from tileattn.ops.dense.problem import AttnOptions, AttnProblem
+    from tileattn.ops.dense.reference import attention_ref
+    B, Sk, Hq, Hkv, D = 2, 150, 8, 2, 64
+    q = randn(B, 1, Hq, D, dtype=F16, device=device)
+    k = randn(B, Sk, Hkv, D, dtype=F16, device=device)
+    v = randn(B, Sk, Hkv, D, dtype=F16, device=device)
+    p = AttnProblem(B, 1, Sk, Hq, Hkv, D, D, F16, F16, torch.device(device), AttnOptions(scale=0.125))
+    assert dispatch.select(p)[0].name == "dense.decode"
+    out, lse = tileattn.attention(q, k, v, return_lse=True, **opts)
+    ref, ref_lse = attention_ref(q, k, v, **opts)
+    ref_lp, ref_lse_lp = attention_ref(q, k, v, dtype=F16, **opts)
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, ref_lse, ref_lse_lp)

@@ -90,13 +90,13 @@ def sdpa_fns(q, k, v):
     return fns
 
 
-def check(out, q, k, v, table, seqlens, k_scale=1.0, v_scale=1.0, sample=4):
-    """Tolerance rule on a sample of sequences against the float32 reference."""
+def check(out, q, k, v, table, seqlens, scales=None, sample=4):
+    """Tolerance rule on a sample of sequences against the float32 reference (scales: k_scale / v_scale)."""
     from ..ops.decode.reference import kvcache_attention_ref
     idx = torch.linspace(0, q.shape[0] - 1, min(sample, q.shape[0]), device="cuda").long().unique()
     args = (q[idx], k, v, seqlens[idx], table[idx])
-    ref, _ = kvcache_attention_ref(*args, k_scale=k_scale, v_scale=v_scale)
-    ref_lp, _ = kvcache_attention_ref(*args, k_scale=k_scale, v_scale=v_scale, dtype=q.dtype)
+    ref, _ = kvcache_attention_ref(*args, **(scales or {}))
+    ref_lp, _ = kvcache_attention_ref(*args, **(scales or {}), dtype=q.dtype)
     err = (out[idx].float() - ref).abs().max().item()
     tol = allowed_error((ref_lp.float() - ref).abs().max().item(), ref, q.dtype)
     return bool(err <= tol and torch.isfinite(out).all()), {"err": err, "tol": tol}
@@ -144,7 +144,7 @@ def run(out_json=None, log=print, quick=False):
             plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page, q_len=sq,
                                         dtype=torch.bfloat16, cache_dtype=cdt)
             out = plan.run(q, k, v, table, **scales)
-            ok, info = check(out, q, k, v, table, seqlens, **scales)
+            ok, info = check(out, q, k, v, table, seqlens, scales)
             nbytes = _nbytes(batch, kv_len, hq, hkv, sq, cache_bytes)
             fns = {"tileattn": lambda: plan.run(q, k, v, table, **scales)}
             if sq == 1 and cdt == torch.bfloat16 and sdpa_ms is None:

@@ -4,7 +4,7 @@ import torch
 
 from ... import hw
 from ..common.paging import check_seqlens
-from .configs import HEAD_DIMS
+from .configs import HEAD_DIMS  # noqa: F401 (dense's decode route reads it here)
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = torch.float8_e4m3fn

@@ -71,14 +71,15 @@ def decode_split_kernel(
     D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    WINDOW: tl.constexpr, RETURN_LSE: tl.constexpr,
+    WINDOW: tl.constexpr, FP8: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
     """kv head hk = program_id(0), work item w = program_id(1): WORK[w] = (b, r0, k_start, k_end, slot), b < 0
     for unused capacity, slot < 0 to write O (and LSE) directly, else OP [slots, Hkv, BLOCK_M, D] and
     LSEP [slots, Hkv, BLOCK_M] (log2, float32). QINFO[b] = (first packed query row, q_len). Q / O rows: b *
     stride_qb + (QINFO[b][0] + t) * stride_qt + h * stride_qh. qk_scale: scale (times log2 e unless SOFTCAP);
-    KS / VS: float32 cache scales per kv head (stride_ksh 0: one for all); an fp8 cache is converted to q's
-    dtype (exactly) for the dots."""
+    KS / VS: float32 cache scales per kv head (stride_ksh 0: one for all). FP8: an e4m3 cache is converted
+    to float16 (exactly, one instruction per two values; bfloat16 would take several) and the dots run in
+    float16, q converted too (a |q| past 65504 saturates)."""
     hk = tl.program_id(0)
     w = tl.program_id(1)
     b = tl.load(WORK + w * 5)
@@ -100,6 +101,8 @@ def decode_split_kernel(
     b64 = b.to(tl.int64)
     q = tl.load(Q + b64 * stride_qb + (q_row + t)[:, None].to(tl.int64) * stride_qt + hq[:, None] * stride_qh
                 + d[None, :], mask=row_ok[:, None], other=0.0)
+    if FP8:
+        q = q.to(tl.float16)
     k_scale = tl.load(KS + hk * stride_ksh)
     v_scale = tl.load(VS + hk * stride_vsh)
     pos = seqlen - q_len + t  # the query token's position in its sequence

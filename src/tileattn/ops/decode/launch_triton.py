@@ -1,6 +1,7 @@
 """Backend "decode.triton": the portable split kernel (kernels.py), any GPU and the interpreter, 16-bit and fp8
 (e4m3) caches. Its config is the first of configs.candidates whose shared memory fits the budget."""
 from ... import hw
+from ...launcher import launch_cached
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from .configs import candidates, smem_bytes
@@ -31,7 +32,7 @@ class TritonBackend(Backend):
         """The first candidate for the plan's head dim whose shared memory fits the budget."""
         budget = hw.device_info(plan.device).smem_per_block
         cache_bytes = plan.cache_dtype.itemsize
-        for cfg in candidates(plan.head_dim):
+        for cfg in candidates(plan.head_dim, plan.block_m, cache_bytes == 1):
             if smem_bytes(cfg, plan.block_m, plan.head_dim, cache_bytes) <= budget:
                 return cfg
         raise ValueError(f"attention over a KV cache: no configuration fits the shared-memory budget of {budget} "
@@ -43,18 +44,17 @@ class TritonBackend(Backend):
         k, v, kn, vn = r.k_cache, r.v_cache, r.k_new, r.v_new
         block_t = 16
         bt = r.block_table if plan.paged else plan.seqlens
-        append_kv_kernel[(plan.num_kv_heads, plan.batch, -(-plan.max_q_len // block_t))](
+        launch_cached(append_kv_kernel, (plan.num_kv_heads, plan.batch, -(-plan.max_q_len // block_t)), (
             kn, vn, k, v, bt, plan.seqlens, plan.qinfo, r.k_scale, r.v_scale,
             *_q_strides(plan, kn), *_q_strides(plan, vn),
             k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
             bt.stride(0), _scale_stride(r.k_scale), _scale_stride(r.v_scale), k.shape[0],
-            D=plan.head_dim, PAGE=plan.page_size or 1, PAGED=plan.paged, BLOCK_T=block_t,
-            QUANT=plan.cache_dtype.itemsize == 1, num_warps=4,
-        )
+        ), dict(D=plan.head_dim, PAGE=plan.page_size or 1, PAGED=plan.paged, BLOCK_T=block_t,
+                QUANT=plan.cache_dtype.itemsize == 1, num_warps=4))
 
     def launch(self, plan, r):
         """Run the split kernel of plan's schedule on run r (plan.DecodeRun), then the combine kernel when the
-        schedule split a tile; returns the compiled split kernel."""
+        schedule may split a tile (launcher.launch_cached: a few microseconds of Python per launch)."""
         cfg = plan.config
         q, k, v, out, lse = r.q, r.k_cache, r.v_cache, r.out, r.lse
         bt = r.block_table if plan.paged else plan.seqlens
@@ -65,7 +65,7 @@ class TritonBackend(Backend):
         qk_scale = plan.scale if softcap > 0 else plan.scale * LOG2E
         wl, wr = plan.window
         lse_strides = _lse_strides(plan, lse)
-        compiled = decode_split_kernel[(plan.num_kv_heads, plan.capacity)](
+        launch_cached(decode_split_kernel, (plan.num_kv_heads, plan.capacity), (
             q, k, v, bt, plan.seqlens, plan.qinfo, plan.work, out, lse, plan.o_part, plan.lse_part,
             r.k_scale, r.v_scale, slopes, sinks,
             *_q_strides(plan, q),
@@ -73,16 +73,16 @@ class TritonBackend(Backend):
             *_q_strides(plan, out), *lse_strides,
             _scale_stride(r.k_scale), _scale_stride(r.v_scale),
             k.shape[0], qk_scale, softcap if softcap > 0 else 1.0, wl, wr,
+        ), dict(
             D=plan.head_dim, G=plan.group, PAGE=plan.page_size or 1, PAGED=plan.paged,
             BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n, CAUSAL=plan.causal, SOFTCAP=softcap > 0,
             ALIBI=r.alibi_slopes is not None, HAS_SINK=r.sinks is not None, WINDOW=wl >= 0 or wr >= 0,
-            RETURN_LSE=r.return_lse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+            FP8=plan.cache_dtype.itemsize == 1, RETURN_LSE=r.return_lse, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        ))
         if plan.tile_capacity:
-            decode_combine_kernel[(plan.num_kv_heads, plan.tile_capacity)](
+            launch_cached(decode_combine_kernel, (plan.num_kv_heads, plan.tile_capacity), (
                 plan.o_part, plan.lse_part, plan.tiles, plan.qinfo, out, lse, sinks,
                 *_q_strides(plan, out), *lse_strides,
-                D=plan.head_dim, G=plan.group, BLOCK_M=plan.block_m, HAS_SINK=r.sinks is not None,
-                RETURN_LSE=r.return_lse, num_warps=4,
-            )
-        return compiled
+            ), dict(D=plan.head_dim, G=plan.group, BLOCK_M=plan.block_m, HAS_SINK=r.sinks is not None,
+                    RETURN_LSE=r.return_lse, num_warps=4))

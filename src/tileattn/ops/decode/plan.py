@@ -101,12 +101,14 @@ class KVCachePlan:
 
     The plan owns its outputs: `run` returns out (q's shape) and, with return_lse, lse float32 (natural log;
     [B, Hq, q_len], or [Hq, total_q] for packed queries), overwritten by the next run unless `out` / `lse` are
-    passed. `run` does not check page ids (that would need a sync); out-of-range ids are clamped in the kernel,
+    passed. host_seqlens: the lengths as a list of ints, when the caller knows them (no device read).
+    `run` does not check page ids (that would need a sync); out-of-range ids are clamped in the kernel,
     so they never read outside the cache but give wrong rows: `tileattn.kvcache_attention` checks them.
     """
 
     def __init__(self, seqlens, *, num_heads, num_kv_heads, head_dim, page_size=None, q_len=1, cu_seqlens_q=None,
-                 dtype=torch.bfloat16, cache_dtype=None, causal=True, scale=None, window=(-1, -1), softcap=0.0):
+                 dtype=torch.bfloat16, cache_dtype=None, causal=True, scale=None, window=(-1, -1), softcap=0.0,
+                 host_seqlens=None):
         self.num_heads, self.num_kv_heads, self.head_dim, self.page_size = num_heads, num_kv_heads, head_dim, \
             page_size
         self.q_len, self.dtype, self.causal, self.scale = q_len, dtype, bool(causal), scale
@@ -159,13 +161,13 @@ class KVCachePlan:
         # k_scale, v_scale given as numbers land here (and it stands in for absent per-head vectors)
         self.scales = torch.ones(2, num_kv_heads, dtype=torch.float32, device=dev)
         self._scale_values = [1.0, 1.0]
-        self.compiled = None  # the split kernel of the last run
-        self.update(seqlens)
+        self.update(seqlens, host_seqlens)
 
-    def update(self, seqlens):
-        """Re-plan for new lengths of the same batch composition (a device sync), into the plan's buffers."""
+    def update(self, seqlens, host_seqlens=None):
+        """Re-plan for new lengths of the same batch composition (a device sync, unless host_seqlens gives
+        them as a list of ints), into the plan's buffers."""
         check_seqlens(seqlens, self.batch, self.device, "seqlens")
-        lens = seqlens.to("cpu", torch.int64).tolist()
+        lens = seqlens.to("cpu", torch.int64).tolist() if host_seqlens is None else list(host_seqlens)
         check_lengths(self, lens, self.q_lens)
         self.max_len = max(lens, default=0)
         tiles = tile_ranges(lens, self.q_lens, self.group, self.block_m, self.causal, self.window)
@@ -217,7 +219,7 @@ class KVCachePlan:
         r.lse = self.lse if lse is None else lse
         if k_new is not None:
             self.backend.append(self, r)
-        self.compiled = self.backend.launch(self, r)
+        self.backend.launch(self, r)
         return (r.out, r.lse) if return_lse else r.out
 
     def __repr__(self):

@@ -17,14 +17,24 @@ def gather(cache, block_table, b, n):
     return cache[block_table[b, tok // page_size].long(), tok % page_size]
 
 
-def kvcache_attention_ref(q, k_cache, v_cache, seqlens, block_table=None, *, cu_seqlens_q=None, causal=True,
-                          scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, k_scale=1.0,
-                          v_scale=1.0, dtype=torch.float32):
+_OPTS = dict(cu_seqlens_q=None, causal=True, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+             k_scale=1.0, v_scale=1.0)
+
+
+def kvcache_attention_ref(q, k_cache, v_cache, seqlens, block_table=None, *, dtype=torch.float32, **opts):
     """Reference for q ([B, Sq, Hq, D], or packed [total_q, Hq, D] with cu_seqlens_q) over the caches, sequence
     b attending to its first seqlens[b] tokens (the queries at its last positions). k_scale / v_scale: numbers
     or float32 tensors of 1 or Hkv elements. Returns (out like q, lse [B, Hq, Sq] or [Hq, total_q]) in `dtype`
     (pass q.dtype for the input-precision computation of the tolerance rule; an fp8 cache is then read as
-    q's dtype too)."""
+    q's dtype too). opts: cu_seqlens_q, causal, scale, window, softcap, alibi_slopes, sinks, k_scale, v_scale,
+    as kvcache_attention's."""
+    unknown = set(opts) - set(_OPTS)
+    if unknown:
+        raise TypeError(f"kvcache_attention_ref: unknown options {sorted(unknown)}")
+    o = {**_OPTS, **opts}
+    cu_seqlens_q, causal, scale, window, softcap = (o["cu_seqlens_q"], o["causal"], o["scale"], o["window"],
+                                                    o["softcap"])
+    alibi_slopes, sinks, k_scale, v_scale = o["alibi_slopes"], o["sinks"], o["k_scale"], o["v_scale"]
     packed = cu_seqlens_q is not None
     B = seqlens.shape[0]
     Hq, D = q.shape[-2], q.shape[-1]
