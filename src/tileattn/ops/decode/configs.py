@@ -22,23 +22,33 @@ class DecodeConfig:
 
 # Best first, per (head dim, row tile, cache). Shared memory: num_stages steps of K and V (block_n * D * 2 *
 # element bytes each) plus the query tile. Measured on the H100 (2026-11-23, scripts/sweep.py decode --quick,
-# bf16, D = 128, GB/s against a read bandwidth of 2937): 16-row tiles (Hq 32 / Hkv 8, q_len 1), batch 32 x 4K:
-# 64/4/3 2669, 32/4/6 2664, 64/2/3 2662, 32/4/3 2619; batch 128 x 16K: 64/4/3 3042, 128/8/2 3044, 32/4/3 2882;
-# 64-row tiles (q_len 16), batch 32 x 4K: 32/4/6 2545, 64/4/3 2364, 32/4/3 1899, 128/4/2 1707.
+# bf16, D = 128, GB/s against a read bandwidth of 2937; block_n / warps / stages):
+#   16 rows (Hq 32 / Hkv 8, q_len 1), batch 32 x 4K: 64/4/3 2664, 128/8/2 2664, 128/4/3 2663, 32/4/6 2657;
+#       batch 128 x 16K: 64/4/3 3042, 128/8/2 3044; batch 1 x 32K: 32/4/3 1523, 64/4/3 1508, 128/4/2 1370
+#   32 rows (Hq 64 / Hkv 8, q_len 4), batch 32 x 4K: 128/4/2 2598, 128/4/3 2578, 64/4/2 2376, 64/4/3 2108
+#   64 rows (q_len 16), batch 32 x 4K: 32/4/6 2533, 64/4/2 2383, 64/4/3 2362, 32/8/6 2219
+#   128 rows (Hq 64 / Hkv 8, q_len 16): 32/4/6 1965, 32/8/6 1753, 32/4/3 1646, 128/8/2 1522
+#   fp8 (e4m3) caches, 16 rows, batch 32 x 16K: 64/2/3 2196, 64/2/4 2194, 128/4/2 2048, 128/4/3 2013,
+#       64/4/3 1603; batch 128 x 16K (Hq 64): 64/2/3 2300, 32/4/6 2145, 128/4/2 2142
 _SMALL = {
     64: [DecodeConfig(64, 4, 3), DecodeConfig(32, 4, 3), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
     128: [DecodeConfig(64, 4, 3), DecodeConfig(32, 4, 3), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
     256: [DecodeConfig(32, 4, 3), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 2), DecodeConfig(16, 4, 1)],
 }
+_MID = {  # 32-row tiles
+    64: [DecodeConfig(128, 4, 2), DecodeConfig(64, 4, 2), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
+    128: [DecodeConfig(128, 4, 2), DecodeConfig(64, 4, 2), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
+    256: [DecodeConfig(64, 4, 2), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 2), DecodeConfig(16, 4, 1)],
+}
 _LARGE = {  # 64- and 128-row tiles (multi-token decode, chunked prefill)
     64: [DecodeConfig(32, 4, 6), DecodeConfig(64, 4, 3), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
-    128: [DecodeConfig(32, 4, 6), DecodeConfig(64, 4, 3), DecodeConfig(32, 4, 3), DecodeConfig(32, 4, 2),
+    128: [DecodeConfig(32, 4, 6), DecodeConfig(64, 4, 2), DecodeConfig(32, 4, 3), DecodeConfig(32, 4, 2),
           DecodeConfig(16, 4, 1)],
     256: [DecodeConfig(32, 4, 3), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 2), DecodeConfig(16, 4, 1)],
 }
-_FP8 = {  # e4m3 caches, 16- and 32-row tiles: batch 32 x 16K (bf16 dots then): 128/4/2 1904, 64/2/3 1868
-    64: [DecodeConfig(128, 4, 2), DecodeConfig(64, 4, 3), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
-    128: [DecodeConfig(128, 4, 2), DecodeConfig(64, 4, 3), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
+_FP8 = {  # e4m3 caches, 16- and 32-row tiles
+    64: [DecodeConfig(64, 2, 3), DecodeConfig(128, 4, 2), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
+    128: [DecodeConfig(64, 2, 3), DecodeConfig(128, 4, 2), DecodeConfig(32, 4, 2), DecodeConfig(16, 4, 1)],
     256: [DecodeConfig(64, 4, 2), DecodeConfig(32, 4, 3), DecodeConfig(16, 4, 2), DecodeConfig(16, 4, 1)],
 }
 HEAD_DIMS = tuple(_SMALL)
@@ -52,14 +62,13 @@ def candidates(head_dim, block_m, fp8):
     if block_m >= 64:
         table = _LARGE
     else:
-        table = _FP8 if fp8 else _SMALL
-    big_tile = [DecodeConfig(c.block_n, 8, c.num_stages) for c in table[head_dim]] if block_m == 128 else []
-    return big_tile + table[head_dim]
+        table = _FP8 if fp8 else _SMALL if block_m == 16 else _MID
+    return table[head_dim]
 
 
 def block_m(rows):
     """Query rows per tile: the rows of one sequence and KV head (q_len * G) rounded up to 16, 32, 64 or 128
-    (a tile of 128 rows, 8 warps, reads each cache step once for all of them)."""
+    (a tile of 128 rows reads each cache step once for all of them)."""
     return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
 
 

@@ -1,16 +1,18 @@
-"""Triton kernels of attention over a KV cache (paged or contiguous): split-KV, combine, and the append of new
-keys and values.
+"""Triton kernels of attention over a KV cache (paged or contiguous): split-KV (with the merge of split pieces)
+and the append of new keys and values.
 
 Rows. The queries of one sequence b that share a KV head hk are processed together, so each cache byte is read
 once for all of them: a tile holds BLOCK_M rows r = t * G + g (query token t of the sequence, query head
 hk * G + g, G = Hq // Hkv). Decode (q_len 1, G 4) is one tile of 4 rows; chunked prefill has many tiles.
 
-`decode_split_kernel`: grid (Hkv, work items). A work item (from the plan's schedule, plan.py) is one row tile
+`decode_split_kernel`: grid (Hkv, work items), the only kernel of a run (no separate combine launch: its
+launch latency cost a fifth of a batch-1 step). A work item (from the plan's schedule, plan.py) is one row tile
 of one sequence and one key range [k_start, k_end). Its program loads the tile's queries once, walks the range
 in BLOCK_N-token steps, gathering the cache's rows through the block table (or from the contiguous cache when
 not PAGED), and keeps an online softmax in base 2. An item covering its tile's whole key range writes the
-output (finished with the sink, when there is one); a split one writes its unnormalised-free partial output
-(divided by its own sum) and log2-sum-exp to the workspace, and `decode_combine_kernel` merges them.
+output (finished with the sink, when there is one); a split one writes its partial output (divided by its
+own sum) and log2-sum-exp to the workspace and counts itself done on its tile's semaphore; the tile's last
+piece to finish merges the partials (`_merge`) and writes the output.
 
 Visibility of key j to the query token t of sequence b (pos = seqlen_b - q_len_b + t, bottom-right aligned):
 j < seqlen_b, and j <= pos (CAUSAL), and pos - WINDOW_LEFT <= j (WINDOW_LEFT >= 0), and j <= pos + WINDOW_RIGHT
@@ -62,7 +64,7 @@ def _store_out(O, LSE, out, lse2, b, t, hq, q_row, row_ok, d,
 
 @triton.jit
 def decode_split_kernel(
-    Q, K, V, BT, SEQLENS, QINFO, WORK, O, LSE, OP, LSEP, KS, VS, SLOPES, SINKS,
+    Q, K, V, BT, SEQLENS, QINFO, WORK, TILES, SEM, O, LSE, OP, LSEP, KS, VS, SLOPES, SINKS,
     stride_qb, stride_qt, stride_qh,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
     stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
@@ -73,22 +75,23 @@ def decode_split_kernel(
     CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
     WINDOW: tl.constexpr, FP8: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
-    """kv head hk = program_id(0), work item w = program_id(1): WORK[w] = (b, r0, k_start, k_end, slot), b < 0
-    for unused capacity, slot < 0 to write O (and LSE) directly, else OP [slots, Hkv, BLOCK_M, D] and
-    LSEP [slots, Hkv, BLOCK_M] (log2, float32). QINFO[b] = (first packed query row, q_len). Q / O rows: b *
+    """kv head hk = program_id(0), work item w = program_id(1): WORK[w] = (b, r0, k_start, k_end, slot, tile),
+    b < 0 for unused capacity, slot < 0 to write O (and LSE) directly, else OP [slots, Hkv, BLOCK_M, D] and
+    LSEP [slots, Hkv, BLOCK_M] (log2, float32), then count the piece in SEM[tile, hk]: the tile's last piece
+    to finish merges them all (TILES[tile] = (b, r0, first slot, count)) and resets the counter. QINFO[b] = (first packed query row, q_len). Q / O rows: b *
     stride_qb + (QINFO[b][0] + t) * stride_qt + h * stride_qh. qk_scale: scale (times log2 e unless SOFTCAP);
     KS / VS: float32 cache scales per kv head (stride_ksh 0: one for all). FP8: an e4m3 cache is converted
     to float16 (exactly, one instruction per two values; bfloat16 would take several) and the dots run in
     float16, q converted too (a |q| past 65504 saturates)."""
     hk = tl.program_id(0)
     w = tl.program_id(1)
-    b = tl.load(WORK + w * 5)
+    b = tl.load(WORK + w * 6)
     if b < 0:
         return
-    r0 = tl.load(WORK + w * 5 + 1)
-    k_start = tl.load(WORK + w * 5 + 2)
-    k_end = tl.load(WORK + w * 5 + 3)
-    slot = tl.load(WORK + w * 5 + 4)
+    r0 = tl.load(WORK + w * 6 + 1)
+    k_start = tl.load(WORK + w * 6 + 2)
+    k_end = tl.load(WORK + w * 6 + 3)
+    slot = tl.load(WORK + w * 6 + 4)
     seqlen = tl.load(SEQLENS + b)
     q_row = tl.load(QINFO + b * 2)
     q_len = tl.load(QINFO + b * 2 + 1)
@@ -159,44 +162,40 @@ def decode_split_kernel(
         i = tl.arange(0, BLOCK_M)
         tl.store(OP + (base + i[:, None]) * D + d[None, :], out, mask=row_ok[:, None])
         tl.store(LSEP + base + i, lse2, mask=row_ok)
+        tile = tl.load(WORK + w * 6 + 5)
+        count = tl.load(TILES + tile * 4 + 3)
+        sem = SEM + tile * tl.num_programs(0) + hk
+        tl.debug_barrier()  # every thread's partial stores issued before the release below
+        done = tl.atomic_add(sem, 1, sem="acq_rel")
+        if done == count - 1:  # the last piece: the others' partials are visible (acquire)
+            _merge(OP, LSEP, TILES, tile, hk, O, LSE, SINKS, b, t, hq, q_row, row_ok, d,
+                   stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+                   D, BLOCK_M, HAS_SINK, RETURN_LSE)
+            tl.atomic_xchg(sem, 0)  # ready for the next run (a captured graph replays it)
 
 
 @triton.jit
-def decode_combine_kernel(
-    OP, LSEP, TILES, QINFO, O, LSE, SINKS,
-    stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
-    D: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, HAS_SINK: tl.constexpr, RETURN_LSE: tl.constexpr,
-):
-    """Grid (Hkv, split tiles). TILES[i] = (b, r0, first slot, count), b < 0 for unused capacity: merge the
-    count partials of the tile's rows by their log2-sum-exp, join the sink, write O (and LSE)."""
-    hk = tl.program_id(0)
-    i = tl.program_id(1)
-    b = tl.load(TILES + i * 4)
-    if b < 0:
-        return
-    r0 = tl.load(TILES + i * 4 + 1)
-    first = tl.load(TILES + i * 4 + 2)
-    count = tl.load(TILES + i * 4 + 3)
-    q_row = tl.load(QINFO + b * 2)
-    q_len = tl.load(QINFO + b * 2 + 1)
+def _merge(OP, LSEP, TILES, tile, hk, O, LSE, SINKS, b, t, hq, q_row, row_ok, d,
+           stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+           D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_SINK: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """Merge the count partials of split tile `tile` (TILES[tile] = (b, r0, first slot, count)) for KV head hk
+    by their log2-sum-exp, join the sink, write O (and LSE). Loads bypass L1 (.cg): other programs wrote them."""
+    first = tl.load(TILES + tile * 4 + 2)
+    count = tl.load(TILES + tile * 4 + 3)
     num_kv = tl.num_programs(0)
     rl = tl.arange(0, BLOCK_M)
-    r = r0 + rl
-    row_ok = r < q_len * G
-    t = r // G
-    hq = hk * G + r % G
-    d = tl.arange(0, D)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(0, count):
         base = ((first + s).to(tl.int64) * num_kv + hk) * BLOCK_M
-        m = tl.maximum(m, tl.load(LSEP + base + rl, mask=row_ok, other=float("-inf")))
+        m = tl.maximum(m, tl.load(LSEP + base + rl, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
     m_shift = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     for s in range(0, count):
         base = ((first + s).to(tl.int64) * num_kv + hk) * BLOCK_M
-        wgt = tl.exp2(tl.load(LSEP + base + rl, mask=row_ok, other=float("-inf")) - m_shift)
-        part = tl.load(OP + (base + rl[:, None]) * D + d[None, :], mask=row_ok[:, None], other=0.0)
+        wgt = tl.exp2(tl.load(LSEP + base + rl, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_shift)
+        part = tl.load(OP + (base + rl[:, None]) * D + d[None, :], mask=row_ok[:, None], other=0.0,
+                       cache_modifier=".cg")
         acc += wgt[:, None] * part
         l_sum += wgt
     out, lse2 = _finish(acc, l_sum, m_shift, 1.0, SINKS, hq, HAS_SINK)

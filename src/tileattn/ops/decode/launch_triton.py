@@ -5,7 +5,7 @@ from ...launcher import launch_cached
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from .configs import candidates, smem_bytes
-from .kernels import append_kv_kernel, decode_combine_kernel, decode_split_kernel
+from .kernels import append_kv_kernel, decode_split_kernel
 
 
 def _q_strides(plan, q):
@@ -53,8 +53,8 @@ class TritonBackend(Backend):
                 QUANT=plan.cache_dtype.itemsize == 1, num_warps=4))
 
     def launch(self, plan, r):
-        """Run the split kernel of plan's schedule on run r (plan.DecodeRun), then the combine kernel when the
-        schedule may split a tile (launcher.launch_cached: a few microseconds of Python per launch)."""
+        """Run the split kernel of plan's schedule on run r (plan.DecodeRun): one launch (launcher.launch_cached:
+        a few microseconds of Python), split tiles merged by their last piece."""
         cfg = plan.config
         q, k, v, out, lse = r.q, r.k_cache, r.v_cache, r.out, r.lse
         bt = r.block_table if plan.paged else plan.seqlens
@@ -66,7 +66,8 @@ class TritonBackend(Backend):
         wl, wr = plan.window
         lse_strides = _lse_strides(plan, lse)
         launch_cached(decode_split_kernel, (plan.num_kv_heads, plan.capacity), (
-            q, k, v, bt, plan.seqlens, plan.qinfo, plan.work, out, lse, plan.o_part, plan.lse_part,
+            q, k, v, bt, plan.seqlens, plan.qinfo, plan.work, plan.tiles, plan.sem, out, lse, plan.o_part,
+            plan.lse_part,
             r.k_scale, r.v_scale, slopes, sinks,
             *_q_strides(plan, q),
             k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), bt.stride(0),
@@ -80,9 +81,3 @@ class TritonBackend(Backend):
             FP8=plan.cache_dtype.itemsize == 1, RETURN_LSE=r.return_lse, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         ))
-        if plan.tile_capacity:
-            launch_cached(decode_combine_kernel, (plan.num_kv_heads, plan.tile_capacity), (
-                plan.o_part, plan.lse_part, plan.tiles, plan.qinfo, out, lse, sinks,
-                *_q_strides(plan, out), *lse_strides,
-            ), dict(D=plan.head_dim, G=plan.group, BLOCK_M=plan.block_m, HAS_SINK=r.sinks is not None,
-                    RETURN_LSE=r.return_lse, num_warps=4))

@@ -4,7 +4,7 @@ A plan is made once per batch composition (the host reads the lengths once, a de
 sequence and KV head form row tiles (kernels.py); each tile's key range (its causal and window bounds
 applied) is cut into work items of at most `chunk` tokens, sized so that the programs fill the GPU whatever
 the lengths (long ranges get more items, short ones one), and sorted longest first. Only a batch with fewer
-tiles than the programs aimed for is split; its split tiles are merged by the combine kernel.
+tiles than the programs aimed for is split; a split tile's last piece to finish merges the pieces.
 `run` then only launches kernels on buffers the plan owns: no host sync, no allocation, so it can be captured in
 a CUDA graph. `update(seqlens)` re-plans into the same buffers (a captured graph sees the new schedule).
 """
@@ -19,9 +19,11 @@ from . import dispatch
 from .checks import check_lengths, check_plan_args, check_run_args
 from .configs import block_m
 
-# Programs aimed for, per SM: the split kernel holds two or three programs per SM (shared memory), so two
-# waves' worth keeps every SM busy while long items finish. Starting point, to be measured (sweep.py decode).
-PROGRAMS_PER_SM = 4
+# Programs aimed for, per SM (the split kernel holds two to four per SM). Measured on the H100 (2026-11-23,
+# scripts/sweep.py decode --quick, GB/s) for 1 / 2 / 4 / 8 per SM: batch 1 x 32K, Hq 32 / Hkv 8: 1448 / 1691 /
+# 1511 / 1074; batch 32 x 4K, q_len 16: 2727 / 2684 / 2531 / 2315; batch 32 x 4K, q_len 1: 2630 / 2505 / 2668 /
+# 2634; fp8, batch 32 x 16K: 2091 / 2053 / 2086 / 2088.
+PROGRAMS_PER_SM = 2
 MIN_STEPS = 4  # a split piece has at least this many BLOCK_N steps (its partial output costs a write + read)
 
 
@@ -62,19 +64,20 @@ def tile_ranges(lens, q_lens, group, bm, causal, window):
 
 
 def schedule(tiles, chunk):
-    """Work items [(b, r0, start, end, slot)] and split tiles [(b, r0, first slot, count)] for `tiles`.
+    """Work items [(b, r0, start, end, slot, split tile)] and split tiles [(b, r0, first slot, count)] for `tiles`.
 
     Items cover each tile's range in `chunk`-token pieces, longest first; a tile of one piece (an empty range
-    too) writes the output directly (slot -1), the pieces of a longer one get consecutive workspace slots."""
+    too) writes the output directly (slot -1, split tile -1), the pieces of a longer one get consecutive
+    workspace slots and the index of their split tile (whose last piece to finish merges them)."""
     items, split, slot = [], [], 0
     for b, r0, lo, hi in tiles:
         count = max(1, -(-(hi - lo) // chunk))
         if count == 1:
-            items.append((b, r0, lo, hi, -1))
+            items.append((b, r0, lo, hi, -1, -1))
             continue
         split.append((b, r0, slot, count))
         for i in range(count):
-            items.append((b, r0, lo + i * chunk, min(hi, lo + (i + 1) * chunk), slot + i))
+            items.append((b, r0, lo + i * chunk, min(hi, lo + (i + 1) * chunk), slot + i, len(split) - 1))
         slot += count
     items.sort(key=lambda it: it[2] - it[3])  # longest first (end - start descending)
     return items, split, slot
@@ -149,8 +152,10 @@ class KVCachePlan:
         self.seqlens = torch.zeros(self.batch, dtype=torch.int32, device=dev)
         self.qinfo = torch.tensor([[s, m] for s, m in zip(starts, self.q_lens)], dtype=torch.int32,
                                   device=dev).reshape(self.batch, 2)
-        self.work = torch.full((max(1, self.capacity), 5), -1, dtype=torch.int32, device=dev)
+        self.work = torch.full((max(1, self.capacity), 6), -1, dtype=torch.int32, device=dev)
         self.tiles = torch.full((max(1, self.tile_capacity), 4), -1, dtype=torch.int32, device=dev)
+        # pieces of each split tile finished in this run, per KV head (the last one merges, then resets it)
+        self.sem = torch.zeros(max(1, self.tile_capacity), num_kv_heads, dtype=torch.int32, device=dev)
         slots = self.target_items if self.may_split else 0
         self.o_part = torch.empty(slots, num_kv_heads, self.block_m, head_dim, dtype=torch.float32, device=dev)
         self.lse_part = torch.empty(slots, num_kv_heads, self.block_m, dtype=torch.float32, device=dev)
