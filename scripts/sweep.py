@@ -69,9 +69,8 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
        M(16, 4, 1, 2), M(16, 4, 1, 4)]
 MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
 # decode: (block_n, warps, stages); then programs per SM with the table's config
-DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (64, 4, 2), (32, 4, 3), (32, 4, 6), (128, 4, 2), (128, 4, 3),
-                                  (128, 8, 2), (64, 8, 3), (32, 8, 6), (64, 2, 3), (64, 2, 4), (16, 4, 6))]
-DEC_PPS = [1, 2, 4, 8, 16]
+DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (128, 4, 2), (32, 4, 6), (64, 2, 3))]
+DEC_PPS = [(2, 4), (4, 8), (8, 8), (16, 8), (8, 16), (16, 16), (32, 8)]  # (programs per SM, min steps per piece)
 
 
 # ---- shared parts -------------------------------------------------------------------------------------------
@@ -300,22 +299,22 @@ def decode(a):
     from tileattn.ops.decode import plan as plan_mod
     print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
     f8, bf = torch.float8_e4m3fn, torch.bfloat16
-    shapes = [(32, 8, 1, 32768, 1, 16, bf), (32, 8, 1, 4096, 1, 16, bf), (32, 32, 1, 4096, 1, 64, bf),
-              (32, 8, 32, 4096, 1, 16, bf), (32, 8, 32, 16384, 1, 16, f8), (64, 8, 128, 16384, 1, 16, f8),
-              (32, 8, 32, 4096, 16, 16, bf), (64, 8, 32, 4096, 16, 16, bf), (64, 8, 32, 4096, 4, 16, bf)]
+    shapes = [(32, 8, 1, 32768, 1, 16, bf), (32, 8, 1, 4096, 1, 16, bf), (32, 8, 64, 4096, 1, 16, bf),
+              (32, 8, 8, 16384, 1, 16, bf), (32, 8, 32, 16384, 1, 16, f8), (64, 8, 128, 16384, 1, 16, f8),
+              (64, 8, 32, 4096, 16, 16, bf), (64, 8, 8, 1024, 1, 16, bf)]
     if not a.quick:
         shapes += [(64, 8, 64, 16384, 1, 16, bf), (32, 32, 32, 4096, 1, 16, bf), (32, 8, 8, 1024, 1, 16, bf),
                    (32, 8, 1, 1024, 1, 64, bf), (32, 8, 128, 16384, 1, 64, bf), (32, 8, 128, 32768, 1, 16, f8)]
-    default_pps = plan_mod.PROGRAMS_PER_SM
+    default_pps = (plan_mod.PROGRAMS_PER_SM, plan_mod.MIN_STEPS)
     for hq, hkv, batch, kv, sq, page, cdt in shapes:
         k, v, table, seqlens = make_cache(batch, kv, hkv, page, cdt)
         q = torch.randn(batch, sq, hq, D, device="cuda", dtype=bf)
         nbytes = _nbytes(batch, kv, hq, hkv, sq, cdt.itemsize)
         line = []
-        variants = [(c, default_pps) for c in DEC] + [(None, p) for p in DEC_PPS]
+        variants = [(c, (8, 8)) for c in DEC] + [(None, p) for p in DEC_PPS]
         for cfg, pps in variants:
-            name = f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}" if cfg else f"pps{pps}"
-            plan_mod.PROGRAMS_PER_SM = pps
+            name = f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}" if cfg else f"pps{pps[0]}/min{pps[1]}"
+            plan_mod.PROGRAMS_PER_SM, plan_mod.MIN_STEPS = pps
             try:
                 with forced(cfg):  # the plan keeps the config chosen when it is made
                     plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
@@ -326,7 +325,7 @@ def decode(a):
             except Exception as e:  # noqa: BLE001
                 line.append(f"{name}: {err(e, 80)}")
             finally:
-                plan_mod.PROGRAMS_PER_SM = default_pps
+                plan_mod.PROGRAMS_PER_SM, plan_mod.MIN_STEPS = default_pps
         plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page, q_len=sq,
                                     dtype=bf, cache_dtype=cdt)
         plan.run(q, k, v, table)
