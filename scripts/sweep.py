@@ -12,7 +12,7 @@ timed; a config that fails the check, does not compile or is refused is reported
             per (config, case) (i: index into LARGE_D; --sm90: CFG -1, unforced, the Gluon kernel where it
             serves), "BEST" per case
     mla     [--quick]: MLA decode (MLASm90Config, MLAConfig), GB/s per (shape, config), and the read bandwidth
-    decode  [--quick]: attention over a paged KV cache (DecodeConfig, and plan.PROGRAMS_PER_SM), GB/s per (shape,
+    decode  [--quick]: attention over a paged KV cache (DecodeConfig, and plan.FINE_WAVES / FINE_STEPS), GB/s per (shape,
             config): "DEC <shape> (<table's choice>): <cfg>: <GB/s> | ..."
 
 scripts/gpu_check.sh: step sweep runs `sweep.py dense --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330}`
@@ -70,7 +70,7 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
 MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
 # decode: (block_n, warps, stages); then programs per SM with the table's config
 DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (128, 4, 2), (32, 4, 6), (64, 2, 3))]
-DEC_PPS = [(2, 4), (4, 8), (8, 8), (16, 8), (8, 16), (16, 16), (32, 8)]  # (programs per SM, min steps per piece)
+DEC_PPS = [(4, 16), (2, 16), (8, 16), (4, 8)]  # (FINE_WAVES, FINE_STEPS)
 
 
 # ---- shared parts -------------------------------------------------------------------------------------------
@@ -305,16 +305,16 @@ def decode(a):
     if not a.quick:
         shapes += [(64, 8, 64, 16384, 1, 16, bf), (32, 32, 32, 4096, 1, 16, bf), (32, 8, 8, 1024, 1, 16, bf),
                    (32, 8, 1, 1024, 1, 64, bf), (32, 8, 128, 16384, 1, 64, bf), (32, 8, 128, 32768, 1, 16, f8)]
-    default_pps = (plan_mod.PROGRAMS_PER_SM, plan_mod.MIN_STEPS)
+    default_pps = (plan_mod.FINE_WAVES, plan_mod.FINE_STEPS)
     for hq, hkv, batch, kv, sq, page, cdt in shapes:
         k, v, table, seqlens = make_cache(batch, kv, hkv, page, cdt)
         q = torch.randn(batch, sq, hq, D, device="cuda", dtype=bf)
         nbytes = _nbytes(batch, kv, hq, hkv, sq, cdt.itemsize)
         line = []
-        variants = [(c, (8, 8)) for c in DEC] + [(None, p) for p in DEC_PPS]
+        variants = [(c, default_pps) for c in DEC] + [(None, p) for p in DEC_PPS]
         for cfg, pps in variants:
-            name = f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}" if cfg else f"pps{pps[0]}/min{pps[1]}"
-            plan_mod.PROGRAMS_PER_SM, plan_mod.MIN_STEPS = pps
+            name = f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}" if cfg else f"fine{pps[0]}/{pps[1]}"
+            plan_mod.FINE_WAVES, plan_mod.FINE_STEPS = pps
             try:
                 with forced(cfg):  # the plan keeps the config chosen when it is made
                     plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
@@ -325,7 +325,7 @@ def decode(a):
             except Exception as e:  # noqa: BLE001
                 line.append(f"{name}: {err(e, 80)}")
             finally:
-                plan_mod.PROGRAMS_PER_SM, plan_mod.MIN_STEPS = default_pps
+                plan_mod.FINE_WAVES, plan_mod.FINE_STEPS = default_pps
         plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page, q_len=sq,
                                     dtype=bf, cache_dtype=cdt)
         plan.run(q, k, v, table)

@@ -171,7 +171,6 @@ def test_decode_fp8_append(device):
 
 def test_decode_split_and_update(device, monkeypatch):
     """A long sequence among short ones is split into many items and combined; update re-plans in place."""
-    monkeypatch.setattr(plan_mod, "PROGRAMS_PER_SM", 16)
     monkeypatch.setattr(plan_mod, "MIN_STEPS", 1)
     lens = [700, 7, 130]
     k, v, table = make_cache(lens, 16, 2, 64, F16, device)

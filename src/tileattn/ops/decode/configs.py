@@ -75,3 +75,9 @@ def block_m(rows):
 def smem_bytes(cfg, bm, head_dim, cache_bytes, q_bytes=2):
     """The query tile plus num_stages steps of K and V (converted copies of an fp8 cache go through registers)."""
     return bm * head_dim * q_bytes + max(1, cfg.num_stages) * cfg.block_n * head_dim * 2 * cache_bytes
+
+
+def occupancy(cfg, bm, head_dim, cache_bytes, smem_per_block):
+    """Programs of the split kernel one SM holds, from its shared memory (the SM has the block budget + 1 KB),
+    at most 8."""
+    return max(1, min(8, (smem_per_block + 1024) // (smem_bytes(cfg, bm, head_dim, cache_bytes) + 1024)))

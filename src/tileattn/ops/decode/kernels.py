@@ -5,8 +5,7 @@ Rows. The queries of one sequence b that share a KV head hk are processed togeth
 once for all of them: a tile holds BLOCK_M rows r = t * G + g (query token t of the sequence, query head
 hk * G + g, G = Hq // Hkv). Decode (q_len 1, G 4) is one tile of 4 rows; chunked prefill has many tiles.
 
-`decode_split_kernel`: grid (Hkv, work items), the only kernel of a run (no separate combine launch: its
-launch latency cost a fifth of a batch-1 step). A work item (from the plan's schedule, plan.py) is one row tile
+`decode_split_kernel`: grid (Hkv, work items), the only kernel of a run (no separate combine launch). A work item (from the plan's schedule, plan.py) is one row tile
 of one sequence and one key range [k_start, k_end). Its program loads the tile's queries once, walks the range
 in BLOCK_N-token steps, gathering the cache's rows through the block table (or from the contiguous cache when
 not PAGED), and keeps an online softmax in base 2. An item covering its tile's whole key range writes the

@@ -17,13 +17,16 @@ from ... import hw
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
 from .checks import check_lengths, check_plan_args, check_run_args
-from .configs import block_m
+from .configs import block_m, occupancy
 
-# Programs aimed for, per SM (the split kernel holds two to four per SM). Measured on the H100 (2026-11-23,
-# scripts/sweep.py decode --quick, GB/s) for 1 / 2 / 4 / 8 per SM: batch 1 x 32K, Hq 32 / Hkv 8: 1448 / 1691 /
-# 1511 / 1074; batch 32 x 4K, q_len 16: 2727 / 2684 / 2531 / 2315; batch 32 x 4K, q_len 1: 2630 / 2505 / 2668 /
-# 2634; fp8, batch 32 x 16K: 2091 / 2053 / 2086 / 2088.
-PROGRAMS_PER_SM = 2
+# The split schedule, measured on the H100 (2026-11-23, scripts/sweep.py decode --quick, GB/s of a 2934 read
+# bandwidth). A problem whose programs (items x Hkv) fit one wave of the config's programs per SM (`occupancy`)
+# is split up to that wave (pieces of >= MIN_STEPS steps): batch 1 x 32K, Hq 32 / Hkv 8, 2 per SM 1738, 4 per SM
+# 1307; fp8 batch 32 x 16K (4 per SM) 2225, unsplit 1256. One that already needs more than a wave is split
+# into about FINE_WAVES waves of pieces of >= FINE_STEPS steps, so the last wave's tail is short: batch 64 x 4K
+# 2788, unsplit 2445. Tiles of 64+ rows stay unsplit then (Hq 64, q_len 16, batch 32 x 4K: 2185, split 1826).
+FINE_WAVES = 4
+FINE_STEPS = 16
 MIN_STEPS = 4  # a split piece has at least this many BLOCK_N steps (its partial output costs a write + read)
 
 
@@ -144,7 +147,13 @@ class KVCachePlan:
         self.backend = backend
         self.config = backend.config(self)
         num_tiles = sum(-(-m * self.group // self.block_m) for m in self.q_lens)
-        self.target_items = max(1, hw.device_info(self.device).num_sms * PROGRAMS_PER_SM // num_kv_heads)
+        info = hw.device_info(self.device)
+        wave = info.num_sms * occupancy(self.config, self.block_m, head_dim, self.cache_dtype.itemsize,
+                                        info.smem_per_block)
+        self.min_steps = MIN_STEPS
+        self.target_items = max(1, wave // num_kv_heads)
+        if num_tiles >= self.target_items and self.block_m < 64:
+            self.min_steps, self.target_items = FINE_STEPS, max(1, FINE_WAVES * wave // num_kv_heads)
         self.may_split = num_tiles < self.target_items
         self.capacity = self.target_items + num_tiles if self.may_split else num_tiles
         self.tile_capacity = min(num_tiles, self.target_items) if self.may_split else 0
@@ -178,7 +187,7 @@ class KVCachePlan:
         tiles = tile_ranges(lens, self.q_lens, self.group, self.block_m, self.causal, self.window)
         step = self.config.block_n
         if self.may_split:
-            chunk = choose_chunk([hi - lo for _, _, lo, hi in tiles], step, self.target_items, MIN_STEPS)
+            chunk = choose_chunk([hi - lo for _, _, lo, hi in tiles], step, self.target_items, self.min_steps)
         else:
             chunk = max(step, max((hi - lo for _, _, lo, hi in tiles), default=0))
         items, split, slots = schedule(tiles, chunk)
