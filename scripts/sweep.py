@@ -268,7 +268,8 @@ def mla_name(cfg):
 
 
 def mla(a):
-    from tileattn.bench.mla import DC, DR, check, make_inputs, read_bandwidth
+    from tileattn.bench.common import read_bandwidth
+    from tileattn.bench.mla import DC, DR, check, make_inputs
     print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
     shapes = [(768, 1024, 16, 1, 64), (768, 2048, 64, 1, 64), (16, 32768, 64, 1, 64), (768, 1024, 32, 1, 64)]
     if not a.quick:
@@ -295,7 +296,8 @@ def mla(a):
 
 # ---- attention over a paged KV cache ------------------------------------------------------------------------
 def decode(a):
-    from tileattn.bench.decode import D, _nbytes, check, make_cache, read_bandwidth
+    from tileattn.bench.common import read_bandwidth
+    from tileattn.bench.decode import D, _nbytes, check, make_cache
     from tileattn.ops.decode import plan as plan_mod
     print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
     f8, bf = torch.float8_e4m3fn, torch.bfloat16

@@ -10,7 +10,9 @@ import torch
 
 import tileattn
 from tileattn.ops.decode import plan as plan_mod
-from tileattn.ops.decode.reference import alibi_slopes, gather, kvcache_attention_ref
+from tileattn import mods
+from tileattn.ops.common.paging import gather_tokens as gather
+from tileattn.ops.decode.reference import kvcache_attention_ref
 from tests.helpers import assert_close, randn
 
 F16, BF16, FP8 = torch.float16, torch.bfloat16, torch.float8_e4m3fn
@@ -90,7 +92,7 @@ def test_decode_head_dims(device, d):
 def test_decode_options(device, opts, plan_form):
     opts = dict(opts)
     if opts.pop("alibi", False):
-        opts["alibi_slopes"] = alibi_slopes(8).to(device)
+        opts["alibi_slopes"] = mods.alibi_slopes(8, device=device)
     if opts.pop("sinks", False):
         opts["sinks"] = torch.randn(8, device=device) * 2
     run_case(device, [50, 9, 0 if not plan_form else 1], 4, 8, 2, 64, 16, plan_form=plan_form, **opts)

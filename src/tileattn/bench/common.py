@@ -14,6 +14,14 @@ def do_bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def read_bandwidth():
+    """GB/s of a read-only reduction over 1 GiB (the ceiling a memory-bound kernel can approach)."""
+    x = torch.ones(1 << 29, dtype=torch.float16, device="cuda")
+    ms = do_bench(lambda: x.sum())
+    del x
+    return (1 << 30) / (ms * 1e-3) / 1e9
+
+
 def bench_rounds(fns, rounds=2):
     """{name: best of `rounds` do_bench medians} with the functions interleaved round by round (the order
     reversed every other round), so that slow drift of the clocks cannot favour whichever runs first."""

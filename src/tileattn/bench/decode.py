@@ -20,7 +20,7 @@ Times: best of two do_bench medians (common.bench_rounds), L2 flushed before eve
 import torch
 
 from ..tolerance import allowed_error
-from .common import bench_rounds, do_bench, finish, fmt, geomean, results_header
+from .common import bench_rounds, finish, fmt, geomean, read_bandwidth, results_header
 
 D = 128
 HEADS = [(32, 8), (64, 8), (32, 32)]
@@ -31,14 +31,6 @@ CACHE_LIMIT = 24 << 30  # bytes of K + V
 EXPAND_LIMIT = 16 << 30  # bytes of K + V expanded to Hq heads for an SDPA backend that refuses enable_gqa
 MULTI = [(hq, hkv, b, kv, sq) for hq, hkv in HEADS[:2] for b in (1, 32, 128) for kv in (4096, 16384) for sq in (4, 16)]
 FP8 = [(hq, hkv, b, kv) for hq, hkv in HEADS[:2] for b in (32, 128) for kv in (4096, 16384, 32768)]
-
-
-def read_bandwidth():
-    """GB/s of a read-only reduction over 1 GiB (the ceiling a memory-bound kernel can approach)."""
-    x = torch.ones(1 << 29, dtype=torch.float16, device="cuda")
-    ms = do_bench(lambda: x.sum())
-    del x
-    return (1 << 30) / (ms * 1e-3) / 1e9
 
 
 def make_cache(batch, kv_len, hkv, page, dtype, seed=0):

@@ -10,19 +10,11 @@ up to a quarter between runs).
 import torch
 
 from ..tolerance import allowed_error
-from .common import bench_rounds, do_bench, finish, fmt, results_header
+from .common import bench_rounds, finish, fmt, read_bandwidth, results_header
 
 DC, DR = 512, 64
 SEED = [(768, kv, hq, 1) for kv in (1024, 2048) for hq in (16, 32, 64)]  # (batch, kv_len, Hq, Sq)
 LONG = [(b, kv, 64, sq) for b in (1, 4, 16, 64) for kv in (8192, 32768) for sq in (1, 2)]
-
-
-def read_bandwidth():
-    """GB/s of a read-only reduction over 1 GiB (the ceiling a memory-bound kernel can approach)."""
-    x = torch.ones(1 << 29, dtype=torch.float16, device="cuda")
-    ms = do_bench(lambda: x.sum())
-    del x
-    return (1 << 30) / (ms * 1e-3) / 1e9
 
 
 def make_inputs(batch, kv_len, hq, sq, page_size, dtype, seed=0):

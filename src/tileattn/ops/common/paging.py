@@ -57,6 +57,16 @@ def check_pages(block_table, cache_seqlens, page_size, num_pages):
                          f"{int(ids.min())}..{int(ids.max())}")
 
 
+def gather_tokens(cache, block_table, b, n):
+    """The first n tokens of sequence b as a dense tensor [n, ...] (host side, the references): through
+    block_table from a paged cache [num_pages, page_size, ...], or cache[b, :n] of a contiguous one (None)."""
+    if block_table is None:
+        return cache[b, :n]
+    page_size = cache.shape[1]
+    tok = torch.arange(n, device=cache.device)
+    return cache[block_table[b, tok // page_size].long(), tok % page_size]
+
+
 @triton.jit
 def gather_rows(cache, stride_p, stride_s, pages, slots, cols, mask):
     """[BLOCK_N, len(cols)] rows of a paged cache: token i is row slots[i] of page pages[i]."""

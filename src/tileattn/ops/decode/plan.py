@@ -132,15 +132,13 @@ class KVCachePlan:
         if self.varlen:
             cu = cu_seqlens_q.to("cpu", torch.int64).tolist()
             self.q_lens = [cu[b + 1] - cu[b] for b in range(self.batch)]
-            if cu[0] != 0:
-                raise ValueError(f"cu_seqlens_q: must start at 0, got {cu[0]}")
+            if cu[0] != 0 or any(m < 0 for m in self.q_lens):
+                raise ValueError(f"cu_seqlens_q: must start at 0 and be non-decreasing, got {cu}")
             self.total_q, self.q_len = cu[-1], None
             starts = cu[:-1]
         else:
             self.q_lens = [q_len] * self.batch
             self.total_q, starts = self.batch * q_len, [0] * self.batch
-        if any(m < 0 for m in self.q_lens):
-            raise ValueError("cu_seqlens_q: must be non-decreasing")
         self.max_q_len = max(self.q_lens, default=0)
         self.block_m = block_m(self.max_q_len * self.group)
         backend, _ = dispatch.select(self)
@@ -182,7 +180,7 @@ class KVCachePlan:
         them as a list of ints), into the plan's buffers."""
         check_seqlens(seqlens, self.batch, self.device, "seqlens")
         lens = seqlens.to("cpu", torch.int64).tolist() if host_seqlens is None else list(host_seqlens)
-        check_lengths(self, lens, self.q_lens)
+        check_lengths(lens)
         self.max_len = max(lens, default=0)
         tiles = tile_ranges(lens, self.q_lens, self.group, self.block_m, self.causal, self.window)
         step = self.config.block_n

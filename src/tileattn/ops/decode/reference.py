@@ -3,18 +3,9 @@
 Gathers each sequence's tokens (through the block table, or from the contiguous cache) into dense [n, Hkv, D]
 keys and values, then computes in float32 (or `dtype`) with the masking and score modifiers of kernels.py.
 """
-import math
-
 import torch
 
-
-def gather(cache, block_table, b, n):
-    """The first n tokens of sequence b: [n, Hkv, D] (a paged cache through block_table, else cache[b])."""
-    if block_table is None:
-        return cache[b, :n]
-    page_size = cache.shape[1]
-    tok = torch.arange(n, device=cache.device)
-    return cache[block_table[b, tok // page_size].long(), tok % page_size]
+from ..common.paging import gather_tokens
 
 
 _OPTS = dict(cu_seqlens_q=None, causal=True, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
@@ -56,8 +47,8 @@ def kvcache_attention_ref(q, k_cache, v_cache, seqlens, block_table=None, *, dty
             qb = q[b]
         m = qb.shape[0]
         lo_dtype = dtype if dtype == torch.float32 else q.dtype
-        k = gather(k_cache, block_table, b, n).to(lo_dtype).to(dtype)  # [n, Hkv, D]
-        v = gather(v_cache, block_table, b, n).to(lo_dtype).to(dtype)
+        k = gather_tokens(k_cache, block_table, b, n).to(lo_dtype).to(dtype)  # [n, Hkv, D]
+        v = gather_tokens(v_cache, block_table, b, n).to(lo_dtype).to(dtype)
         k = (k.transpose(0, 1) * ks.to(dtype)).repeat_interleave(G, 0)  # [Hq, n, D]
         v = (v.transpose(0, 1) * vs.to(dtype)).repeat_interleave(G, 0)
         s = (qb.to(dtype).transpose(0, 1) @ k.transpose(1, 2)).float() * scale  # [Hq, m, n]
@@ -89,16 +80,3 @@ def kvcache_attention_ref(q, k_cache, v_cache, seqlens, block_table=None, *, dty
             out[b] = o.to(dtype)
             lse[b] = row_lse.to(dtype)
     return out, lse
-
-
-def alibi_slopes(num_heads):
-    """The ALiBi paper's slopes for num_heads heads (float32 [num_heads], CPU)."""
-    def pow2_slopes(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start ** i for i in range(n)]
-    if math.log2(num_heads).is_integer():
-        s = pow2_slopes(num_heads)
-    else:
-        c = 2 ** math.floor(math.log2(num_heads))
-        s = pow2_slopes(c) + pow2_slopes(2 * c)[0::2][: num_heads - c]
-    return torch.tensor(s, dtype=torch.float32)

@@ -8,7 +8,7 @@ The one import of another op's folder (tests/test_structure.py allows dense -> d
 import torch
 
 from ..common.backend import Backend
-from ..decode.checks import HEAD_DIMS
+from ..decode.configs import HEAD_DIMS
 from ..decode.plan import KVCachePlan
 
 

@@ -5,13 +5,7 @@ Gathers each sequence's pages into a dense [seqlen, Dc] / [seqlen, Dr] cache, th
 """
 import torch
 
-
-def gather_cache(cache, block_table, b, seqlen):
-    """The first `seqlen` tokens of sequence b as a dense [seqlen, D] tensor."""
-    page_size = cache.shape[1]
-    tok = torch.arange(seqlen, device=cache.device)
-    pages = block_table[b, tok // page_size].long()
-    return cache[pages, tok % page_size]
+from ..common.paging import gather_tokens
 
 
 def mla_decode_ref(q, caches, block_table, cache_seqlens, *, scale=None, causal=True, dtype=torch.float32,
@@ -31,8 +25,8 @@ def mla_decode_ref(q, caches, block_table, cache_seqlens, *, scale=None, causal=
         n = int(cache_seqlens[b])
         if n == 0:
             continue
-        ckv = gather_cache(ckv_cache, block_table, b, n).to(dtype) * kv_scale  # [n, Dc]
-        kpe = gather_cache(kpe_cache, block_table, b, n).to(dtype) * kv_scale  # [n, Dr]
+        ckv = gather_tokens(ckv_cache, block_table, b, n).to(dtype) * kv_scale  # [n, Dc]
+        kpe = gather_tokens(kpe_cache, block_table, b, n).to(dtype) * kv_scale  # [n, Dr]
         s = (q_nope[b].to(dtype) @ ckv.T + q_pe[b].to(dtype) @ kpe.T) * scale  # [Sq, Hq, n]
         if causal:
             t = torch.arange(Sq, device=s.device)[:, None, None]
