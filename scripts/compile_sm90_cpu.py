@@ -60,6 +60,12 @@ def _tool(name):
     return os.path.join(os.path.dirname(nvc.__file__), "bin", name)
 
 
+def _ptxas():
+    """The ptxas Triton itself runs for sm90 (3.9 compiles Hopper with its newer ptxas-blackwell)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    return get_ptxas(90).path
+
+
 def _sass(ck, path):
     with open(path, "wb") as f:
         f.write(ck.asm["cubin"])
@@ -245,7 +251,7 @@ def report(ck, out_dir):
     print(re.sub(r"\s+", " ", res.split("Function")[-1])[:300])
     for op in ("HGMMA", "QGMMA", "MUFU.EX2", "STL", "LDL", "SHFL", "PRMT", "LOP3", "SHF", "F2FP", "BAR.SYNC"):
         print(f"{op:10s} {len(re.findall(op, sass))}")
-    ptxas = subprocess.run([_tool("ptxas"), "-arch=sm_90a", "-v", base + ".ptx", "-o", base + "_check.cubin"],
+    ptxas = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", base + ".ptx", "-o", base + "_check.cubin"],
                            capture_output=True, text=True)
     serialized = "wgmma.mma_async instructions are serialized" in ptxas.stdout + ptxas.stderr
     spills = int(re.search(r"(\d+) bytes spill stores", ptxas.stdout + ptxas.stderr).group(1))

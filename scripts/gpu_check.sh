@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
-#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [sanitize] [sweep] [bench]
+#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
@@ -13,10 +13,19 @@
 # (pass the commit from this machine: the device copy's .git, where there is one, is not the tree sent, so
 # git there names the wrong commit; the results file records what TILEATTN_COMMIT says)
 # Prints a short summary last.
+# TILEATTN_TRITON=3.9: run everything under the slim Triton 3.9 in .triton39/ (carried; built here with
+# `../shared/tools/slim-triton 3.9.0 .triton39`) instead of the machine's preinstalled 3.6.
 set -u
 OUT=${OUT:-/tmp/tileattn-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
+if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
+  mkdir -p /tmp/t39 && tar -xJf .triton39/triton.tar.xz -C /tmp/t39 || { echo "no .triton39/triton.tar.xz carried"; exit 2; }
+  ptxas=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
+  # 3.9 compiles sm90 with the tool it calls ptxas-blackwell: both point at the machine's CUDA toolkit
+  export PYTHONPATH=/tmp/t39:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1 TRITON_PTXAS_PATH=$ptxas \
+    TRITON_PTXAS_BLACKWELL_PATH=$ptxas TRITON_DEFAULT_FP_FUSION=1
+fi
 steps=${*:-diag tests bench}
 summary=()
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
@@ -30,8 +39,16 @@ for s in $steps; do
     host)
       timeout 120 python3 scripts/host_overhead.py > "$OUT/host.log" 2>&1; rc=$?
       summary+=("host rc=$rc: $(tail -n 4 "$OUT/host.log" | tr '\n' ';')") ;;
+    hf-tests)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/integrations > "$OUT/hf_tests.log" 2>&1; rc=$?
+      summary+=("hf-tests rc=$rc: $(tail -n 1 "$OUT/hf_tests.log")")
+      grep -E "^(FAILED|ERROR)|PASSED|passed|failed" "$OUT/hf_tests.log" | head -30 ;;
+    readme-tests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_readme.py > "$OUT/readme_tests.log" 2>&1; rc=$?
+      summary+=("readme-tests rc=$rc: $(tail -n 1 "$OUT/readme_tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/readme_tests.log" | head -20 ;;
     tests)
-      timeout 420 python3 -m pytest -q -x -n ${TEST_WORKERS:-4} -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?
+      timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q ${TEST_ARGS:--x} -n ${TEST_WORKERS:-4} -p no:cacheprovider tests > "$OUT/tests.log" 2>&1; rc=$?
       summary+=("tests rc=$rc: $(tail -n 1 "$OUT/tests.log")") ;;
     sanitize)
       # ragged shapes through both kernels: B2-Sq127 (D=64) and B1-Sq1 (D=128) take the Gluon kernel on an

@@ -43,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import masking, softmax
+from .gluon_compat import tma_load, tma_store
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -161,7 +162,7 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     mbarrier.wait(q_empty.index(slot), ((j // Q_SLOTS) & 1) ^ 1)
     mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(NUM_CONSUMERS):
-        tma.async_copy_global_to_shared(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
+        tma_load(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
                                         q_bufs.index(slot * NUM_CONSUMERS + c))
     _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, n_part, part,
              full, i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
@@ -183,12 +184,12 @@ def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_
             n0 = _block_start(it, n_lo, full, n_part, BLOCK_N, FLEX)
         mbarrier.wait(kv_empty.index(s), phase ^ 1)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
+        tma_load(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         if V_SEQ_MAJOR:
-            tma.async_copy_global_to_shared(v_desc, [i_b, i_hk, 0, n0], v_ready.index(s), v_bufs.index(s))
+            tma_load(v_desc, [i_b, i_hk, 0, n0], v_ready.index(s), v_bufs.index(s))
         else:
-            tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
+            tma_load(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
 
 
 @gluon.jit
@@ -485,7 +486,7 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
         o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
     o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [i_b, m0, i_h, 0], o_buf)
+    tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
     if RETURN_LSE:
         lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe) - P_SHIFT) * LN2, float("-inf"))
         gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,

@@ -1,7 +1,8 @@
 """Tensor descriptors (TMA, Hopper's bulk copies): which tensors they take, and Gluon's descriptors.
 
-The Gluon (Hopper) kernels are written against triton 3.6's Gluon API (`gluon_available`): Gluon is
-experimental and changes between releases, so other versions keep every op on its Triton kernels.
+The Gluon (Hopper) kernels are run-verified on triton 3.6 and 3.9 (`GLUON_TRITON`; the names that differ
+between them: gluon_compat.py). Gluon is experimental and changes between releases, so other versions keep
+every op on its Triton kernels.
 """
 import functools
 
@@ -16,10 +17,14 @@ def tma_ok(t) -> bool:
     return t.numel() > 0 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
 
 
+# triton releases whose Gluon the Hopper kernels were run-verified on (GPU test suite and benchmarks)
+GLUON_TRITON = ("3.6.", "3.9.")
+
+
 @functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
-    """Gluon's Hopper API as the kernels were written and tested against it: triton 3.6."""
-    if not triton.__version__.startswith("3.6."):
+    """Gluon's Hopper API as the kernels were written and run-verified against it (GLUON_TRITON)."""
+    if not triton.__version__.startswith(GLUON_TRITON):
         return False
     try:
         from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
@@ -61,5 +66,6 @@ def gluon_sm90_reason(device):
     if not hw.is_hopper(device):
         return f"{device} is not a Hopper GPU (compute capability 9)"
     if not gluon_available():
-        return f"triton {triton.__version__}: the Gluon kernels are written for triton 3.6"
+        return (f"triton {triton.__version__}: the Gluon kernels are verified on triton "
+                f"{' and '.join(v.rstrip('.') for v in GLUON_TRITON)} only")
     return ""

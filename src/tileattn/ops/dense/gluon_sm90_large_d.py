@@ -27,9 +27,10 @@ columns past a tensor's end are zero-filled on load, and the store is masked.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from ..common import softmax
+from ..common.gluon_compat import tma_load
 
 LN2 = gl.constexpr(0.6931471805599453)
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup
@@ -76,7 +77,7 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready
         mbarrier.expect(q_ready.index(0), 2 * num_k * q_desc.block_type.nbytes)
         for cq in gl.static_range(num_k):
             for h in gl.static_range(2):
-                tma.async_copy_global_to_shared(q_desc, [i_b, m0 + h * WG_ROWS, i_h, cq * BLOCK_K], q_ready.index(0),
+                tma_load(q_desc, [i_b, m0 + h * WG_ROWS, i_h, cq * BLOCK_K], q_ready.index(0),
                                                 q_bufs.index(2 * cq + h))
     for b in range(n_blocks):
         n0 = b * BLOCK_N
@@ -84,7 +85,7 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready
             if c == v_at:
                 mbarrier.wait(v_empty.index(0), (b & 1) ^ 1)
                 mbarrier.expect(v_ready.index(0), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, c0], v_ready.index(0), v_buf.index(0))
+                tma_load(v_desc, [i_b, n0, i_hk, c0], v_ready.index(0), v_buf.index(0))
             if c < num_k:
                 it = b * num_k + c
                 s = it % STAGES
@@ -92,9 +93,9 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_buf, ready, empty, v_ready
                 mbarrier.expect(ready.index(s), nbytes)
                 if not Q_RESIDENT:
                     for h in gl.static_range(2):
-                        tma.async_copy_global_to_shared(q_desc, [i_b, m0 + h * WG_ROWS, i_h, c * BLOCK_K],
+                        tma_load(q_desc, [i_b, m0 + h * WG_ROWS, i_h, c * BLOCK_K],
                                                         ready.index(s), q_bufs.index(2 * s + h))
-                tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, c * BLOCK_K], ready.index(s),
+                tma_load(k_desc, [i_b, n0, i_hk, c * BLOCK_K], ready.index(s),
                                                 k_bufs.index(s))
 
 

@@ -29,12 +29,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from ..common import softmax
+from ..common.gluon_compat import thread_barrier, tma_load
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -99,9 +99,9 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
             mbarrier.wait(q_empty.index(0), (j & 1) ^ 1)
             mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
             for h in gl.static_range(2):
-                tma.async_copy_global_to_shared(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0),
+                tma_load(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0),
                                                 qn_bufs.index(h))
-            tma.async_copy_global_to_shared(qp_desc, [b, i_r * BLOCK_M, 0], q_ready.index(0), qp_buf.index(0))
+            tma_load(qp_desc, [b, i_r * BLOCK_M, 0], q_ready.index(0), qp_buf.index(0))
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, first, n_blocks, start, bt_row,
                         num_pages, PAGE, STAGES)
             j += 1
@@ -126,9 +126,9 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
         mbarrier.expect(kv_ready.index(s), nbytes)
         slot = n0 % PAGE
         for h in gl.static_range(2):
-            tma.async_copy_global_to_shared(ckv_desc, [page, slot, h * DH], kv_ready.index(s),
+            tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s),
                                             c_bufs.index(2 * s + h))
-        tma.async_copy_global_to_shared(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
+        tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
         page = next_page
 
 
@@ -149,7 +149,7 @@ def _zero_tail(v_smem, n0, seqlen):
     x = v_smem.load(layout)
     v_smem.store(gl.where((rows < seqlen)[:, None], x, gl.zeros([BLOCK_N, DH], x.dtype, layout)))
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
 
 @gluon.jit
