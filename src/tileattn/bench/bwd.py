@@ -14,7 +14,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
-from .common import attn_tflops, bench_rounds, finish, fmt, geomean, results_header
+from .common import Progress, attn_tflops, bench_rounds, finish, fmt, geomean, results_header
 from .dense import sdpa
 
 PROVIDERS = ("tileattn", "cudnn", "fa2")
@@ -40,8 +40,10 @@ def _check(grads, q, k, v, dout, causal):
 
 def _flex_rows(rows, log, N=8192):
     """Backward of the flex grid's mods at N: appends rows, returns (ratios torch / tileattn, failures)."""
-    import tileattn
     from torch.nn.attention.flex_attention import create_block_mask
+
+    import tileattn
+
     from ..ops.flex.reference import flex_ref
     from . import flex as fx
     B, H, D, dt = fx.B, fx.H, fx.D, torch.bfloat16
@@ -70,7 +72,7 @@ def _flex_rows(rows, log, N=8192):
             tol = allowed_error((rl.float() - r).abs().max().item(), r, dt)
             info[gname] = {"err": err, "tol": tol}
             ok = ok and err <= tol and bool(torch.isfinite(gr).all())
-        del grads, ref, ref_lp
+        grads = ref = ref_lp = None  # frees the GPU memory now
         if not ok:
             failures += 1
             log(f"CHECK FAILED flex {case}: {info}")
@@ -86,29 +88,33 @@ def _flex_rows(rows, log, N=8192):
         t = ms.get("tileattn")
         log(f"{'':>23}{name:>15} {fmt(t, '{:.3f}'):>9} {ms['flex']:10.3f} "
             f"{fmt(ms['flex'] / t if t else None, '{:.2f}'):>6}")
-        del out, out_t, bm
+        out = out_t = bm = None  # frees the GPU memory now
         torch.cuda.empty_cache()
     return ratios, failures
 
 
-def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 16384), batch=4, heads=32,
-        out_json=None, log=print, flex=True):
+BATCH, HEADS = 4, 32  # the grid's B and H
+
+
+def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 16384), out_json=None, plot=None,
+        log=print, flex=True):
     import tileattn
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     doc = results_header("bwd")
     rows, failures = [], 0
+    progress = Progress(len(head_dims) * 2 * len(seqlens))
     log(f"{'D':>4} {'causal':>6} {'N':>6} " + " ".join(f"{p:>9}" for p in PROVIDERS) + "   TFLOPS (2.5x fwd)")
     for D in head_dims:
         for causal in (False, True):
             for N in seqlens:
-                B, H = batch, heads
+                B, H = BATCH, HEADS
                 case = {"B": B, "H": H, "N": N, "D": D, "causal": causal, "dtype": str(dt).split(".")[-1]}
                 q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=dt).requires_grad_() for _ in range(3))
                 dout = torch.randn(B, N, H, D, device="cuda", dtype=dt)
                 out = tileattn.attention(q, k, v, causal=causal)
                 grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
                 ok, info = _check(grads, q, k, v, dout, causal)
-                del grads
+                grads = None  # frees the GPU memory now
                 if not ok:
                     failures += 1
                     log(f"CHECK FAILED {case}: {info}")
@@ -128,10 +134,10 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                     rows.append({"case": case, "provider": p, "ms": ms[p], "gbps": None,
                                  "tflops": 2.5 * attn_tflops(B, H, N, N, D, D, causal, ms[p]),
                                  **({"check": info} if p == "tileattn" else {})})
-                log(f"{D:4d} {str(causal):>6} {N:6d} " + " ".join(
+                log(progress() + f"{D:4d} {str(causal):>6} {N:6d} " + " ".join(
                     f"{fmt(2.5 * attn_tflops(B, H, N, N, D, D, causal, ms[p]) if p in ms else None):>9}"
                     for p in PROVIDERS))
-                del q, k, v, dout, out, outs, qh, kh, vh
+                q = k = v = dout = out = outs = qh = kh = vh = None  # frees the GPU memory now
                 torch.cuda.empty_cache()
     vs = {p: [] for p in ("cudnn", "fa2")}
     for r in rows:
@@ -150,4 +156,4 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                       "flex_geomean_vs_torch_flex": geomean(flex_ratios) if flex_ratios and len(flex_ratios) == 6
                       else None,
                       "check_failures": failures}
-    return finish(doc, out_json, log)
+    return finish(doc, out_json, log, plot)

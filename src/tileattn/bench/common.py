@@ -18,8 +18,22 @@ def read_bandwidth():
     """GB/s of a read-only reduction over 1 GiB (the ceiling a memory-bound kernel can approach)."""
     x = torch.ones(1 << 29, dtype=torch.float16, device="cuda")
     ms = do_bench(lambda: x.sum())
-    del x
+    x = None  # frees the GPU memory now
     return (1 << 30) / (ms * 1e-3) / 1e9
+
+
+class Progress:
+    """The prefix of a suite's row line: rows done of the grid's total and the seconds since the start
+    (`[ 3/20   41 s] `), so that a long suite shows how far it is."""
+
+    def __init__(self, total):
+        import time
+        self.total, self.done, self.t0, self._clock = total, 0, time.monotonic(), time.monotonic
+
+    def __call__(self):
+        self.done += 1
+        width = len(str(self.total))
+        return f"[{self.done:>{width}}/{self.total} {self._clock() - self.t0:5.0f} s] "
 
 
 def bench_rounds(fns, rounds=2):
@@ -69,13 +83,60 @@ def write_json(path, doc):
         json.dump(doc, f, indent=1)
 
 
-def finish(doc, out_json, log):
-    """Print the suite's summary line, write its results file (when asked), return the document."""
+def finish(doc, out_json, log, plot=None):
+    """Print the suite's summary line, write its results file and its plot (when asked), return the document."""
     log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
                                 for k, v in doc["summary"].items()))
     if out_json:
         write_json(out_json, doc)
+    if plot:
+        plot_doc(doc, plot)
     return doc
+
+
+def _case_label(case):
+    """A short x-axis label of a row's case: its values, the names of the grid's usual keys left out."""
+    skip = {"dtype", "B", "H"}
+    return " ".join(f"{k}={v}" if not isinstance(v, bool) else (k if v else "") for k, v in case.items()
+                    if k not in skip and v not in (None, "")).replace("  ", " ").strip()
+
+
+def plot_doc(doc, path):
+    """A PNG of a results document: for each measured case, each provider's TFLOPS (or GB/s for memory-bound
+    suites), one bar per provider. Nothing is written without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in doc["rows"] if r.get("ms")]
+    metric = "gbps" if any(r.get("gbps") for r in rows) else "tflops"
+    cases, providers = [], []
+    for r in rows:
+        key = json.dumps(r["case"], sort_keys=True)
+        if key not in cases:
+            cases.append(key)
+        if r["provider"] not in providers:
+            providers.append(r["provider"])
+    value = {(json.dumps(r["case"], sort_keys=True), r["provider"]): r.get(metric) for r in rows}
+    width = 0.8 / max(len(providers), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.28 * len(cases) * max(len(providers), 1)), 4.5))
+    for j, p in enumerate(providers):
+        xs = [i + j * width for i, c in enumerate(cases) if value.get((c, p))]
+        ys = [value[(c, p)] for c in cases if value.get((c, p))]
+        ax.bar(xs, ys, width, label=p)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
+    ax.set_xticklabels([_case_label(json.loads(c)) for c in cases], rotation=90, fontsize=6)
+    ax.set_ylabel("GB/s" if metric == "gbps" else "TFLOPS")
+    ax.set_title(f"tileattn bench {doc['suite']} ({doc['device']}, triton {doc['triton']}, {doc['commit'][:10]})",
+                 fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def geomean(xs):

@@ -104,7 +104,7 @@ def _nbytes(batch, kv_len, hq, hkv, sq, cache_bytes):
     return batch * kv_len * hkv * D * 2 * cache_bytes + 2 * batch * sq * hq * D * 2
 
 
-def run(out_json=None, log=print, quick=False):
+def run(out_json=None, plot=None, log=print, quick=False):
     import tileattn
     doc = results_header("decode")
     bw = read_bandwidth()
@@ -165,12 +165,12 @@ def run(out_json=None, log=print, quick=False):
             log(f"{hq:3d} {hkv:3d} {batch:5d} {kv_len:6d} {sq:2d} {page:4d} {case['cache_dtype'][:5]:>5} "
                 f"{fmt(row['ms'], '{:.4f}'):>8} {fmt(row['gbps']):>6} {fmt(row['fraction_of_read_bw'], '{:.2f}'):>5} "
                 f"{fmt(sdpa_ms, '{:.4f}'):>8} {fmt(row.get('vs_best_sdpa'), '{:.2f}'):>7} {sdpa_best or '-':>10}")
-            del k, v, table, seqlens, plan, out
+            k = v = table = seqlens = plan = out = None  # frees the GPU memory now
             peers = kc = vc = None
             torch.cuda.empty_cache()
     doc.update(read_bandwidth_gbps=bw, rows=rows)
     doc["summary"] = summarize(rows, failures, bw)
-    return finish(doc, out_json, log)
+    return finish(doc, out_json, log, plot)
 
 
 def summarize(rows, failures, bw):

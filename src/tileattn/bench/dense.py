@@ -12,7 +12,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error, rounding_floor
-from .common import attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
+from .common import Progress, attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
 
 PROVIDERS = ("tileattn", "cudnn", "fa2", "flex")
 ROUNDS = 2
@@ -86,6 +86,7 @@ def run(grid=Grid(), out_json=None, plot=None, log=print):
     Ns = grid.seqlens or ([1024, 2048, 4096, 8192, 16384] + ([32768, 65536] if grid.long else []))
     doc = results_header("dense")
     rows, failures = [], []
+    progress = Progress(len(head_dims) * 2 * len(Ns))
     for D in head_dims:
         for causal in (False, True):
             for N in Ns:
@@ -99,7 +100,7 @@ def run(grid=Grid(), out_json=None, plot=None, log=print):
                 cudnn_out = sdpa("cudnn")(q, k, v, causal)
                 ours = tileattn.attention(qt, kt, vt, causal=causal)
                 ok, info = check_case(ours, cudnn_out, q, k, v, causal)
-                del ours, cudnn_out
+                ours = cudnn_out = None  # frees the GPU memory now
                 if not ok:
                     failures.append((case, info))
                     log(f"CHECK FAILED {case}: {info}")
@@ -132,9 +133,9 @@ def run(grid=Grid(), out_json=None, plot=None, log=print):
                     if p in errors:
                         row["error"] = errors[p]
                     rows.append(row)
-                del q, k, v, qt, kt, vt
+                q = k = v = qt = kt = vt = None  # frees the GPU memory now
                 torch.cuda.empty_cache()
-                _print_row(rows, case, log)
+                _print_row(rows, case, lambda line: log(progress() + line.lstrip()))
     doc["rows"] = rows
     doc["summary"] = summarize(rows)
     doc["summary"]["check_failures"] = len(failures)
@@ -223,19 +224,21 @@ def plot_rows(rows, path):
 
 
 def cpu_demo(log=print):
-    """No GPU: run the kernel through the Triton interpreter on small shapes and print its errors."""
-    import os
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    """`tileattn bench demo`: the kernel on small shapes against the float32 reference, its errors printed. On
+    a CUDA GPU it runs there; else through the Triton interpreter (the caller sets TRITON_INTERPRET=1 before
+    triton is imported)."""
     import tileattn
-    log("No CUDA GPU found: running a small correctness demo of tileattn's kernels through the Triton "
-        "interpreter (float16, CPU) against the float32 reference.\n")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    where = "on " + torch.cuda.get_device_name() if device == "cuda" else \
+        "through the Triton interpreter (no CUDA GPU found)"
+    log(f"A small correctness demo of tileattn's kernels {where}: float16 against the float32 reference.\n")
     log(f"{'case':<42} {'max|out-ref|':>13} {'torch fp16 err':>15} {'ok':>4}")
     cases = [(2, 64, 64, 4, 4, 64, False, (-1, -1), 0.0), (1, 100, 100, 4, 1, 64, True, (-1, -1), 0.0),
              (1, 37, 90, 8, 2, 128, True, (-1, -1), 0.0), (1, 80, 80, 2, 2, 96, False, (16, 16), 0.0),
              (1, 50, 50, 2, 2, 64, True, (-1, -1), 30.0)]
     all_ok = True
     for B, Sq, Sk, Hq, Hkv, D, causal, window, softcap in cases:
-        q, k, v = (torch.randn(B, s, h, D).half() for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
+        q, k, v = (torch.randn(B, s, h, D, device=device).half() for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
         kw = dict(causal=causal, window=window, softcap=softcap)
         out = tileattn.attention(q, k, v, **kw)
         ref, _ = attention_ref(q, k, v, **kw)

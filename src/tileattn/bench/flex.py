@@ -48,9 +48,10 @@ def _torch_flex():
     return _compiled
 
 
-def run(out_json=None, log=print, seqlens=(2048, 8192)):
-    import tileattn
+def run(out_json=None, plot=None, log=print, seqlens=(2048, 8192)):
     from torch.nn.attention.flex_attention import create_block_mask
+
+    import tileattn
     dt = torch.bfloat16
     doc = results_header("flex")
     rows, failures = [], 0
@@ -70,7 +71,7 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
             err = (out.float() - ref).abs().max().item()
             tol = allowed_error((ref_lp.float() - ref).abs().max().item(), ref, dt)
             ok = bool(err <= tol and torch.isfinite(out).all())
-            del ref, ref_lp, out
+            ref = ref_lp = out = None  # frees the GPU memory now
             fns = {"tileattn": lambda: tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm),
                    "flex": lambda: flex_c(q, k, v, score_mod=score_mod, block_mask=bm)}
             if name == "causal":
@@ -100,8 +101,8 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
                 failures += 1
             elif t:
                 log(f"{'':6} {'':>15} fp8 (e4m3, Fp8V) {ms8:.3f} ms: {t / ms8:.2f}x tileattn bf16")
-            del bm
-        del q, k, v
+            bm = None  # frees the GPU memory now
+        q = k = v = None  # frees the GPU memory now
         torch.cuda.empty_cache()
 
     def ms_of(p, N, mod):
@@ -123,14 +124,16 @@ def run(out_json=None, log=print, seqlens=(2048, 8192)):
         "causal_vs_tileattn_causal": dense_ratio,
         "check_failures": failures,
     }
-    return finish(doc, out_json, log)
+    return finish(doc, out_json, log, plot)
 
 
 def _fp8_row(qkv, mods, case, flops, rows, log):
-    """tileattn flex with e4m3 inputs (qkv: the bf16 inputs; mods: score_mod, mask_mod, block mask) (per-(batch, head) descales, V in the Fp8V layout a cache would keep):
+    """tileattn flex with e4m3 inputs (qkv: the bf16 inputs; mods: score_mod, mask_mod, block mask; per-(batch,
+    head) descales, V in the Fp8V layout a cache would keep):
     checked on batch 0, heads 0-1 against the reference on the dequantized values (P rounded to e4m3 in the
     input-precision one), then timed. Returns ms, or None when the check fails."""
     import tileattn
+
     from ..ops.flex.reference import flex_ref
     (q, k, v), (score_mod, mask_mod, bm) = qkv, mods
     fp8 = torch.float8_e4m3fn
@@ -149,7 +152,7 @@ def _fp8_row(qkv, mods, case, flops, rows, log):
     err = (out[:1, :2].float() - ref).abs().max().item()
     tol = allowed_error((ref_lp.float() - ref).abs().max().item(), ref, torch.bfloat16)
     ok = bool(err <= tol and torch.isfinite(out).all())
-    del out, ref, ref_lp, deq
+    out = ref = ref_lp = deq = None  # frees the GPU memory now
     case8 = dict(case, dtype="float8_e4m3fn")
     row = {"case": case8, "provider": "tileattn_fp8", "ms": None, "tflops": None, "gbps": None,
            "check": {"err": err, "tol": tol}}

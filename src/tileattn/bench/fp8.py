@@ -14,7 +14,7 @@ import torch
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
 from . import dense
-from .common import attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
+from .common import Progress, attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 PROVIDERS = ("tileattn-e4m3", "tileattn-e4m3-vrow", "tileattn-e5m2", "tileattn-fp16", "cudnn-fp16",
@@ -119,10 +119,11 @@ def _run_case(case, providers, fp8_dtypes, log):
 
 
 def run(fp8_dtypes=("e4m3", "e5m2"), head_dims=(64, 128), seqlens=None, batch=4, heads=32, out_json=None,
-        log=print):
+        plot=None, log=print):
     providers = [p for p in PROVIDERS if p.split("-")[1] not in FP8 or p.split("-")[1] in fp8_dtypes]
     doc = results_header("fp8")
     rows, failures = [], 0
+    progress = Progress(len(head_dims) * 2 * len(seqlens or SEQLENS))
     for D in head_dims:
         for causal in (False, True):
             for N in seqlens or SEQLENS:
@@ -131,13 +132,13 @@ def run(fp8_dtypes=("e4m3", "e5m2"), head_dims=(64, 128), seqlens=None, batch=4,
                 torch.cuda.empty_cache()
                 rows += new
                 failures += failed
-                log(f"  D={D:<4} causal={int(causal)} N={N:<6} " +
+                log(progress() + f"D={D:<4} causal={int(causal)} N={N:<6} " +
                     " ".join(f"{r['provider']}={fmt(r['tflops'])}" for r in new))
     doc["rows"] = rows
     doc["summary"] = summarize(rows)
     doc["summary"]["check_failures"] = failures
     print_tables(rows, log)
-    return finish(doc, out_json, log)
+    return finish(doc, out_json, log, plot)
 
 
 def _row(rows, case, p):

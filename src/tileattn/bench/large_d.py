@@ -13,7 +13,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error, rounding_floor
-from .common import attn_tflops, bench_rounds, do_bench, finish, fmt, max_abs, results_header
+from .common import Progress, attn_tflops, bench_rounds, do_bench, finish, fmt, max_abs, results_header
 from .dense import DTYPES, sdpa
 
 SHAPES = ((1, 48, 8192), (1, 8, 16384))
@@ -35,7 +35,7 @@ def check_case(ours_bshd, eff_bhsd, q, k, v, causal):
                 "finite": finite}
 
 
-def run(dtype="fp16", shapes=SHAPES, head_dims=HEAD_DIMS, out_json=None, log=print):
+def run(dtype="fp16", shapes=SHAPES, head_dims=HEAD_DIMS, out_json=None, plot=None, log=print):
     import tileattn
     dt = DTYPES[dtype]
     doc = results_header("large_d")
@@ -43,7 +43,8 @@ def run(dtype="fp16", shapes=SHAPES, head_dims=HEAD_DIMS, out_json=None, log=pri
     # a first timing on a freshly started GPU runs slow: warm the clocks up before the grid
     x = torch.randn(4096, 4096, device="cuda", dtype=dt)
     do_bench(lambda: x @ x)
-    del x
+    x = None  # frees the GPU memory now
+    progress = Progress(len(shapes) * len(head_dims) * 2)
     for B, H, N in shapes:
         for D in head_dims:
             for causal in (False, True):
@@ -54,7 +55,7 @@ def run(dtype="fp16", shapes=SHAPES, head_dims=HEAD_DIMS, out_json=None, log=pri
                 ours = tileattn.attention(qt, kt, vt, causal=causal)
                 eff = sdpa("efficient")(q, k, v, causal)
                 ok, info = check_case(ours, eff, q, k, v, causal)
-                del ours, eff
+                ours = eff = None  # frees the GPU memory now
                 if not ok:
                     failures.append((case, info))
                     log(f"CHECK FAILED {case}: {info}")
@@ -77,14 +78,14 @@ def run(dtype="fp16", shapes=SHAPES, head_dims=HEAD_DIMS, out_json=None, log=pri
                     rows.append(row)
                 got = {r["provider"]: r["tflops"] for r in rows if r["case"] == case}
                 ratio = got["tileattn"] / got["efficient"] if got.get("tileattn") and got.get("efficient") else None
-                log(f"  B={B} H={H:<2} N={N:<5} D={D:<4} causal={int(causal)} " +
+                log(progress() + f"B={B} H={H:<2} N={N:<5} D={D:<4} causal={int(causal)} " +
                     " ".join(f"{p}={fmt(t)}" for p, t in got.items()) + f"  x{fmt(ratio, '{:.2f}')} efficient")
-                del q, k, v, qt, kt, vt
+                q = k = v = qt = kt = vt = None  # frees the GPU memory now
                 torch.cuda.empty_cache()
     doc["rows"] = rows
     doc["summary"] = summarize(rows)
     doc["summary"]["check_failures"] = len(failures)
-    return finish(doc, out_json, log)
+    return finish(doc, out_json, log, plot)
 
 
 def _ratio(rows, case, other):

@@ -42,7 +42,7 @@ def check(out, qn, qp, ckv, kpe, table, seqlens, sample=32):
     return bool(err <= tol and torch.isfinite(out).all()), {"err": err, "tol": tol}
 
 
-def run(dtype="bf16", out_json=None, log=print, cases=None):
+def run(dtype="bf16", out_json=None, plot=None, log=print, cases=None):
     import tileattn
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     doc = results_header("mla")
@@ -72,7 +72,7 @@ def run(dtype="bf16", out_json=None, log=print, cases=None):
         rows.append(row)
         log(f"{batch:5d} {kv_len:6d} {hq:3d} {sq:2d} {page:4d} {fmt(row['ms'], '{:.3f}'):>8} "
             f"{fmt(row['gbps']):>6} {fmt(row.get('fraction_of_read_bw'), '{:.2f}'):>5} {fmt(row['tflops']):>6}")
-        del qn, qp, ckv, kpe, table, seqlens, plan, out
+        qn = qp = ckv = kpe = table = seqlens = plan = out = None  # frees the GPU memory now
         torch.cuda.empty_cache()
     seed = [r for r in rows if r["case"]["batch"] == 768 and r["case"]["page_size"] == 64]
     seed_gbps = [r["gbps"] or 0.0 for r in seed]
@@ -86,4 +86,4 @@ def run(dtype="bf16", out_json=None, log=print, cases=None):
         "read_bandwidth_gbps": bw,
         "check_failures": failures,
     }
-    return finish(doc, out_json, log)
+    return finish(doc, out_json, log, plot)
