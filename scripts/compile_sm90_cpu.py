@@ -56,8 +56,12 @@ def _setup():
 
 
 def _tool(name):
+    """A CUDA tool: the copy Triton's package carries, else the machine's (a slim Triton carries none)."""
+    import shutil
+
     from triton.backends.nvidia import compiler as nvc
-    return os.path.join(os.path.dirname(nvc.__file__), "bin", name)
+    bundled = os.path.join(os.path.dirname(nvc.__file__), "bin", name)
+    return bundled if os.path.exists(bundled) else (shutil.which(name) or f"/usr/local/cuda/bin/{name}")
 
 
 def _ptxas():

@@ -18,7 +18,8 @@
 set -u
 OUT=${OUT:-/tmp/tileattn-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
+# TILEATTN_SRC: another copy of the package to run (e.g. a snapshot of one commit, carried), default ./src
+export PYTHONPATH=${TILEATTN_SRC:-$PWD/src}:$PWD PYTHONUNBUFFERED=1
 if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
   mkdir -p /tmp/t39 && tar -xJf .triton39/triton.tar.xz -C /tmp/t39 || { echo "no .triton39/triton.tar.xz carried"; exit 2; }
   ptxas=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
