@@ -2,8 +2,8 @@
 
     python scripts/gpu_diag.py
 """
+import functools
 import subprocess
-import time
 
 import torch
 import triton.testing
@@ -27,45 +27,56 @@ def main():
     ms = triton.testing.do_bench(lambda: x.sum(), warmup=50, rep=300, return_mode="median")
     print(f"read-only reduction 1 GiB: {x.numel() * 4 / ms / 1e6:.0f} GB/s", flush=True)
     smi()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     for N, D in ((4096, 128),):
-        q, k, v = (torch.randn(4, 32, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
-        f = 4 * 4 * 32 * N * N * D
-        for rep in (100, 1000):
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
-                t = []
-                for _ in range(3):
-                    t.append(f / triton.testing.do_bench(fn, warmup=100, rep=rep, return_mode="median") / 1e9)
-            print(f"cudnn N={N} D={D} rep={rep}ms: " + " ".join(f"{x:.0f}" for x in t) + " TFLOPS", flush=True)
-        # plain event timing, many back-to-back launches
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            for _ in range(3):
-                torch.nn.functional.scaled_dot_product_attention(q, k, v)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(20):
-                torch.nn.functional.scaled_dot_product_attention(q, k, v)
-            e.record()
-            torch.cuda.synchronize()
-            print(f"cudnn N={N} back-to-back x20: {f / (s.elapsed_time(e) / 20) / 1e9:.0f} TFLOPS", flush=True)
+        cudnn_repeatability(N, D)  # its tensors are freed on return
         smi()
-        del q, k, v
-    # host overhead of one tileattn call: a problem so small that the kernel time is negligible
+    host_overhead()
+
+
+def cudnn_repeatability(N, D):
+    """cuDNN attention at [4, 32, N, D] float16: do_bench medians at two rep counts, three times each, then plain
+    event timing of many back-to-back launches."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = (torch.randn(4, 32, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    f = 4 * 4 * 32 * N * N * D
+    fn = functools.partial(torch.nn.functional.scaled_dot_product_attention, q, k, v)
+    for rep in (100, 1000):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            t = [f / triton.testing.do_bench(fn, warmup=100, rep=rep, return_mode="median") / 1e9 for _ in range(3)]
+        print(f"cudnn N={N} D={D} rep={rep}ms: " + " ".join(f"{x:.0f}" for x in t) + " TFLOPS", flush=True)
+    # plain event timing, many back-to-back launches
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        for _ in range(3):
+            fn()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(20):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        print(f"cudnn N={N} back-to-back x20: {f / (s.elapsed_time(e) / 20) / 1e9:.0f} TFLOPS", flush=True)
+
+
+def host_overhead():
+    """Per-call time of one tileattn call at a problem so small that the kernel time is negligible: the public
+    call, the launch plans alone (plans.attn_fwd), the registered op (custom_ops.attn_fwd), and cuDNN's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     import tileattn
+    from tileattn.ops.dense import custom_ops, plans
+    from tileattn.ops.dense.problem import AttnOptions
+
+    def per_call_us(fn):
+        return triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median") * 1e3
     q = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.float16)
-    us = triton.testing.do_bench(lambda: tileattn.attention(q, q, q, causal=True), warmup=50, rep=200,
-                                 return_mode="median") * 1e3
+    us = per_call_us(lambda: tileattn.attention(q, q, q, causal=True))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         qs = q.transpose(1, 2)
-        us_c = triton.testing.do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-            qs, qs, qs, is_causal=True), warmup=50, rep=200, return_mode="median") * 1e3
-    from tileattn import custom_ops
-    from tileattn.ops.dense import plans
-    args = (q, q, q, None, None, 0, 0, 0.125, -1, 0, 0.0, True, False)
-    us_l = triton.testing.do_bench(lambda: plans.attn_fwd(*args), warmup=50, rep=200, return_mode="median") * 1e3
-    us_o = triton.testing.do_bench(lambda: custom_ops.attn_fwd(*args), warmup=50, rep=200,
-                                   return_mode="median") * 1e3
+        us_c = per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(qs, qs, qs, is_causal=True))
+    opts = AttnOptions(scale=64 ** -0.5, window=(-1, 0), return_lse=True)  # causal, with the lse a gradient needs
+    us_l = per_call_us(lambda: plans.attn_fwd(q, q, q, (), None, opts))
+    options = opts.encode()
+    us_o = per_call_us(lambda: custom_ops.attn_fwd(q, q, q, None, None, options))
     print(f"per-call time at a tiny shape (host overhead): tileattn {us:.0f} us (launcher alone {us_l:.0f}, "
           f"through the custom op {us_o:.0f}), cudnn {us_c:.0f} us", flush=True)
 

@@ -106,6 +106,7 @@ def _cpu_setup(record=False):
 def run_cpu(n, repeats):
     _cpu_setup()
     import torch
+
     import tileattn
 
     q, k, v = (torch.randn(*SHAPE, dtype=torch.float16) for _ in range(3))
@@ -127,6 +128,7 @@ def run_check():
     """Replayed launches (tileattn.launcher) give the C launcher the arguments Triton's normal path gives."""
     launches = _cpu_setup(record=True)
     import torch
+
     import tileattn
     from tileattn import force_backend, launcher
     from tileattn.ops.dense import plans
@@ -188,8 +190,9 @@ def run_check():
 
 def run_gpu(n):
     import torch
-    import tileattn
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import tileattn
 
     q, k, v = (torch.randn(*SHAPE, device="cuda", dtype=torch.float16) for _ in range(3))
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [B, H, S, D] for SDPA

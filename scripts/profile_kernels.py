@@ -83,7 +83,8 @@ def bwd(a, N=8192):
         bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")
         for who, o in (("tileattn", tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)),
                        ("torch", flex_c(q, k, v, score_mod=score_mod, block_mask=bm))):
-            fn = (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+            def fn(o=o):
+                return torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
             for ms, kname in kernel_times(fn):
                 print(f"PROF {name} {who}: {ms:.3f} ms {kname}", flush=True)
             print(f"PROF {name} {who}: host {host_us(fn):.0f} us to issue the backward", flush=True)

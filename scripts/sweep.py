@@ -12,8 +12,8 @@ timed; a config that fails the check, does not compile or is refused is reported
             per (config, case) (i: index into LARGE_D; --sm90: CFG -1, unforced, the Gluon kernel where it
             serves), "BEST" per case
     mla     [--quick]: MLA decode (MLASm90Config, MLAConfig), GB/s per (shape, config), and the read bandwidth
-    decode  [--quick]: attention over a paged KV cache (DecodeConfig, and plan.FINE_WAVES / FINE_STEPS), GB/s per (shape,
-            config): "DEC <shape> (<table's choice>): <cfg>: <GB/s> | ..."
+    decode  [--quick]: attention over a paged KV cache (DecodeConfig, and plan.FINE_WAVES / FINE_STEPS), GB/s per
+            (shape, config): "DEC <shape> (<table's choice>): <cfg>: <GB/s> | ..."
 
 scripts/gpu_check.sh: step sweep runs `sweep.py dense --out "$OUT/sweep.json" --budget-s ${SWEEP_BUDGET:-330}`
 (greps ^BEST, ^  D=), sweep-bwd `sweep.py bwd ${SWEEP_ARGS:-}` (^D=, ^FLEX), sweep-large-d
@@ -34,8 +34,8 @@ import torch
 import tileattn
 from tileattn.bench.common import attn_tflops, do_bench, max_abs
 from tileattn.ops.common.configs import BwdConfig
-from tileattn.ops.dense.configs import AttnConfig, LargeDConfig
 from tileattn.ops.decode.configs import DecodeConfig
+from tileattn.ops.dense.configs import AttnConfig, LargeDConfig
 from tileattn.ops.mla.configs import MLAConfig, MLASm90Config
 
 A, L, M, G, BW = AttnConfig, LargeDConfig, MLAConfig, MLASm90Config, BwdConfig
@@ -101,41 +101,46 @@ def err(e, n=300):
 
 
 # ---- dense ---------------------------------------------------------------------------------------------------
-def dense(a):
+def dense_case(a, candidates, t0, D, causal, N, B=4, H=32):
+    """The entries of one (D, causal, N): every candidate config (until the budget since t0 runs out) timed and
+    checked against cuDNN. Its tensors are freed on return."""
     from tileattn.bench.dense import DTYPES, sdpa
-    candidates, dt, t0, res = DENSE_CTAS if a.set == "ctas" else DENSE, DTYPES[a.dtype], time.time(), []
-    B, H = 4, 32
-    for D, causal, N in itertools.product(a.heads, (False, True), a.seqlens):
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(3))
-        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-        ref = sdpa("cudnn")(q, k, v, causal)
-        ms_cudnn = do_bench(lambda: sdpa("cudnn")(q, k, v, causal))
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=DTYPES[a.dtype]) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    ref = sdpa("cudnn")(q, k, v, causal)
+    ms_cudnn = do_bench(lambda: sdpa("cudnn")(q, k, v, causal))
 
-        def check(out):
-            diff = max_abs(out.transpose(1, 2), ref)
-            if not torch.isfinite(out).all() or diff > 2e-2:
-                raise RuntimeError(f"wrong output: max diff vs cudnn {diff:.3e}")
-            return True, diff
-        best = None
-        for cfg in candidates:
-            if time.time() - t0 > a.budget_s:
-                break
-            entry = {"D": D, "causal": causal, "N": N, "cfg": vars(cfg)}
-            try:
-                with forced(cfg):
-                    ms, diff = checked_ms(lambda: tileattn.attention(qt, kt, vt, causal=causal), check)
-                entry.update(ms=ms, tflops=attn_tflops(B, H, N, N, D, D, causal, ms), vs_cudnn=ms_cudnn / ms, diff=diff)
-                if best is None or ms < best["ms"]:
-                    best = entry
-            except Exception as e:  # noqa: BLE001
-                entry["error"] = err(e)
-            res.append(entry)
-            print(json.dumps(entry), flush=True)
-        if best:
-            print(f"BEST D={D} causal={int(causal)} N={N}: {best['cfg']} {best['tflops']:.0f} TFLOPS "
-                  f"({best['vs_cudnn']:.2f}x cudnn {attn_tflops(B, H, N, N, D, D, causal, ms_cudnn):.0f})", flush=True)
-        del q, k, v, qt, kt, vt, ref
-        torch.cuda.empty_cache()
+    def check(out):
+        diff = max_abs(out.transpose(1, 2), ref)
+        if not torch.isfinite(out).all() or diff > 2e-2:
+            raise RuntimeError(f"wrong output: max diff vs cudnn {diff:.3e}")
+        return True, diff
+    best, entries = None, []
+    for cfg in candidates:
+        if time.time() - t0 > a.budget_s:
+            break
+        entry = {"D": D, "causal": causal, "N": N, "cfg": vars(cfg)}
+        try:
+            with forced(cfg):
+                ms, diff = checked_ms(lambda: tileattn.attention(qt, kt, vt, causal=causal), check)
+            entry.update(ms=ms, tflops=attn_tflops(B, H, N, N, D, D, causal, ms), vs_cudnn=ms_cudnn / ms, diff=diff)
+            if best is None or ms < best["ms"]:
+                best = entry
+        except Exception as e:  # noqa: BLE001
+            entry["error"] = err(e)
+        entries.append(entry)
+        print(json.dumps(entry), flush=True)
+    if best:
+        print(f"BEST D={D} causal={int(causal)} N={N}: {best['cfg']} {best['tflops']:.0f} TFLOPS "
+              f"({best['vs_cudnn']:.2f}x cudnn {attn_tflops(B, H, N, N, D, D, causal, ms_cudnn):.0f})", flush=True)
+    return entries
+
+
+def dense(a):
+    candidates, t0, res = DENSE_CTAS if a.set == "ctas" else DENSE, time.time(), []
+    for D, causal, N in itertools.product(a.heads, (False, True), a.seqlens):
+        res += dense_case(a, candidates, t0, D, causal, N)
+        torch.cuda.empty_cache()  # the case's tensors, freed on its return
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     print("\nconfig ranking per (D, causal), geomean vs cudnn over N:")  # only configs measured at every N
@@ -167,12 +172,11 @@ def bwd_case(D, causal, N, B=4, H=32):
         except Exception as e:  # noqa: BLE001
             line.append(f"{name}: {err(e, 60)}")
     print(f"D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
-    del q, k, v, dout
-    torch.cuda.empty_cache()
 
 
 def bwd_flex(N=8192):
     from torch.nn.attention.flex_attention import create_block_mask
+
     from tileattn.bench import flex as fx
     B, H, D = fx.B, fx.H, fx.D
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
@@ -204,8 +208,10 @@ def bwd(a):
     seqlens = (1024, 4096) if a.quick else (1024, 2048, 4096, 16384)
     for D, causal, N in itertools.product((64, 128), (False, True), seqlens):
         bwd_case(D, causal, N)
+        torch.cuda.empty_cache()  # the case's tensors, freed on its return
     for D, causal in itertools.product((64, 128), (False, True)):  # drift check
         bwd_case(D, causal, 1024)
+        torch.cuda.empty_cache()
 
 
 # ---- large head dims -----------------------------------------------------------------------------------------
@@ -221,41 +227,46 @@ def kernel_info(q, k, v, causal, cfg):
         return f"? ({err(e, 100)})"
 
 
-def large_d(a):
+def large_d_case(a, cfgs, t_start, best, D, causal):
+    """One (D, causal): every config of cfgs (until the budget since t_start runs out) checked and timed against
+    SDPA EFFICIENT; the fastest correct one goes into best[(D, causal)]. Its tensors are freed on return."""
     from tileattn.bench.dense import sdpa
     from tileattn.bench.large_d import check_case
+    B, H, N = 1, a.heads, a.n
+    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    eff_out = sdpa("efficient")(qh, kh, vh, causal)
+    eff_tf = attn_tflops(B, H, N, N, D, D, causal, do_bench(lambda: sdpa("efficient")(qh, kh, vh, causal)))
+    print(f"EFF D={D} causal={causal} {eff_tf:.0f} TFLOPS", flush=True)
+    for i, cfg in cfgs:
+        if time.time() - t_start > a.budget_s:
+            print("budget exhausted", flush=True)
+            break
+        name = cfg if cfg is not None else "unforced"
+        try:
+            with forced(cfg):
+                # the bench's check: float32 on heads 0-1, EFFICIENT on every head
+                ms, info = checked_ms(lambda: tileattn.attention(q, k, v, causal=causal),
+                                      lambda out: check_case(out, eff_out, qh, kh, vh, causal))
+        except Exception as e:  # noqa: BLE001
+            print(f"CFG {i} {name} D={D} causal={causal} ERROR {err(e)}", flush=True)
+            continue
+        smem = kernel_info(q, k, v, causal, cfg)
+        tf = attn_tflops(B, H, N, N, D, D, causal, ms) if ms else 0.0
+        print(f"CFG {i} {name} D={D} causal={causal} smem={smem} err={info['err_vs_fp32']:.2e} "
+              f"diff_eff={info['max_diff_vs_efficient']:.1e} ok={ms is not None} {tf:.0f} TFLOPS "
+              f"x{tf / eff_tf:.2f} eff", flush=True)
+        if ms and tf > best.get((D, causal), (0,))[0]:
+            best[(D, causal)] = (tf, i, tf / eff_tf, name)
+
+
+def large_d(a):
     t_start, best = time.time(), {}
     cfgs = list(enumerate(LARGE_D)) if a.configs is None else [(i, LARGE_D[i]) for i in a.configs]
     cfgs = [(-1, None)] * a.sm90 + cfgs
-    B, H, N = 1, a.heads, a.n
     for D, causal in itertools.product(a.dims, (bool(x) for x in a.causal)):
-        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16) for _ in range(3))
-        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-        eff_out = sdpa("efficient")(qh, kh, vh, causal)
-        eff_tf = attn_tflops(B, H, N, N, D, D, causal, do_bench(lambda: sdpa("efficient")(qh, kh, vh, causal)))
-        print(f"EFF D={D} causal={causal} {eff_tf:.0f} TFLOPS", flush=True)
-        for i, cfg in cfgs:
-            if time.time() - t_start > a.budget_s:
-                print("budget exhausted", flush=True)
-                break
-            name = cfg if cfg is not None else "unforced"
-            try:
-                with forced(cfg):
-                    # the bench's check: float32 on heads 0-1, EFFICIENT on every head
-                    ms, info = checked_ms(lambda: tileattn.attention(q, k, v, causal=causal),
-                                          lambda out: check_case(out, eff_out, qh, kh, vh, causal))
-            except Exception as e:  # noqa: BLE001
-                print(f"CFG {i} {name} D={D} causal={causal} ERROR {err(e)}", flush=True)
-                continue
-            smem = kernel_info(q, k, v, causal, cfg)
-            tf = attn_tflops(B, H, N, N, D, D, causal, ms) if ms else 0.0
-            print(f"CFG {i} {name} D={D} causal={causal} smem={smem} err={info['err_vs_fp32']:.2e} "
-                  f"diff_eff={info['max_diff_vs_efficient']:.1e} ok={ms is not None} {tf:.0f} TFLOPS "
-                  f"x{tf / eff_tf:.2f} eff", flush=True)
-            if ms and tf > best.get((D, causal), (0,))[0]:
-                best[(D, causal)] = (tf, i, tf / eff_tf, name)
-        del q, k, v, qh, kh, vh, eff_out
-        torch.cuda.empty_cache()
+        large_d_case(a, cfgs, t_start, best, D, causal)
+        torch.cuda.empty_cache()  # the case's tensors, freed on its return
     for (D, causal), (tf, i, r, name) in sorted(best.items()):
         print(f"BEST D={D} causal={causal}: cfg {i} {name} {tf:.0f} TFLOPS x{r:.2f} eff")
 
@@ -267,38 +278,77 @@ def mla_name(cfg):
     return f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}/{cfg.out_split}"
 
 
+def mla_case(configs, batch, kv, hq, sq, page):
+    """One shape: every config of `configs` checked and timed (GB/s). Its tensors are freed on return."""
+    from tileattn.bench.mla import DC, DR, check, make_inputs
+    qn, qp, ckv, kpe, table, seqlens = make_inputs(batch, kv, hq, sq, page, torch.bfloat16)
+    nbytes = 2 * (batch * kv * (DC + DR) + batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
+    line = []
+    for cfg in configs:
+        try:
+            with forced(cfg):  # the plan keeps the config chosen when it is made
+                plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=page)
+            ms, info = checked_ms(lambda: plan.run(qn, qp, ckv, kpe, table),
+                                  lambda out: check(out, qn, qp, ckv, kpe, table, seqlens, sample=8))
+            line.append(f"{mla_name(cfg)}: {nbytes / ms / 1e6:.0f}" if ms else f"{mla_name(cfg)}: WRONG {info}")
+        except Exception as e:  # noqa: BLE001
+            line.append(f"{mla_name(cfg)}: {err(e, 80)}")
+    plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=page)  # the unforced schedule
+    print(f"b{batch} kv{kv} h{hq} sq{sq} p{page} items={plan.num_items} chunk={plan.chunk} "
+          f"({mla_name(plan.config)}): " + " | ".join(line), flush=True)
+
+
 def mla(a):
     from tileattn.bench.common import read_bandwidth
-    from tileattn.bench.mla import DC, DR, check, make_inputs
     print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
     shapes = [(768, 1024, 16, 1, 64), (768, 2048, 64, 1, 64), (16, 32768, 64, 1, 64), (768, 1024, 32, 1, 64)]
     if not a.quick:
         shapes += [(768, 2048, 16, 1, 64), (768, 1024, 64, 1, 1), (4, 8192, 64, 2, 64)]
-    for batch, kv, hq, sq, page in shapes:
-        qn, qp, ckv, kpe, table, seqlens = make_inputs(batch, kv, hq, sq, page, torch.bfloat16)
-        nbytes = 2 * (batch * kv * (DC + DR) + batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
-        line = []
-        for cfg in MLA_QUICK if a.quick else MLA:
-            try:
-                with forced(cfg):  # the plan keeps the config chosen when it is made
-                    plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=page)
-                ms, info = checked_ms(lambda: plan.run(qn, qp, ckv, kpe, table),
-                                      lambda out: check(out, qn, qp, ckv, kpe, table, seqlens, sample=8))
-                line.append(f"{mla_name(cfg)}: {nbytes / ms / 1e6:.0f}" if ms else f"{mla_name(cfg)}: WRONG {info}")
-            except Exception as e:  # noqa: BLE001
-                line.append(f"{mla_name(cfg)}: {err(e, 80)}")
-        plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=page)  # the unforced schedule
-        print(f"b{batch} kv{kv} h{hq} sq{sq} p{page} items={plan.num_items} chunk={plan.chunk} "
-              f"({mla_name(plan.config)}): " + " | ".join(line), flush=True)
-        del qn, qp, ckv, kpe, table, plan
-        torch.cuda.empty_cache()
+    for shape in shapes:
+        mla_case(MLA_QUICK if a.quick else MLA, *shape)
+        torch.cuda.empty_cache()  # the case's tensors, freed on its return
 
 
 # ---- attention over a paged KV cache ------------------------------------------------------------------------
-def decode(a):
-    from tileattn.bench.common import read_bandwidth
+def decode_case(hq, hkv, batch, kv, sq, page, cdt):
+    """One shape: every DecodeConfig of DEC and every split schedule of DEC_PPS checked and timed (GB/s), then the
+    table's config replayed from a CUDA graph. Its tensors are freed on return."""
     from tileattn.bench.decode import D, _nbytes, check, make_cache
     from tileattn.ops.decode import plan as plan_mod
+    bf = torch.bfloat16
+    default_pps = (plan_mod.FINE_WAVES, plan_mod.FINE_STEPS)
+    k, v, table, seqlens = make_cache(batch, kv, hkv, page, cdt)
+    q = torch.randn(batch, sq, hq, D, device="cuda", dtype=bf)
+    nbytes = _nbytes(batch, kv, hq, hkv, sq, cdt.itemsize)
+    line = []
+    variants = [(c, default_pps) for c in DEC] + [(None, p) for p in DEC_PPS]
+    for cfg, pps in variants:
+        name = f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}" if cfg else f"fine{pps[0]}/{pps[1]}"
+        plan_mod.FINE_WAVES, plan_mod.FINE_STEPS = pps
+        try:
+            with forced(cfg):  # the plan keeps the config chosen when it is made
+                plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
+                                            q_len=sq, dtype=bf, cache_dtype=cdt)
+            ms, info = checked_ms(lambda: plan.run(q, k, v, table),
+                                  lambda out: check(out, q, k, v, table, seqlens, sample=2))
+            line.append(f"{name}: {nbytes / ms / 1e6:.0f}" if ms else f"{name}: WRONG {info}")
+        except Exception as e:  # noqa: BLE001
+            line.append(f"{name}: {err(e, 80)}")
+        finally:
+            plan_mod.FINE_WAVES, plan_mod.FINE_STEPS = default_pps
+    plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page, q_len=sq,
+                                dtype=bf, cache_dtype=cdt)
+    plan.run(q, k, v, table)
+    graph = torch.cuda.CUDAGraph()  # the table's config without host time: a captured run replayed
+    with torch.cuda.graph(graph):
+        plan.run(q, k, v, table)
+    line.append(f"graph: {nbytes / do_bench(graph.replay) / 1e6:.0f}")
+    print(f"DEC hq{hq}/{hkv} b{batch} kv{kv} sq{sq} p{page} {str(cdt)[6:]} items={plan.num_items} "
+          f"chunk={plan.chunk} ({plan.config}): " + " | ".join(line), flush=True)
+
+
+def decode(a):
+    from tileattn.bench.common import read_bandwidth
     print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
     f8, bf = torch.float8_e4m3fn, torch.bfloat16
     shapes = [(32, 8, 1, 32768, 1, 16, bf), (32, 8, 1, 4096, 1, 16, bf), (32, 8, 64, 4096, 1, 16, bf),
@@ -307,38 +357,9 @@ def decode(a):
     if not a.quick:
         shapes += [(64, 8, 64, 16384, 1, 16, bf), (32, 32, 32, 4096, 1, 16, bf), (32, 8, 8, 1024, 1, 16, bf),
                    (32, 8, 1, 1024, 1, 64, bf), (32, 8, 128, 16384, 1, 64, bf), (32, 8, 128, 32768, 1, 16, f8)]
-    default_pps = (plan_mod.FINE_WAVES, plan_mod.FINE_STEPS)
-    for hq, hkv, batch, kv, sq, page, cdt in shapes:
-        k, v, table, seqlens = make_cache(batch, kv, hkv, page, cdt)
-        q = torch.randn(batch, sq, hq, D, device="cuda", dtype=bf)
-        nbytes = _nbytes(batch, kv, hq, hkv, sq, cdt.itemsize)
-        line = []
-        variants = [(c, default_pps) for c in DEC] + [(None, p) for p in DEC_PPS]
-        for cfg, pps in variants:
-            name = f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}" if cfg else f"fine{pps[0]}/{pps[1]}"
-            plan_mod.FINE_WAVES, plan_mod.FINE_STEPS = pps
-            try:
-                with forced(cfg):  # the plan keeps the config chosen when it is made
-                    plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
-                                                q_len=sq, dtype=bf, cache_dtype=cdt)
-                ms, info = checked_ms(lambda: plan.run(q, k, v, table),
-                                      lambda out: check(out, q, k, v, table, seqlens, sample=2))
-                line.append(f"{name}: {nbytes / ms / 1e6:.0f}" if ms else f"{name}: WRONG {info}")
-            except Exception as e:  # noqa: BLE001
-                line.append(f"{name}: {err(e, 80)}")
-            finally:
-                plan_mod.FINE_WAVES, plan_mod.FINE_STEPS = default_pps
-        plan = tileattn.KVCachePlan(seqlens, num_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page, q_len=sq,
-                                    dtype=bf, cache_dtype=cdt)
-        plan.run(q, k, v, table)
-        graph = torch.cuda.CUDAGraph()  # the table's config without host time: a captured run replayed
-        with torch.cuda.graph(graph):
-            plan.run(q, k, v, table)
-        line.append(f"graph: {nbytes / do_bench(graph.replay) / 1e6:.0f}")
-        print(f"DEC hq{hq}/{hkv} b{batch} kv{kv} sq{sq} p{page} {str(cdt)[6:]} items={plan.num_items} "
-              f"chunk={plan.chunk} ({plan.config}): " + " | ".join(line), flush=True)
-        del k, v, table, plan, q
-        torch.cuda.empty_cache()
+    for shape in shapes:
+        decode_case(*shape)
+        torch.cuda.empty_cache()  # the case's tensors (and the graph), freed on its return
 
 
 def main():

@@ -62,7 +62,7 @@ def _op(module):
 
 def test_host_functions_take_few_parameters():
     long = []
-    for name, (path, tree) in MODULES.items():
+    for path, tree in MODULES.values():
         rel = str(path.relative_to(SRC))
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_jit(node):

@@ -16,6 +16,20 @@ Public API:
 The kernels load on first use, so a tool (the `tileattn` command) can choose Triton's interpreter for a
 CPU-only machine before any kernel is defined.
 """
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name loads on first use (__getattr__)
+    from .ops.common.backend import force_backend
+    from .ops.common.fp8 import Fp8V, fp8_v_layout, quantize_fp8
+    from .ops.decode.api import kvcache_attention
+    from .ops.decode.plan import KVCachePlan
+    from .ops.dense.api import attention, scaled_dot_product_attention, varlen_attention
+    from .ops.flex import mods
+    from .ops.flex.api import flex_attention
+    from .ops.flex.trace import FlexCompileError
+    from .ops.mla.api import mla_decode
+    from .ops.mla.plan import MLADecodePlan
+
 __version__ = "0.1.0"
 __all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "quantize_fp8", "fp8_v_layout",
            "Fp8V", "mla_decode", "MLADecodePlan", "kvcache_attention", "KVCachePlan", "flex_attention",
@@ -23,7 +37,7 @@ __all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "qua
            "__version__"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name in ("attention", "varlen_attention", "scaled_dot_product_attention"):
         from .ops.dense import api
         return getattr(api, name)
@@ -57,5 +71,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'tileattn' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(__all__)

@@ -57,7 +57,7 @@ def _smem_override():
         ) from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_info(device_index, override):
     if device_index is None:
         smem = INTERPRETER_SMEM
@@ -80,6 +80,15 @@ def check_kernel_device(device: torch.device, what: str):
                          "the Triton interpreter (set TRITON_INTERPRET=1 before importing triton)")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device type {device.type!r} for {what}")
+
+
+def check_interpreter_dtype(dtype: torch.dtype, name: str) -> None:
+    """Raise ValueError when `dtype` is bfloat16 and the kernels run through the Triton interpreter: its bfloat16
+    dots are wrong (errors of ~1e8, silently), so an op whose kernels take bfloat16 operands into a dot refuses
+    them there, before any launch. `name` is the argument that brings the bfloat16 in. A no-op on a GPU."""
+    if dtype == torch.bfloat16 and interpreter_enabled():
+        raise ValueError(f"{name} is bfloat16: the Triton interpreter (TRITON_INTERPRET=1) computes bfloat16 dots "
+                         "wrongly; use float16 or run on a GPU")
 
 
 def device_info(device: torch.device) -> DeviceInfo:

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import tileattn
-from tileattn.ops.decode import plan as plan_mod
 from tileattn import mods
 from tileattn.ops.common.paging import gather_tokens as gather
+from tileattn.ops.decode import plan as plan_mod
 from tileattn.ops.decode.reference import kvcache_attention_ref
+
 from tests.helpers import assert_close, randn
 
 F16, BF16, FP8 = torch.float16, torch.bfloat16, torch.float8_e4m3fn

@@ -8,6 +8,7 @@ import tileattn
 from tileattn import hw
 from tileattn.ops.dense.configs import triton_candidates as candidates
 from tileattn.ops.dense.problem import AttnOptions
+
 from tests.helpers import randn
 
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import tileattn
-from tileattn import hw
-from tileattn import force_backend
+from tileattn import force_backend, hw
 from tileattn.ops.common.configs import sm90_config
 from tileattn.ops.dense import dispatch, launch_triton, plans
 from tileattn.ops.dense.configs import AttnConfig
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
+
 from tests.helpers import assert_close, randn
 
 

@@ -6,6 +6,7 @@ import torch
 
 import tileattn
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
+
 from tests.helpers import assert_close, randn
 
 DT = torch.float16  # bf16 dots are wrong in the CPU interpreter; bf16 runs in the GPU tests

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import tileattn
-from tileattn.ops.dense import dispatch, plans
 from tileattn.ops.common.fp8 import fp8_v_layout, quantize_fp8
 from tileattn.ops.common.fp8_kernels import packed_key_pos
+from tileattn.ops.dense import dispatch, plans
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
+
 from tests.helpers import assert_close, randn
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2

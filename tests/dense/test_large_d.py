@@ -12,6 +12,7 @@ from tileattn import force_backend, hw
 from tileattn.ops.common.tma import gluon_sm90_reason
 from tileattn.ops.dense import configs, dispatch, launch_large_d, plans
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
+
 from tests.dense.test_attention import _cu
 from tests.helpers import assert_close, randn
 

@@ -21,6 +21,7 @@ import tileattn
 from tileattn import force_backend, hw, launcher
 from tileattn.ops.dense import plans
 from tileattn.ops.dense.configs import AttnConfig
+
 from tests.dense.test_api import BAD
 from tests.helpers import randn
 
@@ -234,6 +235,7 @@ def _small_kernel_checks():
     from triton import knobs
     from triton.runtime import driver
     from triton.tools.tensor_descriptor import TensorDescriptor
+
     from scripts.host_overhead import fake_cuda_driver
 
     drv, launches = fake_cuda_driver(record=True)

@@ -11,6 +11,7 @@ import torch
 
 import tileattn
 from tileattn import mods
+
 from tests.helpers import assert_close, randn
 
 flex_mod = pytest.importorskip("torch.nn.attention.flex_attention")

@@ -8,6 +8,7 @@ import torch
 import tileattn
 from tileattn import mods
 from tileattn.ops.flex.reference import flex_ref
+
 from tests.flex.test_flex import DT, qkv, ready_mods
 from tests.helpers import assert_close, randn
 

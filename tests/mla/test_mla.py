@@ -12,6 +12,7 @@ import torch
 import tileattn
 from tileattn import hw
 from tileattn.ops.mla.reference import mla_decode_ref
+
 from tests.helpers import assert_close, randn
 
 
@@ -112,7 +113,7 @@ def test_mla_schedule_covers_every_token():
     lens = [0, 1, 64, 65, 1000, 129]
     items, splits, slots = schedule(lens, 64)
     covered = {b: [] for b in range(len(lens))}
-    for b, s, e, slot in items:
+    for b, s, e, _slot in items:
         covered[b].append((s, e))
         assert 0 < e - s <= 64
     for b, n in enumerate(lens):

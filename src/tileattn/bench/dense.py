@@ -122,7 +122,7 @@ def run(grid=Grid(), out_json=None, plot=None, log=print):
                                 raise RuntimeError("output check failed: not timed")
                             fn = _flex(q, k, v, causal, N) if p == "flex" else fns[p]
                             times[p].append(do_bench(fn))
-                        except Exception as e:  # a peer that refuses a shape is reported, not fatal
+                        except Exception as e:  # noqa: BLE001 - a peer that refuses a shape is reported, not fatal
                             errors[p] = f"{type(e).__name__}: {str(e)[:200]}"
                 for p in providers:
                     ms = min(times[p]) if times[p] and p not in errors else None

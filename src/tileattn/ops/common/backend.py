@@ -26,6 +26,7 @@ and a backward inside the block must see it too.
 """
 import contextlib
 import logging
+from collections.abc import Iterator
 
 from ... import knobs
 
@@ -77,7 +78,7 @@ def _parse(spec, what):
 
 
 @contextlib.contextmanager
-def force_backend(name=None, *, config=None):
+def force_backend(name: str | None = None, *, config: object | None = None) -> Iterator[None]:
     """Within the block, serve every call by backend `name` (of its op; "triton": every op on its Triton
     kernels) and/or with `config` (a config dataclass of ops/*/configs.py; without `name`, the backend its
     class names). A forced backend that does not serve a problem raises ValueError. Nested blocks replace

@@ -56,8 +56,8 @@ class Sm90Config:
 
 # Per head dim. Shared memory: 2 x q_slots Q tiles + stages x (K + V) tiles, within the 227 KB of an
 # H100.
-# Chosen from the compiled kernel's registers (no spills in the key loop) and shared memory (scripts/compile_sm90_cpu.py);
-# timing sweeps are in docs/design/dense.md.
+# Chosen from the compiled kernel's registers (no spills in the key loop) and shared memory
+# (scripts/compile_sm90_cpu.py); timing sweeps are in docs/design/dense.md.
 # The pipelined loop (FA3's intra-warpgroup overlap) won over a plain one at N >= 4K on the H100 (2026-11-21,
 # an A/B run, docs/design/dense.md): D=64 434 vs 396 TFLOPS at 16K non-causal, D=128 546 vs 524; 128-key tiles beat 64.
 # The persistent grid (one CTA per SM, the next tile's Q loaded during the current one) against one CTA per

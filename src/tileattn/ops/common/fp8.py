@@ -17,6 +17,8 @@ K-major), with the keys of each group of 16 in the order the P operand's registe
 `fp8_v_layout(v)` returns V that way, and attention uses it without a copy; any other V is re-laid out once
 per call inside attention (a read and a write of V, counted in the benchmark: see attention's docstring).
 """
+from __future__ import annotations
+
 import math
 
 import torch
@@ -25,6 +27,8 @@ import triton
 from .fp8_kernels import pack_v_kernel, packed_key_pos
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# a descale argument (q_descale, k_descale, v_descale): None (1), a positive number, or a float32 tensor
+Descale = float | torch.Tensor | None
 P_SHIFT = 8  # log2 of the factor P is scaled by before its fp8 rounding
 _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 PACK_ALIGN = 64  # Fp8V's row pitch: a multiple of the key tiles' 32-key groups and of TMA's 16 bytes
@@ -34,7 +38,8 @@ def is_fp8(dtype) -> bool:
     return dtype in FP8_DTYPES
 
 
-def quantize_fp8(x, dtype=torch.float8_e4m3fn, group=1):
+def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
+                 group: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a float tensor to fp8 with one scale per (batch, group of heads).
 
     Args:
@@ -84,36 +89,36 @@ class Fp8V:
     """
     __slots__ = ("data", "seqlen")
 
-    def __init__(self, data, seqlen):
+    def __init__(self, data: torch.Tensor, seqlen: int) -> None:
         self.data, self.seqlen = data, seqlen
 
     @property
-    def shape(self):
+    def shape(self) -> torch.Size:
         B, H, D, _ = self.data.shape
         return torch.Size((B, self.seqlen, H, D))
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         return self.data.dtype
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         return self.data.device
 
-    def view(self):
+    def view(self) -> torch.Tensor:
         """The [B, Sk, Hkv, Dv] sequence-major view the kernels take (keys in packed order)."""
         return self.data[..., :self.seqlen].permute(0, 3, 1, 2)
 
-    def unpack(self):
+    def unpack(self) -> torch.Tensor:
         """V as a plain [B, Sk, Hkv, Dv] tensor (keys in order)."""
         pos = packed_key_pos(torch.arange(self.seqlen, device=self.data.device))
         return self.data[..., pos].permute(0, 3, 1, 2).contiguous()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Fp8V(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
 
 
-def fp8_v_layout(v):
+def fp8_v_layout(v: torch.Tensor | Fp8V) -> Fp8V:
     """fp8 V [B, Sk, Hkv, Dv] (any strides) in the layout tileattn's fp8 attention reads without a copy.
 
     Returns an `Fp8V` to pass as attention's v. Keep V (e.g. an fp8 KV cache) this way to save attention a

@@ -21,7 +21,7 @@ def tma_ok(t) -> bool:
 GLUON_TRITON = ("3.6.", "3.9.")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gluon_available() -> bool:
     """Gluon's Hopper API as the kernels were written and run-verified against it (GLUON_TRITON)."""
     if not triton.__version__.startswith(GLUON_TRITON):

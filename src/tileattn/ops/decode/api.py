@@ -1,14 +1,21 @@
 """Public one-call entry point of attention over a KV cache (KVCachePlan, plan.py, is the plan/run form)."""
+from __future__ import annotations
+
 import torch
 
 from ..common.paging import check_pages, check_seqlens
-from .plan import DecodeRun, KVCachePlan
 from .checks import check_run_args
+from .plan import DecodeRun, KVCachePlan
 
 
-def kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, *, k_new=None, v_new=None,
-                      cu_seqlens_q=None, causal=True, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None,
-                      sinks=None, k_scale=1.0, v_scale=1.0, return_lse=False):
+def kvcache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+                      block_table: torch.Tensor | None = None, *, k_new: torch.Tensor | None = None,
+                      v_new: torch.Tensor | None = None, cu_seqlens_q: torch.Tensor | None = None,
+                      causal: bool = True, scale: float | None = None,
+                      window: tuple[int, int] | list[int] = (-1, -1), softcap: float = 0.0,
+                      alibi_slopes: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                      k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0,
+                      return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of new queries over a KV cache, as FlashAttention's `flash_attn_with_kvcache` (decode,
     multi-token decode, chunked prefill).
 

@@ -102,6 +102,8 @@ def check_run_args(plan, r):
         raise ValueError(f"q: expected {q_dims} = {q_shape} for this plan, got {list(r.q.shape)}")
     if r.q.dtype != plan.dtype:
         raise TypeError(f"q: expected {plan.dtype} (the plan's dtype), got {r.q.dtype}")
+    if plan.cache_dtype != _FP8:  # with an fp8 cache the kernel converts q and the cache to float16 for the dots
+        hw.check_interpreter_dtype(r.q.dtype, "q")
     for name in ("k_cache", "v_cache"):
         t = getattr(r, name)
         _check_tensor(name, t, plan)

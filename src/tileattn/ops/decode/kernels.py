@@ -5,13 +5,13 @@ Rows. The queries of one sequence b that share a KV head hk are processed togeth
 once for all of them: a tile holds BLOCK_M rows r = t * G + g (query token t of the sequence, query head
 hk * G + g, G = Hq // Hkv). Decode (q_len 1, G 4) is one tile of 4 rows; chunked prefill has many tiles.
 
-`decode_split_kernel`: grid (Hkv, work items), the only kernel of a run (no separate combine launch). A work item (from the plan's schedule, plan.py) is one row tile
-of one sequence and one key range [k_start, k_end). Its program loads the tile's queries once, walks the range
-in BLOCK_N-token steps, gathering the cache's rows through the block table (or from the contiguous cache when
-not PAGED), and keeps an online softmax in base 2. An item covering its tile's whole key range writes the
-output (finished with the sink, when there is one); a split one writes its partial output (divided by its
-own sum) and log2-sum-exp to the workspace and counts itself done on its tile's semaphore; the tile's last
-piece to finish merges the partials (`_merge`) and writes the output.
+`decode_split_kernel`: grid (Hkv, work items), the only kernel of a run (no separate combine launch). A work item
+(from the plan's schedule, plan.py) is one row tile of one sequence and one key range [k_start, k_end). Its program
+loads the tile's queries once, walks the range in BLOCK_N-token steps, gathering the cache's rows through the block
+table (or from the contiguous cache when not PAGED), and keeps an online softmax in base 2. An item covering its
+tile's whole key range writes the output (finished with the sink, when there is one); a split one writes its partial
+output (divided by its own sum) and log2-sum-exp to the workspace and counts itself done on its tile's semaphore;
+the tile's last piece to finish merges the partials (`_merge`) and writes the output.
 
 Visibility of key j to the query token t of sequence b (pos = seqlen_b - q_len_b + t, bottom-right aligned):
 j < seqlen_b, and j <= pos (CAUSAL), and pos - WINDOW_LEFT <= j (WINDOW_LEFT >= 0), and j <= pos + WINDOW_RIGHT
@@ -77,8 +77,9 @@ def decode_split_kernel(
     """kv head hk = program_id(0), work item w = program_id(1): WORK[w] = (b, r0, k_start, k_end, slot, tile),
     b < 0 for unused capacity, slot < 0 to write O (and LSE) directly, else OP [slots, Hkv, BLOCK_M, D] and
     LSEP [slots, Hkv, BLOCK_M] (log2, float32), then count the piece in SEM[tile, hk]: the tile's last piece
-    to finish merges them all (TILES[tile] = (b, r0, first slot, count)) and resets the counter. QINFO[b] = (first packed query row, q_len). Q / O rows: b *
-    stride_qb + (QINFO[b][0] + t) * stride_qt + h * stride_qh. qk_scale: scale (times log2 e unless SOFTCAP);
+    to finish merges them all (TILES[tile] = (b, r0, first slot, count)) and resets the counter.
+    QINFO[b] = (first packed query row, q_len). Q / O rows: b * stride_qb + (QINFO[b][0] + t) * stride_qt
+    + h * stride_qh. qk_scale: scale (times log2 e unless SOFTCAP);
     KS / VS: float32 cache scales per kv head (stride_ksh 0: one for all). FP8: an e4m3 cache is converted
     to float16 (exactly, one instruction per two values; bfloat16 would take several) and the dots run in
     float16, q converted too (a |q| past 65504 saturates)."""

@@ -8,8 +8,10 @@ tiles than the programs aimed for is split; a split tile's last piece to finish 
 `run` then only launches kernels on buffers the plan owns: no host sync, no allocation, so it can be captured in
 a CUDA graph. `update(seqlens)` re-plans into the same buffers (a captured graph sees the new schedule).
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -36,15 +38,15 @@ class DecodeRun:
     q: torch.Tensor
     k_cache: torch.Tensor
     v_cache: torch.Tensor
-    block_table: Optional[torch.Tensor]
-    k_new: Optional[torch.Tensor] = None
-    v_new: Optional[torch.Tensor] = None
-    k_scale: object = 1.0
-    v_scale: object = 1.0
-    alibi_slopes: Optional[torch.Tensor] = None
-    sinks: Optional[torch.Tensor] = None
-    out: Optional[torch.Tensor] = None
-    lse: Optional[torch.Tensor] = None
+    block_table: torch.Tensor | None
+    k_new: torch.Tensor | None = None
+    v_new: torch.Tensor | None = None
+    k_scale: float | torch.Tensor = 1.0
+    v_scale: float | torch.Tensor = 1.0
+    alibi_slopes: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
     return_lse: bool = False
 
 
@@ -112,9 +114,11 @@ class KVCachePlan:
     so they never read outside the cache but give wrong rows: `tileattn.kvcache_attention` checks them.
     """
 
-    def __init__(self, seqlens, *, num_heads, num_kv_heads, head_dim, page_size=None, q_len=1, cu_seqlens_q=None,
-                 dtype=torch.bfloat16, cache_dtype=None, causal=True, scale=None, window=(-1, -1), softcap=0.0,
-                 host_seqlens=None):
+    def __init__(self, seqlens: torch.Tensor, *, num_heads: int, num_kv_heads: int, head_dim: int,
+                 page_size: int | None = None, q_len: int = 1, cu_seqlens_q: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.bfloat16, cache_dtype: torch.dtype | None = None, causal: bool = True,
+                 scale: float | None = None, window: tuple[int, int] | list[int] = (-1, -1), softcap: float = 0.0,
+                 host_seqlens: Sequence[int] | None = None) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim, self.page_size = num_heads, num_kv_heads, head_dim, \
             page_size
         self.q_len, self.dtype, self.causal, self.scale = q_len, dtype, bool(causal), scale
@@ -175,7 +179,7 @@ class KVCachePlan:
         self._scale_values = [1.0, 1.0]
         self.update(seqlens, host_seqlens)
 
-    def update(self, seqlens, host_seqlens=None):
+    def update(self, seqlens: torch.Tensor, host_seqlens: Sequence[int] | None = None) -> KVCachePlan:
         """Re-plan for new lengths of the same batch composition (a device sync, unless host_seqlens gives
         them as a list of ints), into the plan's buffers."""
         check_seqlens(seqlens, self.batch, self.device, "seqlens")
@@ -203,8 +207,12 @@ class KVCachePlan:
         self.num_items, self.num_slots, self.chunk = len(items), slots, chunk
         return self
 
-    def run(self, q, k_cache, v_cache, block_table=None, *, k_new=None, v_new=None, k_scale=1.0, v_scale=1.0,
-            alibi_slopes=None, sinks=None, out=None, lse=None, return_lse=False):
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            block_table: torch.Tensor | None = None, *, k_new: torch.Tensor | None = None,
+            v_new: torch.Tensor | None = None, k_scale: float | torch.Tensor = 1.0,
+            v_scale: float | torch.Tensor = 1.0, alibi_slopes: torch.Tensor | None = None,
+            sinks: torch.Tensor | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+            return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of the plan's batch over k_cache / v_cache (the plan's layout and cache_dtype).
 
         k_new, v_new: q's token layout with [Hkv, D] heads ([B, q_len, Hkv, D] or [total_q, Hkv, D]), written into
@@ -234,7 +242,7 @@ class KVCachePlan:
         self.backend.launch(self, r)
         return (r.out, r.lse) if return_lse else r.out
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         layout = f"page_size={self.page_size}" if self.paged else "contiguous"
         q = f"cu_seqlens_q (total {self.total_q})" if self.varlen else f"q_len={self.q_len}"
         return (f"KVCachePlan(batch={self.batch}, Hq={self.num_heads}, Hkv={self.num_kv_heads}, D={self.head_dim}, "

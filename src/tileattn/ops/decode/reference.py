@@ -7,7 +7,6 @@ import torch
 
 from ..common.paging import gather_tokens
 
-
 _OPTS = dict(cu_seqlens_q=None, causal=True, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
              k_scale=1.0, v_scale=1.0)
 

@@ -1,4 +1,6 @@
 """Public entry points of dense attention: attention, varlen_attention, scaled_dot_product_attention."""
+from __future__ import annotations
+
 import sys
 import warnings
 
@@ -6,12 +8,23 @@ import torch
 
 from ..common import fp8
 from . import custom_ops, plans
-from .problem import (MAX_GRAD_HEAD_DIM, AttnOptions, check_cu_seqlens_meta, check_device, check_inputs,
-                      check_options, check_sdpa_inputs, effective_window)
+from .problem import (
+    MAX_GRAD_HEAD_DIM,
+    AttnOptions,
+    check_cu_seqlens_meta,
+    check_device,
+    check_inputs,
+    check_options,
+    check_sdpa_inputs,
+    effective_window,
+)
 
 
-def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
-              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | fp8.Fp8V, *, causal: bool = False,
+              scale: float | None = None, window: tuple[int, int] | list[int] = (-1, -1), softcap: float = 0.0,
+              return_lse: bool = False, q_descale: fp8.Descale = None, k_descale: fp8.Descale = None,
+              v_descale: fp8.Descale = None,
+              out_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention forward over padded batches.
 
     Args:
@@ -64,9 +77,12 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0
     return _run(q, k, v, (), descales, opts)
 
 
-def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                     scale=None, window=(-1, -1), softcap=0.0, return_lse=False, q_descale=None,
-                     k_descale=None, v_descale=None, out_dtype=None):
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                     scale: float | None = None, window: tuple[int, int] | list[int] = (-1, -1),
+                     softcap: float = 0.0, return_lse: bool = False, q_descale: fp8.Descale = None,
+                     k_descale: fp8.Descale = None, v_descale: fp8.Descale = None,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention forward over packed variable-length sequences.
 
     Args:
@@ -149,8 +165,10 @@ def _warn_once(key, msg):
         warnings.warn(msg, stacklevel=3)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                 scale=None, enable_gqa=False):
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
     """Drop-in for torch.nn.functional.scaled_dot_product_attention.
 
     Layout [B, H, S, D] as torch's (any strides with a contiguous last dim); causal is aligned top-left as
@@ -175,7 +193,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     check_inputs(q, k, v, varlen=False)
     check_options(bool(is_causal), scale, (-1, -1), 0.0)
-    check_device(q, k, v)
+    check_device(q, k, v, name="query")
     opts = AttnOptions(scale=_scale(q, scale), window=(-1, 0 if is_causal else -1), bottom_right=False)
     out = _run(q, k, v, (), (None, None, None), opts)
     return out.transpose(1, 2)

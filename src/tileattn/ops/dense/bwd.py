@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import hw
 from ...launcher import launch_cached
 from ..common.bwd_kernels import bwd_preprocess_kernel
 from ..common.configs import bwd_config
@@ -31,6 +32,10 @@ def attn_bwd(p, c, do, dlse):
     """(dq, dk, dv) of problem p (problem.AttnProblem) for the forward call c (problem.Call: q, k, v, out, lse,
     cu_seqlens), the output gradient do and the lse's gradient dlse (or None)."""
     q, k, v, out, lse, cu_q = c.q, c.k, c.v, c.out, c.lse, c.cu_q
+    # bfloat16 under the interpreter (wrong dots): the forward refuses it already, but tileattn::attn_bwd can be
+    # called on its own
+    hw.check_interpreter_dtype(q.dtype, "q")
+    hw.check_interpreter_dtype(do.dtype, "grad_out")
     varlen = p.varlen
     batch, sq, sk, hq, hkv, d, dv = p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v
     left, right = p.opts.window

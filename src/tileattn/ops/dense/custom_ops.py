@@ -11,8 +11,6 @@ forward's lse, which api.py requests whenever a gradient is tracked; fp8 inputs 
 error). The 16-bit forward takes no list argument: the autograd wrapper of an op with one walks its inputs as
 a pytree on every backward (~35 us of host time).
 """
-from typing import Optional
-
 import torch
 
 from . import bwd, plans
@@ -30,8 +28,8 @@ def _fake_fwd(q, v, cu_seqlens_q, options):
 
 
 @torch.library.custom_op("tileattn::attn_fwd", mutates_args=())
-def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
-             cu_seqlens_k: Optional[torch.Tensor], options: str) -> tuple[torch.Tensor, torch.Tensor]:
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
+             cu_seqlens_k: torch.Tensor | None, options: str) -> tuple[torch.Tensor, torch.Tensor]:
     return plans.attn_fwd(q, k, v, _cu(cu_seqlens_q, cu_seqlens_k), None, AttnOptions.decode(options))
 
 
@@ -41,8 +39,8 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, options):
 
 
 @torch.library.custom_op("tileattn::attn_fwd_fp8", mutates_args=())
-def attn_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
-                 cu_seqlens_k: Optional[torch.Tensor], descales: list[torch.Tensor],
+def attn_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
+                 cu_seqlens_k: torch.Tensor | None, descales: list[torch.Tensor],
                  options: str) -> tuple[torch.Tensor, torch.Tensor]:
     return plans.attn_fwd(q, k, v, _cu(cu_seqlens_q, cu_seqlens_k), tuple(descales) or None,
                           AttnOptions.decode(options))
@@ -69,7 +67,7 @@ def _attn_bwd(grad_out, grad_lse, saved, options):
 
 
 @torch.library.custom_op("tileattn::attn_bwd", mutates_args=())
-def attn_bwd(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], saved: list[torch.Tensor],
+def attn_bwd(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, saved: list[torch.Tensor],
              options: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _attn_bwd(grad_out, grad_lse, saved, options)
 

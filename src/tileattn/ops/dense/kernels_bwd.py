@@ -4,19 +4,20 @@ With the forward's log-sum-exp (natural log) the probabilities are recomputed bl
     P = exp(Z - lse),  Z = scale * Q K^T  (or cap * tanh(scale * Q K^T / cap) with a softcap)
     dV = P^T dO,  dP = dO V^T,  dZ = P * (dP - delta),  delta = rowsum(dO * O) - dlse
     dQ = scale * (dZ * Z') K,  dK = scale * (dZ * Z')^T Q   (Z' = 1 - tanh^2 with a softcap, else 1)
-`bwd_preprocess_kernel` (ops/common/bwd_kernels.py) computes delta (dlse: the gradient reaching the returned lse, if any).
+`bwd_preprocess_kernel` (ops/common/bwd_kernels.py) computes delta (dlse: the gradient reaching the returned lse, if
+any).
 `bwd_dkdv_kernel`: one program per (key block, batch * kv head) walks the query blocks that see its keys, for
 every query head of its group (GQA/MQA: dK and dV summed over the group inside the program, no atomics).
 `bwd_dq_kernel`: one program per (query block, batch * query head) walks its key blocks.
 No atomic adds anywhere, so gradients are bit-identical from run to run.
 
-Masking model, layouts and the varlen convention are those of the forward (ops/common/masking.py) (key j visible to query i iff
-i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); lse / delta are [B, Hq, Sq] (varlen [Hq, total_q]).
+Masking model, layouts and the varlen convention are those of the forward (ops/common/masking.py) (key j visible to
+query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); lse / delta are [B, Hq, Sq] (varlen [Hq, total_q]).
 """
 import triton
 import triton.language as tl
 
-from ..common.bwd_kernels import k_axis, load_rows, q_axis, row_index, row_stats, seq_rows
+from ..common.bwd_kernels import k_axis, load_rows, q_axis, row_stats, seq_rows
 from ..common.masking import key_range
 from ..common.softmax import tanh
 

@@ -20,7 +20,6 @@ from .configs import LARGE_D_FROM, Q_RESIDENT_DIMS, LargeDConfig, large_d_candid
 from .kernels_large_d import attn_fwd_large_d_kernel
 from .launch_triton import MAX_GRID_Y, block_dim, scales
 
-
 # ---- the Gluon kernel ----------------------------------------------------------------------------------------
 # the parameters that change between calls of one plan
 VARYING_SM90 = ("q_desc", "k_desc", "v_desc", "O", "LSE", "sm_scale")
@@ -199,7 +198,8 @@ class LargeDBackend(Backend):
 
     def supports(self, p):
         if max(p.head_dim, p.head_dim_v) < LARGE_D_FROM:
-            return False, f"head dims up to {LARGE_D_FROM - 1} (D={p.head_dim}, Dv={p.head_dim_v}) take the dense kernels"
+            return False, (f"head dims up to {LARGE_D_FROM - 1} (D={p.head_dim}, Dv={p.head_dim_v}) take the dense "
+                           f"kernels")
         if p.fp8:
             return False, "fp8 inputs (head dims up to 256)"
         return True, ""

@@ -106,7 +106,7 @@ def _autotune(cands, key, p, c):
             try:
                 launch = kernel_call(p, c, cfg)
                 ms = triton.testing.do_bench(lambda: launch.run(c), warmup=5, rep=20, return_mode="median")
-            except Exception:  # a candidate that fails to compile or launch is skipped, not fatal
+            except Exception:  # noqa: BLE001 - a candidate that fails to compile or launch is skipped, not fatal
                 continue
             if ms < best_ms:
                 best, best_ms = cfg, ms

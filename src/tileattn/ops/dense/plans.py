@@ -19,8 +19,19 @@ from ... import knobs
 from ..common.backend import forced_key
 from ..common.fp8 import is_fp8
 from . import dispatch
-from .problem import (AttnOptions, AttnProblem, Call, check_cu_seqlens, check_device, check_inputs, check_options,
-                      check_sdpa_inputs, effective_window, lse_shape, out_shape_strides)
+from .problem import (
+    AttnOptions,
+    AttnProblem,
+    Call,
+    check_cu_seqlens,
+    check_device,
+    check_inputs,
+    check_options,
+    check_sdpa_inputs,
+    effective_window,
+    lse_shape,
+    out_shape_strides,
+)
 
 _MAX_ENTRIES = 1024  # distinct tensor keys kept; the cache is emptied beyond (many shapes, e.g. varlen)
 _entries = {}
@@ -143,12 +154,12 @@ def sdpa_eager(query, key, value, causal, scale, enable_gqa):
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
         check_inputs(q, k, v, varlen=False)
         check_options(causal, scale, (-1, -1), 0.0)
-        check_device(q, k, v)
+        check_device(q, k, v, name="query")
         entry = _new_entry(tkey, q, v, False, torch_layout=True)
     else:
         check_options(causal, scale, (-1, -1), 0.0)
         if entry.on_cpu:
-            check_device(query, key, value)
+            check_device(query, key, value, name="query")
     scale = entry.default_scale if scale is None else float(scale)
     out = torch.empty_strided(entry.out_shape, entry.out_strides, dtype=entry.out_dtype, device=query.device)
     okey = (-1, 0 if causal else -1, False, scale > 0, False, False, forced_key())

@@ -14,7 +14,6 @@ registered op. Every check raises TypeError / ValueError naming the argument, be
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import Optional
 
 import torch
 
@@ -34,7 +33,7 @@ class AttnOptions:
     max_seqlen_q: int = 0  # varlen: the longest sequences (they size the grid)
     max_seqlen_k: int = 0
     out_scale: float = 1.0  # fp8: the output factor (a number v descale)
-    out_dtype: Optional[torch.dtype] = None  # fp8: the output dtype (None: q's)
+    out_dtype: torch.dtype | None = None  # fp8: the output dtype (None: q's)
     v_packed: bool = False  # fp8: v is the view of an Fp8V
 
     def with_lse(self) -> "AttnOptions":
@@ -128,9 +127,9 @@ class Call:
     v: torch.Tensor
     out: torch.Tensor
     lse: torch.Tensor
-    cu_q: Optional[torch.Tensor]
-    cu_k: Optional[torch.Tensor]
-    descales: Optional[tuple]
+    cu_q: torch.Tensor | None
+    cu_k: torch.Tensor | None
+    descales: tuple | None
     scale: float
     softcap: float
     out_scale: float
@@ -206,12 +205,15 @@ def _check_head_dim(name, d):
         raise ValueError(f"{name} head dim must be a multiple of 8 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {d}")
 
 
-def check_device(*tensors):
+def check_device(*tensors, name="q"):
+    """q, k, v (and cu_seqlens) on one device the kernels run on; not bfloat16 under the Triton interpreter (its
+    bfloat16 dots are wrong: hw.check_interpreter_dtype). `name`: q's name in the error (sdpa: "query")."""
     dev = tensors[0].device
-    for name, t in zip(("k", "v", "cu_seqlens_q", "cu_seqlens_k"), tensors[1:]):
+    for other, t in zip(("k", "v", "cu_seqlens_q", "cu_seqlens_k"), tensors[1:]):
         if t is not None and t.device != dev:
-            raise ValueError(f"all tensors must be on one device: q is on {dev}, {name} on {t.device}")
+            raise ValueError(f"all tensors must be on one device: q is on {dev}, {other} on {t.device}")
     hw.check_kernel_device(dev, "q, k, v")
+    hw.check_interpreter_dtype(tensors[0].dtype, name)
 
 
 def check_options(causal, scale, window, softcap):

@@ -1,17 +1,29 @@
 """flex_attention: torch's FlexAttention programming model (score_mod, mask_mod, block masks) on tileattn."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 
-from ... import knobs
-from ..common.fp8 import FP8_DTYPES, check_fp8_options
+from ... import hw, knobs
+from ..common.fp8 import FP8_DTYPES, Descale, Fp8V, check_fp8_options
 from ..common.tma import tma_ok
 from . import dispatch
 from .bwd import flex_bwd
 from .problem import FlexCall, FlexProblem, check_inputs, mask_tensors, transposed_lists, value_shape
 from .trace import compile_mod
 
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
-def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
-                   return_lse=False, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+    from .mods import ScoreMod
+
+
+def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | Fp8V,
+                   score_mod: ScoreMod | None = None, block_mask: BlockMask | None = None,
+                   scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False, *,
+                   q_descale: Descale = None, k_descale: Descale = None, v_descale: Descale = None,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention with a programmable score modifier and a block-sparse mask, as torch's flex_attention.
 
     query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, Dv] (float16 / bfloat16, last dim contiguous);
@@ -40,6 +52,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     check_inputs(query, key, value, enable_gqa, scale)
     check_fp8_options(query, key.transpose(1, 2), q_descale, k_descale, v_descale, out_dtype, query.shape[0])
     fp8 = query.dtype in FP8_DTYPES
+    if fp8:  # fp8 runs dequantized to out_dtype under the interpreter (no Hopper kernel there)
+        hw.check_interpreter_dtype(out_dtype or torch.bfloat16, "out_dtype" if out_dtype is not None else
+                                   "out_dtype (default for fp8 inputs)")
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (query, key, value))
     odt = (out_dtype or torch.bfloat16) if fp8 else query.dtype

@@ -8,7 +8,7 @@
 Every check raises TypeError / ValueError naming the argument, before any launch.
 """
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import triton
@@ -55,10 +55,10 @@ class FlexCall:
     query: torch.Tensor
     key: torch.Tensor
     value: Any  # a tensor, or an Fp8V
-    out: Optional[torch.Tensor] = None
-    lse: Optional[torch.Tensor] = None
-    lists: Optional[tuple] = None
-    tlists: Optional[tuple] = None
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    lists: tuple | None = None
+    tlists: tuple | None = None
     descales: tuple = (None, None, None)  # fp8: q_descale, k_descale, v_descale as the caller gave them
 
 
@@ -105,6 +105,7 @@ def check_inputs(query, key, value, enable_gqa, scale):
         raise ValueError(f"query / value: head dims must be in 16..256, got D={D}, Dv={vshape[3]}")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale: expected a positive number, got {scale}")
+    hw.check_interpreter_dtype(query.dtype, "query")
 
 
 def mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):

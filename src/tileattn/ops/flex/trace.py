@@ -431,7 +431,7 @@ def compile_mod(fn, kind):
         raise
     except Exception as e:  # noqa: BLE001 - fx raises many types for untraceable code
         raise FlexCompileError(f"{kind}_mod {getattr(fn, '__name__', fn)}: cannot be traced ({type(e).__name__}: "
-                               f"{e}); control flow on the mod's arguments is not supported, use torch.where")
+                               f"{e}); control flow on the mod's arguments is not supported, use torch.where") from e
     src_fn, captures = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
     digest = hashlib.sha1(src_fn.encode()).hexdigest()[:16]
     spec = _TRACES[key] = ModSpec(_define(src_fn, kind, digest), captures, src_fn, digest, kind, gm)

@@ -1,4 +1,6 @@
 """Public MLA decode entry point (the functional form; MLADecodePlan is the plan/run form)."""
+from __future__ import annotations
+
 import torch
 
 from ..common.paging import check_pages
@@ -6,8 +8,10 @@ from .checks import check_run_args
 from .plan import MLADecodePlan, MLARun
 
 
-def mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, block_table, cache_seqlens, *, scale=None, causal=True,
-               return_lse=False, kv_scale=1.0):
+def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
+               block_table: torch.Tensor, cache_seqlens: torch.Tensor, *, scale: float | None = None,
+               causal: bool = True, return_lse: bool = False,
+               kv_scale: float | torch.Tensor = 1.0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-style Multi-head Latent Attention decode over a paged compressed KV cache.
 
     q_nope [B, Sq, Hq, Dc], q_pe [B, Sq, Hq, Dr] (fp16 / bf16); ckv_cache [num_pages, page_size, Dc] (the

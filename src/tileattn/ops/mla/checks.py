@@ -69,6 +69,7 @@ def check_run_args(plan, r):
             raise TypeError(f"{name}: expected {want} (the plan's {what}), got {t.dtype}")
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: the last dimension must be contiguous (stride 1)")
+    hw.check_interpreter_dtype(q_nope.dtype, "q_nope")  # q_pe's too; an fp8 cache is converted to it for the dots
     for name, t, d in (("ckv_cache", ckv_cache, dc), ("kpe_cache", kpe_cache, dr)):
         if t.dim() != 3 or t.shape[1] != plan.page_size or t.shape[2] != d:
             raise ValueError(f"{name}: expected [num_pages, page_size={plan.page_size}, {d}], got "

@@ -12,7 +12,7 @@ from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
 from .checks import is_pow2
-from .configs import BLOCK_M, MIN_ROWS, smem_bytes, sm90_configs
+from .configs import BLOCK_M, MIN_ROWS, sm90_configs, smem_bytes
 
 
 def _rows_view(q):

@@ -8,9 +8,10 @@ Only a batch with fewer sequences than SMs is split (into at most one item per S
 in a CUDA graph. `update(cache_seqlens)` re-plans into the same buffers (a captured graph sees the new
 schedule).
 """
+from __future__ import annotations
+
 import warnings
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import triton
@@ -20,10 +21,9 @@ from ..common.backend import force_backend
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
 from .checks import check_kv_scale, check_plan_args, check_run_args
-from .configs import BLOCK_M
+from .configs import BLOCK_M, MLAConfig, MLASm90Config
 from .kernels import mla_combine_kernel
 from .launch_sm90 import tensors_ok
-
 
 _WAVES = 1  # work items aimed for: at most this many programs per SM (each walks a long token range)
 
@@ -61,9 +61,9 @@ class MLARun:
     ckv_cache: torch.Tensor
     kpe_cache: torch.Tensor
     block_table: torch.Tensor
-    kv_scale: object  # a number or a one-element float32 tensor
-    out: Optional[torch.Tensor] = None
-    lse: Optional[torch.Tensor] = None
+    kv_scale: float | torch.Tensor  # a number or a one-element float32 tensor
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
     return_lse: bool = False
 
 
@@ -91,9 +91,10 @@ class MLADecodePlan:
     they never read outside the cache but give wrong rows: `tileattn.mla_decode` checks them on the host.
     """
 
-    def __init__(self, cache_seqlens, *, num_heads, q_len=1, head_dim_ckv=512, head_dim_kpe=64, page_size=64,
-                 dtype=torch.bfloat16, causal=True, scale=None, max_pages_per_seq=None, cache_dtype=None,
-                 config=None):
+    def __init__(self, cache_seqlens: torch.Tensor, *, num_heads: int, q_len: int = 1, head_dim_ckv: int = 512,
+                 head_dim_kpe: int = 64, page_size: int = 64, dtype: torch.dtype = torch.bfloat16,
+                 causal: bool = True, scale: float | None = None, max_pages_per_seq: int | None = None,
+                 cache_dtype: torch.dtype | None = None, config: MLAConfig | MLASm90Config | None = None) -> None:
         self.num_heads, self.q_len, self.dc, self.dr, self.page_size = num_heads, q_len, head_dim_ckv, head_dim_kpe, \
             page_size
         self.dtype, self.causal, self.scale = dtype, causal, scale
@@ -141,7 +142,7 @@ class MLADecodePlan:
         self.config = self.sm90 or self.portable
         self.row_blocks = triton.cdiv(self.rows, self.block_m)
 
-    def update(self, cache_seqlens):
+    def update(self, cache_seqlens: torch.Tensor) -> MLADecodePlan:
         """Re-plan for new lengths of the same batch (a device sync), into the plan's buffers."""
         check_seqlens(cache_seqlens, self.batch, self.device)
         lens = cache_seqlens.to("cpu", torch.int64)
@@ -165,8 +166,10 @@ class MLADecodePlan:
         self.num_items, self.num_slots, self.chunk = len(items), slots, chunk
         return self
 
-    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, block_table, *, kv_scale=1.0, out=None, lse=None,
-            return_lse=False):
+    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
+            block_table: torch.Tensor, *, kv_scale: float | torch.Tensor = 1.0, out: torch.Tensor | None = None,
+            lse: torch.Tensor | None = None,
+            return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of the plan's batch: q_nope [B, q_len, Hq, Dc], q_pe [B, q_len, Hq, Dr] over ckv_cache
         [num_pages, page_size, Dc] and kpe_cache [num_pages, page_size, Dr] (the plan's cache_dtype) through
         block_table [B, max_pages] int32. kv_scale: the caches' values times it are the keys and values (the
@@ -195,7 +198,7 @@ class MLADecodePlan:
         )
         return (out, lse) if return_lse else out
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"MLADecodePlan(batch={self.batch}, num_heads={self.num_heads}, q_len={self.q_len}, Dc={self.dc}, "
                 f"Dr={self.dr}, page_size={self.page_size}, {self.config}, items={self.num_items}, "
                 f"chunk={self.chunk}, split slots={self.num_slots})")
