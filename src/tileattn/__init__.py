@@ -10,6 +10,7 @@ Public API:
     kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, ...)   decode / prefill over a KV cache
     KVCachePlan(seqlens, num_heads=..., num_kv_heads=..., ...).run(...)        the same, planned once
     flex_attention(query, key, value, score_mod, block_mask, ...)             torch's FlexAttention model
+    create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=...)               torch's, for flex_attention
     mods                                                                       ready-made score / mask mods
     force_backend(name=None, config=None)                                      force a kernel (context manager)
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
     from .ops.decode.plan import KVCachePlan
     from .ops.dense.api import attention, scaled_dot_product_attention, varlen_attention
     from .ops.flex import mods
-    from .ops.flex.api import flex_attention
+    from .ops.flex.api import create_block_mask, flex_attention
     from .ops.flex.trace import FlexCompileError
     from .ops.mla.api import mla_decode
     from .ops.mla.plan import MLADecodePlan
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
 __version__ = "0.1.0"
 __all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "quantize_fp8", "fp8_v_layout",
            "Fp8V", "mla_decode", "MLADecodePlan", "kvcache_attention", "KVCachePlan", "flex_attention",
-           "FlexCompileError", "mods", "force_backend",
+           "create_block_mask", "FlexCompileError", "mods", "force_backend",
            "__version__"]
 
 
@@ -62,6 +63,9 @@ def __getattr__(name: str) -> object:
     if name == "flex_attention":
         from .ops.flex.api import flex_attention
         return flex_attention
+    if name == "create_block_mask":
+        from .ops.flex.api import create_block_mask
+        return create_block_mask
     if name == "FlexCompileError":
         from .ops.flex.trace import FlexCompileError
         return FlexCompileError

@@ -251,3 +251,54 @@ def test_random_block_mask(block, device):
         return score + bias[h, kv_idx % 4]
     q, k, v = qkv(2, H, S, S, 64, DT if device == "cpu" else torch.bfloat16, device)
     check(q, k, v, score_mod, mask_mod, block=(block, block))
+
+
+POWER_MODS = {  # `**` with negative bases: whole constant exponents, a negative one, a fractional one, a tensor one
+    "square_of_distance": lambda s, b, h, qi, kv: s - 0.01 * (qi - kv).float() ** 2,
+    "int_cube": lambda s, b, h, qi, kv: s + 1e-5 * ((qi - kv) ** 3).float(),
+    "inverse": lambda s, b, h, qi, kv: s + 0.1 * ((qi - kv).float() + 0.5) ** -1,
+    "fractional": lambda s, b, h, qi, kv: s + 0.01 * (qi - kv).abs().float() ** 1.5,
+    "tensor_exponent": lambda s, b, h, qi, kv: s + 0.01 * ((qi - kv).float() ** (qi % 3).float()).clamp(-5, 5),
+    "score_squared": lambda s, b, h, qi, kv: s - 0.1 * s ** 2,
+}
+
+
+@pytest.mark.parametrize("name", list(POWER_MODS))
+def test_power_with_negative_base(name, device):
+    """`**` follows torch's signs (a negative base to a whole power keeps or flips its sign) instead of the NaN
+    that exp2(log2(a) * b) gives."""
+    q, k, v = qkv(1, 2, 64, 64, 32, DT, device)
+    out = tileattn.flex_attention(q, k, v, score_mod=POWER_MODS[name])
+    assert not out.isnan().any()
+    check(q, k, v, POWER_MODS[name], None)
+
+
+def test_power_keeps_integer_dtype():
+    """An integer base to a constant whole power stays an integer product, as in torch (exact, no float round
+    trip)."""
+    from tileattn.ops.flex.trace import _int_power
+    assert _int_power("x", 5) == "(x * ((x * x) * (x * x)))"
+    assert _int_power("x", 0) == "(x * 0 + 1)"
+    assert _int_power("x", -2) == "(1.0 / ((x * x)))"
+    assert _int_power("x", 2.0) == "(((x).to(tl.float32) * (x).to(tl.float32)))"
+
+
+def test_block_mask_from_kv_blocks_default_mask_mod(device):
+    """A BlockMask built from block lists alone (BlockMask.from_kv_blocks: torch's default noop mask_mod) runs:
+    its listed blocks are wholly visible, the same as a block-causal mask_mod's."""
+    S = 256
+    q, k, v = qkv(1, 2, S, S, 32, DT, device)
+    num = torch.tensor([1, 2], dtype=torch.int32, device=device).expand(1, 2, 2).contiguous()
+    idx = torch.tensor([[0, 1], [0, 1]], dtype=torch.int32, device=device).expand(1, 2, 2, 2).contiguous()
+    bm = flex_mod.BlockMask.from_kv_blocks(num, idx)
+    out = tileattn.flex_attention(q, k, v, block_mask=bm)
+    check(q, k, v, None, lambda b, h, qi, kv: kv // 128 <= qi // 128, block=(128, 128))
+    same = tileattn.flex_attention(q, k, v, block_mask=flex_mod.create_block_mask(
+        lambda b, h, qi, kv: kv // 128 <= qi // 128, 1, 2, S, S, device=device))
+    torch.testing.assert_close(out, same, rtol=0, atol=0)
+
+
+def test_create_block_mask_exported():
+    """tileattn.create_block_mask (named in flex_attention's docstring) is torch's: its masks serve both."""
+    assert tileattn.create_block_mask is flex_mod.create_block_mask
+    assert "create_block_mask" in tileattn.__all__

@@ -124,3 +124,9 @@ def test_gpu_flex_backward_deterministic(device):
             for _ in range(3)]
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+
+
+def test_power_backward(device):
+    """The gradient through `score ** 2` and a negative-base distance power (whole exponents: products)."""
+    q, k, v = qkv(1, 2, 48, 48, 32, DT, device)
+    check_grads(q, k, v, lambda s, b, h, qi, kv: s - 0.1 * s ** 2 - 0.001 * (qi - kv).float() ** 2, None)

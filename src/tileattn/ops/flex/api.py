@@ -5,6 +5,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+# torch's own, unchanged (tileattn.create_block_mask): the BlockMasks it builds work in both libraries
+from torch.nn.attention.flex_attention import create_block_mask  # noqa: F401 - re-exported
+
 from ... import hw, knobs
 from ..common.fp8 import FP8_DTYPES, Descale, Fp8V, check_fp8_options
 from ..common.tma import tma_ok

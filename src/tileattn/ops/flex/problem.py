@@ -124,7 +124,17 @@ def mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
                          f"({seqlen_q}, {seqlen_k})")
     lists = _checked_lists(block_mask, ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"),
                            (batch, heads), triton.cdiv(seqlen_q, q_block), "query", device)
-    return lists, q_block, kv_block, block_mask.mask_mod
+    return lists, q_block, kv_block, _real_mask_mod(block_mask.mask_mod)
+
+
+def _real_mask_mod(mask_mod):
+    """The block mask's mask_mod, or None for torch's default (noop_mask: every key of a listed partial block is
+    visible, which a block mask without a mask_mod means here too; BlockMask.from_kv_blocks sets it)."""
+    try:
+        from torch.nn.attention.flex_attention import noop_mask
+    except ImportError:  # a torch without flex attention builds no BlockMask
+        return mask_mod
+    return None if mask_mod is noop_mask else mask_mod
 
 
 def _checked_lists(block_mask, names, batch_heads, blocks, what, device):

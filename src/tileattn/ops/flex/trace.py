@@ -81,7 +81,16 @@ def _mod(a, b):
 
 @triton.jit
 def _pow(a, b):
-    return tl.exp2(tl.log2(a.to(tl.float32)) * b)
+    # a ** b in float32 with torch's signs: |a| ** b, negated for a negative base and an odd whole exponent, NaN
+    # for a negative base and a fractional one, 1 for b = 0 (constant whole exponents are products instead)
+    af = a.to(tl.float32)
+    bf = (b + tl.zeros_like(af)).to(tl.float32)
+    mag = tl.exp2(tl.log2(tl.abs(af)) * bf)
+    whole = tl.floor(bf) == bf
+    odd = whole & (tl.floor(bf * 0.5) * 2.0 != bf)
+    r = tl.where(odd & (af < 0), -mag, mag)
+    r = tl.where((af < 0) & (whole == 0), float("nan"), r)
+    return tl.where(bf == 0.0, 1.0, r)
 
 
 @triton.jit
@@ -98,6 +107,33 @@ def _tanh(x):
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 '''
+
+
+MAX_PRODUCT_POWER = 16  # x ** n for a constant whole n up to this: repeated products (exact, any sign of x)
+
+
+def _whole(e):
+    """A constant whole exponent that _int_power writes as products."""
+    return isinstance(e, (int, float)) and not isinstance(e, bool) and float(e).is_integer() and \
+        abs(e) <= MAX_PRODUCT_POWER
+
+
+def _int_power(x, e):
+    """x ** e (e a constant whole number) as products, by squaring: keeps x's sign and an integer x's dtype, as
+    torch does (a float e makes the result float, a negative one 1 / x ** -e)."""
+    n = abs(int(e))
+    base = f"({x}).to(tl.float32)" if isinstance(e, float) else x
+    if n == 0:
+        return f"({base} * 0 + 1)"
+    terms, p, k = [], base, n
+    while k:
+        if k & 1:
+            terms.append(p)
+        k >>= 1
+        if k:
+            p = f"({p} * {p})"
+    prod = "(" + " * ".join(terms) + ")"
+    return f"(1.0 / {prod})" if e < 0 else prod
 
 
 class ModSpec:
@@ -229,6 +265,8 @@ class _Writer:
         if n.op == "call_function" and n.target in (operator.getitem, ) or (
                 n.op == "call_method" and n.target == "__getitem__"):
             return self.index(n, args[0], args[1])
+        if (n.target is operator.pow or (n.op == "call_method" and n.target == "pow")) and _whole(args[1]):
+            return _int_power(self.ref(args[0]), args[1])
         if n.op == "call_function" and n.target in _BINARY:
             return _BINARY[n.target].format(self.ref(args[0]), self.ref(args[1]))
         if n.op == "call_function" and n.target in _UNARY:
