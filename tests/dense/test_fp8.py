@@ -201,3 +201,25 @@ def test_gpu_fp8_compile():
     eager = f(q8, k8, v8, qd, kd, vd)
     compiled = torch.compile(f, fullgraph=True)(q8, k8, v8, qd, kd, vd)
     assert compiled.dtype == torch.float16 and torch.equal(compiled, eager)
+
+
+def test_fp8_descale_one_element_any_shape(device):
+    """A one-element descale of any shape ([1, 1] too) is the one value for every (batch, kv head)."""
+    q, k, v = (randn(1, 40, 2, 32, dtype=torch.float32, device=device) for _ in range(3))
+    q8, k8, v8 = ((t / 2.5).to(E4M3) for t in (q, k, v))
+    outs = [tileattn.attention(q8, k8, v8, q_descale=d, k_descale=d, v_descale=d, out_dtype=torch.float16)
+            for d in (2.5, torch.full((1, 1), 2.5, device=device), torch.full((1,), 2.5, device=device))]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("shape, causal", [((2, 64, 1, 4, 2), False), ((2, 64, 1, 4, 2), True),
+                                           ((1, 300, 40, 4, 1), True)], ids=["Sk1", "Sk1-causal", "rows-see-none"])
+@pytest.mark.parametrize("lay", ["packed", "row"])
+def test_gpu_fp8_edges(D, shape, causal, lay):
+    """A single key, and rows that see no key (bottom-right causal with Sq > Sk): out = 0 and lse = -inf there,
+    never NaN or unwritten rows, and the reference elsewhere (the Gluon fp8 path on an H100)."""
+    B, Sq, Sk, Hq, Hkv = shape
+    q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
+    _check(q, k, v, E4M3, "tensor", lay, causal=causal)

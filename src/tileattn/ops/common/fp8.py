@@ -173,7 +173,7 @@ def check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, batch):
                 raise TypeError(f"{name} must be float32, got {d.dtype}")
             if d.device != q.device:
                 raise ValueError(f"{name} must be on q's device {q.device}, got {d.device}")
-            if not (d.dim() <= 1 and d.numel() == 1) and tuple(d.shape) != (batch, hkv):
+            if d.numel() != 1 and tuple(d.shape) != (batch, hkv):
                 raise ValueError(f"{name} must have shape [B, Hkv] = [{batch}, {hkv}] or hold one value, got "
                                  f"shape {tuple(d.shape)}")
         elif type(d) is bool or not isinstance(d, (int, float)) or not math.isfinite(d) or d <= 0:
