@@ -217,13 +217,15 @@ def test_fp8_descale_one_element_any_shape(device):
 @pytest.mark.parametrize("shape, causal", [((2, 64, 1, 4, 2), False), ((2, 64, 1, 4, 2), True),
                                            ((1, 300, 40, 4, 1), True)], ids=["Sk1", "Sk1-causal", "rows-see-none"])
 @pytest.mark.parametrize("lay", ["packed", "row"])
-def test_gpu_fp8_edges(D, shape, causal, lay):
+def test_gpu_fp8_edges(D, shape, causal, lay, request):
     """A single key, and rows that see no key (bottom-right causal with Sq > Sk): out = 0 and lse = -inf there,
     never NaN or unwritten rows, and the reference elsewhere (the Gluon fp8 path on an H100)."""
     B, Sq, Sk, Hq, Hkv = shape
     if (D, Sk, causal, lay) == (128, 1, False, "row"):
         # open bug (issue 23), seen once on the H100 at 6b7fe82: NaN in the output with a single key, D = 128, a
         # plain (per-call packed) fp8 V, while the same V packed by the caller and D 64 / 256 pass
-        pytest.xfail("fp8 Sk = 1, D = 128, per-call packed V: NaN on the Gluon path (open bug)")
+        # (it runs: an xpass reports the bug gone)
+        request.applymarker(pytest.mark.xfail(reason="fp8 Sk = 1, D = 128, per-call packed V: NaN on the Gluon "
+                                                     "path (open bug)"))
     q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
     _check(q, k, v, E4M3, "tensor", lay, causal=causal)
