@@ -97,7 +97,10 @@ def finish(doc, out_json, log, plot=None):
 def _case_label(case):
     """A short x-axis label of a row's case: its values, the names of the grid's usual keys left out."""
     skip = {"dtype", "B", "H"}
-    return " ".join(f"{k}={v}" if not isinstance(v, bool) else (k if v else "") for k, v in case.items()
+
+    def value(v):
+        return f"{v:.2f}" if isinstance(v, float) else v
+    return " ".join(f"{k}={value(v)}" if not isinstance(v, bool) else (k if v else "") for k, v in case.items()
                     if k not in skip and v not in (None, "")).replace("  ", " ").strip()
 
 
@@ -121,7 +124,7 @@ def plot_doc(doc, path):
             providers.append(r["provider"])
     value = {(json.dumps(r["case"], sort_keys=True), r["provider"]): r.get(metric) for r in rows}
     width = 0.8 / max(len(providers), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.28 * len(cases) * max(len(providers), 1)), 4.5))
+    fig, ax = plt.subplots(figsize=(min(24.0, max(6.0, 0.12 * len(cases) * max(len(providers), 1))), 5.0))
     for j, p in enumerate(providers):
         xs = [i + j * width for i, c in enumerate(cases) if value.get((c, p))]
         ys = [value[(c, p)] for c in cases if value.get((c, p))]
