@@ -29,3 +29,25 @@ def assert_close(name, out, ref, ref_lp):
 
 def randn(*shape, dtype, device):
     return torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)
+
+
+def paged_caches(lens, page_size, row_shapes, dtype, device, spare_pages, table_pad=0):
+    """Caches [num_pages, page_size, *row_shape] (one per row shape) holding sequences of `lens` tokens in
+    shuffled pages, random where a sequence has a token and NaN in every slot none uses, and the int32 block
+    table [B, pages of the longest + table_pad] (entries past a sequence's pages -1). Returns (caches, table)."""
+    pages_per = [-(-n // page_size) for n in lens]
+    num_pages = sum(pages_per) + spare_pages
+    perm = torch.randperm(num_pages).tolist()
+    caches = [torch.full((num_pages, page_size, *shape), float("nan"), dtype=dtype, device=device)
+              for shape in row_shapes]
+    table = torch.full((len(lens), max(1, max(pages_per)) + table_pad), -1, dtype=torch.int32)
+    nxt = 0
+    for b, n in enumerate(lens):
+        for i in range(pages_per[b]):
+            pid = perm[nxt]
+            nxt += 1
+            table[b, i] = pid
+            used = min(page_size, n - i * page_size)
+            for cache, shape in zip(caches, row_shapes):
+                cache[pid, :used] = randn(used, *shape, dtype=dtype, device=device)
+    return caches, table.to(device)

@@ -14,7 +14,7 @@ from tileattn.ops.common.paging import gather_tokens as gather
 from tileattn.ops.decode import plan as plan_mod
 from tileattn.ops.decode.reference import kvcache_attention_ref
 
-from tests.helpers import assert_close, randn
+from tests.helpers import assert_close, paged_caches, randn
 
 F16, BF16, FP8 = torch.float16, torch.bfloat16, torch.float8_e4m3fn
 
@@ -29,22 +29,8 @@ def make_cache(lens, page_size, hkv, d, dtype, device, spare_pages=2):
             k[b, :n] = randn(n, hkv, d, dtype=dtype, device=device)
             v[b, :n] = randn(n, hkv, d, dtype=dtype, device=device)
         return k, v, None
-    pages_per = [-(-n // page_size) for n in lens]
-    num_pages = sum(pages_per) + spare_pages
-    perm = torch.randperm(num_pages).tolist()
-    k = torch.full((num_pages, page_size, hkv, d), float("nan"), dtype=dtype, device=device)
-    v = k.clone()
-    table = torch.full((len(lens), max(1, max(pages_per)) + 1), -1, dtype=torch.int32)
-    nxt = 0
-    for b, n in enumerate(lens):
-        for i in range(pages_per[b]):
-            pid = perm[nxt]
-            nxt += 1
-            table[b, i] = pid
-            used = min(page_size, n - i * page_size)
-            k[pid, :used] = randn(used, hkv, d, dtype=dtype, device=device)
-            v[pid, :used] = randn(used, hkv, d, dtype=dtype, device=device)
-    return k, v, table.to(device)
+    (k, v), table = paged_caches(lens, page_size, [(hkv, d), (hkv, d)], dtype, device, spare_pages, table_pad=1)
+    return k, v, table
 
 
 def check(out, lse, q, k, v, seqlens, table, **kw):

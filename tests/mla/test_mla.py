@@ -13,28 +13,13 @@ import tileattn
 from tileattn import hw
 from tileattn.ops.mla.reference import mla_decode_ref
 
-from tests.helpers import assert_close, randn
+from tests.helpers import assert_close, paged_caches, randn
 
 
 def make_cache(lens, page_size, dc, dr, dtype, device, spare_pages=3):
     """Shuffled pages for sequences of `lens` tokens; every slot no sequence uses is NaN."""
-    pages_per = [-(-n // page_size) for n in lens]
-    width = max(1, max(pages_per))
-    num_pages = sum(pages_per) + spare_pages
-    perm = torch.randperm(num_pages).tolist()
-    ckv = torch.full((num_pages, page_size, dc), float("nan"), dtype=dtype, device=device)
-    kpe = torch.full((num_pages, page_size, dr), float("nan"), dtype=dtype, device=device)
-    table = torch.full((len(lens), width), -1, dtype=torch.int32)  # unused entries: invalid ids
-    nxt = 0
-    for b, n in enumerate(lens):
-        for i in range(pages_per[b]):
-            pid = perm[nxt]
-            nxt += 1
-            table[b, i] = pid
-            used = min(page_size, n - i * page_size)
-            ckv[pid, :used] = randn(used, dc, dtype=dtype, device=device)
-            kpe[pid, :used] = randn(used, dr, dtype=dtype, device=device)
-    return ckv, kpe, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
+    (ckv, kpe), table = paged_caches(lens, page_size, [(dc,), (dr,)], dtype, device, spare_pages)
+    return ckv, kpe, table, torch.tensor(lens, dtype=torch.int32, device=device)
 
 
 def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=None, plan_form=False,
