@@ -270,6 +270,27 @@ def test_gpu_decode_cuda_graph(device):
 
 
 @pytest.mark.gpu
+def test_gpu_decode_cuda_graph_number_scales(device):
+    """k_scale / v_scale given as numbers: a replay uses the numbers of its capture, whatever eager runs passed
+    in between (each run writes its numbers; none is skipped as unchanged)."""
+    lens = [3000, 70]
+    k, v, table = make_cache(lens, 16, 2, 128, BF16, device)
+    q = randn(2, 1, 8, 128, dtype=BF16, device=device)
+    plan = tileattn.KVCachePlan(torch.tensor(lens, dtype=torch.int32, device=device), num_heads=8, num_kv_heads=2,
+                                head_dim=128, page_size=16, dtype=BF16)
+    expected = plan.run(q, k, v, table, k_scale=2.0, v_scale=0.5).clone()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = plan.run(q, k, v, table, k_scale=2.0, v_scale=0.5)
+    other = plan.run(q, k, v, table, k_scale=0.25, v_scale=3.0).clone()
+    g.replay()
+    torch.cuda.synchronize()
+    assert not torch.equal(other, expected)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.gpu
 def test_gpu_decode_append_prefill(device):
     """Chunked prefill of a 2K-token chunk per sequence over a paged cache, appended in place."""
     lens, qlens = [6000, 2048, 3000], [2048, 2048, 100]

@@ -174,9 +174,10 @@ class KVCachePlan:
         self.out = torch.empty(q_shape, dtype=dtype, device=dev)
         lse_shape = (num_heads, self.total_q) if self.varlen else (self.batch, num_heads, q_len)
         self.lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
-        # k_scale, v_scale given as numbers land here (and it stands in for absent per-head vectors)
-        self.scales = torch.ones(2, num_kv_heads, dtype=torch.float32, device=dev)
-        self._scale_values = [1.0, 1.0]
+        # k_scale, v_scale given as numbers other than 1 are written here on every run (a captured graph then
+        # replays the fill with its captured value); 1 reads `ones`, which is never written
+        self.scales = torch.empty(2, num_kv_heads, dtype=torch.float32, device=dev)
+        self.ones = torch.ones(num_kv_heads, dtype=torch.float32, device=dev)
         self.update(seqlens, host_seqlens)
 
     def update(self, seqlens: torch.Tensor, host_seqlens: Sequence[int] | None = None) -> KVCachePlan:
@@ -231,10 +232,10 @@ class KVCachePlan:
         for i, name in enumerate(("k_scale", "v_scale")):
             x = getattr(r, name)
             if not isinstance(x, torch.Tensor):
-                if self._scale_values[i] != float(x):  # a fill is a launch: only when the number changes
-                    self.scales[i].fill_(float(x))
-                    self._scale_values[i] = float(x)
-                setattr(r, name, self.scales[i])
+                if float(x) == 1.0:
+                    setattr(r, name, self.ones)
+                else:
+                    setattr(r, name, self.scales[i].fill_(float(x)))
         r.out = self.out if out is None else out
         r.lse = self.lse if lse is None else lse
         if k_new is not None:
