@@ -224,19 +224,20 @@ def _padded_attention(q, k, v, mask, opts):
     """A padded batch through varlen_attention. q [B, Sq, Hq, D], k / v [B, Sk, Hkv, D(v)]; mask [B, L] bool
     (True: a token) over the first L <= Sk keys. Returns [B, Sq, Hq, Dv], padding query rows 0."""
     B, Sq, L = q.shape[0], q.shape[1], mask.shape[1]
+    if opts.causal and Sq > L:
+        raise ValueError(f"a causal call with {Sq} queries and a padding mask over {L} keys: the queries must be the "
+                         f"mask's last positions")
+    # the longest sequences are bounded by L and Sq: passing the bounds reads no length back to the host
     kb, ks = mask.nonzero(as_tuple=True)
-    cu_k, max_k = _cu_seqlens(mask.sum(1, dtype=torch.int32))
+    cu_k, max_k = _cu_seqlens(mask.sum(1, dtype=torch.int32)), L
     if not opts.causal:  # every query attends (a cross-attention's queries are not the keys' tokens)
         cu_q = torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32, device=q.device)
         out = tileattn.varlen_attention(q.reshape(B * Sq, *q.shape[2:]), k[kb, ks], v[kb, ks], cu_q, cu_k, Sq, max_k,
                                         causal=False, scale=opts.scale, window=opts.window, softcap=opts.softcap)
         return out.view(B, Sq, *out.shape[1:])
-    if Sq > L:
-        raise ValueError(f"a causal call with {Sq} queries and a padding mask over {L} keys: the queries must be the "
-                         f"mask's last positions")
     q_mask = mask[:, L - Sq:]  # the queries are the last Sq tokens (left padding when Sq < L, as FlashAttention's)
     qb, qs = q_mask.nonzero(as_tuple=True)
-    cu_q, max_q = _cu_seqlens(q_mask.sum(1, dtype=torch.int32))
+    cu_q, max_q = _cu_seqlens(q_mask.sum(1, dtype=torch.int32)), Sq
     out = tileattn.varlen_attention(q[qb, qs], k[kb, ks], v[kb, ks], cu_q, cu_k, max_q, max_k, causal=True,
                                     scale=opts.scale, window=opts.window, softcap=opts.softcap)
     return out.new_zeros(B, Sq, *out.shape[1:]).index_put((qb, qs), out)
@@ -250,7 +251,7 @@ def _packed_attention(q, k, v, seq, opts):
         raise ValueError(f"packed sequences take Sq = Sk = {S} (no cache), got Sq={q.shape[1]}, Sk={k.shape[1]}")
     first = F.pad(seq.diff(dim=1) != 0, (1, 0), value=True).flatten()  # a sequence starts at each row and change
     starts = first.nonzero().squeeze(1)
-    cu, max_len = _cu_seqlens(torch.diff(starts, append=starts.new_tensor([B * S])).to(torch.int32))
+    cu, max_len = _cu_seqlens(torch.diff(starts, append=starts.new_tensor([B * S])).to(torch.int32)), S
     rows = (t.reshape(B * S, *t.shape[2:]) for t in (q, k, v))
     out = tileattn.varlen_attention(*rows, cu, cu, max_len, max_len, causal=opts.causal, scale=opts.scale,
                                     window=opts.window, softcap=opts.softcap)
@@ -258,8 +259,8 @@ def _packed_attention(q, k, v, seq, opts):
 
 
 def _cu_seqlens(lens):
-    """int32 cumulative lengths [0, l0, l0 + l1, ...] and the longest (read on the host)."""
-    return F.pad(lens.cumsum(0, dtype=torch.int32), (1, 0)), int(lens.max())
+    """int32 cumulative lengths [0, l0, l0 + l1, ...]."""
+    return F.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
 
 
 def _sdpa_fallback(module, qkv, mask, opts, reason, kwargs):

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import triton
+from torch.nn.attention.flex_attention import noop_mask
 
 from ... import hw
 from ..common.fp8 import FP8_DTYPES, Fp8V
@@ -130,10 +131,6 @@ def mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
 def _real_mask_mod(mask_mod):
     """The block mask's mask_mod, or None for torch's default (noop_mask: every key of a listed partial block is
     visible, which a block mask without a mask_mod means here too; BlockMask.from_kv_blocks sets it)."""
-    try:
-        from torch.nn.attention.flex_attention import noop_mask
-    except ImportError:  # a torch without flex attention builds no BlockMask
-        return mask_mod
     return None if mask_mod is noop_mask else mask_mod
 
 

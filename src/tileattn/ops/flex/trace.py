@@ -369,7 +369,8 @@ class _Writer:
         if op in ("clamp", "clip") and all(self.tan(b) is None for b in list(a[1:]) + list(n.kwargs.values())):
             return f"tl.where({v} == {x}, {ta}, 0.0)"
         if op == "pow" and tb is None and not isinstance(a[1], torch.fx.Node):
-            return f"({ta} * {y} * _pow({x}, {y} - 1))"
+            lower = _int_power(x, a[1] - 1) if _whole(a[1] - 1) else f"_pow({x}, {y} - 1)"  # as the forward
+            return f"({ta} * {y} * {lower})"
         raise FlexCompileError(f"{self.name}: cannot differentiate {name or n.target} with respect to the score "
                                f"(the backward pass needs it); express the mod with +, -, *, /, where, tanh, exp, "
                                f"log, sqrt, sigmoid, abs, minimum / maximum / clamp or a constant power")
