@@ -4,6 +4,7 @@ them, before spending device time.
     python scripts/compile_sm90_cpu.py [--dtype fp16|bf16|e4m3|e5m2] [--d 128] [--causal] [--lse] [--softcap X]
     python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse]
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
+    python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
     python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json]
 
 The first three compile one routed Gluon kernel through the public API (dispatch chooses it, as on an H100)
@@ -273,6 +274,8 @@ def main():
     p.add_argument("--lse", action="store_true")
     p.add_argument("--large-d", action="store_true", help="the large-D Gluon kernel")
     p.add_argument("--mla", action="store_true", help="the MLA decode Gluon split kernel")
+    p.add_argument("--bwd", default=None, metavar="M,N,WARPS,STAGES",
+                   help="the dense backward's dK/dV kernel with these tiles")
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
@@ -282,7 +285,14 @@ def main():
     _setup()
     if a.fingerprint:
         return fingerprint(a.fingerprint, a.compare, a.out)
-    if a.mla:
+    if a.bwd:
+        from tileattn import force_backend
+        from tileattn.ops.common.configs import BwdConfig
+        tiles = tuple(int(x) for x in a.bwd.split(","))
+        with force_backend(config=BwdConfig(tiles, tiles)):
+            backward(DT[a.dtype], a.d, a.causal)
+        name = "bwd_dkdv_kernel"
+    elif a.mla:
         mla(DT[a.dtype] if a.dtype in ("fp16", "bf16") else torch.bfloat16, a.hq, a.sq)
         name = "mla_split_sm90_kernel"
     elif a.large_d:

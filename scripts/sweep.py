@@ -162,7 +162,11 @@ def bwd_case(D, causal, N, B=4, H=32):
     from tileattn.bench.bwd import _check
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
     dout = torch.randn_like(q)
-    line = []
+    from tileattn.bench.dense import sdpa
+    qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    o = sdpa("cudnn")(qh, kh, vh, causal)
+    line = [f"cudnn: {2.5 * attn_tflops(B, H, N, N, D, D, causal, do_bench(grad_fn(o, (qh, kh, vh), dout.transpose(1, 2)))):.0f}"]
+    o = qh = kh = vh = None
     for name, cfg in BWD:
         try:
             with forced(cfg):
