@@ -5,6 +5,7 @@ them, before spending device time.
     python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse]
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
+    python scripts/compile_sm90_cpu.py --bwd-sm90 [--d 128] [--causal]   (the Hopper backward, TILEATTN_SM90_BWD=1)
     python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json]
 
 The first three compile one routed Gluon kernel through the public API (dispatch chooses it, as on an H100)
@@ -166,6 +167,18 @@ def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False):
              _rand(64, P, DR, dtype=cdt), torch.zeros(B, 16, dtype=torch.int32), return_lse=True)
 
 
+def _with_env(name, value, fn, *args):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        fn(*args)
+    finally:
+        if old is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = old
+
+
 def variants():
     """{name: thunk}: the kernel variants the fingerprint covers."""
     f16, bf16, e4, e5 = torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
@@ -208,6 +221,8 @@ def variants():
         for c in (False, True):
             out[f"bwd-f16-D{D}-c{c}"] = lambda D=D, c=c: backward(f16, D, c)
     out["bwd-bf16-D128-varlen"] = lambda: backward(bf16, 128, True, varlen=True)
+    out["bwdsm90-f16-D128-c"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, f16, 128, True)
+    out["bwdsm90-bf16-D64"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, bf16, 64, False)
     for which in ("alibi", "softcap", "causal"):
         out[f"flexsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w)
         out[f"flextriton-bf16-D128-{which}"] = lambda w=which: flex(f16, 128, w, gluon=False)
@@ -276,6 +291,7 @@ def main():
     p.add_argument("--mla", action="store_true", help="the MLA decode Gluon split kernel")
     p.add_argument("--bwd", default=None, metavar="M,N,WARPS,STAGES",
                    help="the dense backward's dK/dV kernel with these tiles")
+    p.add_argument("--bwd-sm90", action="store_true", help="the dense backward's Hopper (Gluon) kernel")
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
@@ -285,7 +301,11 @@ def main():
     _setup()
     if a.fingerprint:
         return fingerprint(a.fingerprint, a.compare, a.out)
-    if a.bwd:
+    if a.bwd_sm90:
+        os.environ["TILEATTN_SM90_BWD"] = "1"
+        backward(DT[a.dtype], a.d, a.causal)
+        name = "attn_bwd_sm90_kernel"
+    elif a.bwd:
         from tileattn import force_backend
         from tileattn.ops.common.configs import BwdConfig
         tiles = tuple(int(x) for x in a.bwd.split(","))

@@ -4,7 +4,8 @@ timed; a config that fails the check, does not compile or is refused is reported
     dense   [--out sweep.json] [--heads 64,128] [--seqlens 1024,4096,16384] [--dtype fp16] [--budget-s 300]
             [--set all|ctas]: portable forward kernel (AttnConfig) vs cuDNN, B=4, H=32. A JSON line per (case,
             config), "BEST D=..." per case, the results file, a ranking per (D, causal): "  D=... <geomean> <cfg>"
-    bwd     [--quick] [--flex | --flex-only]: backward tiles (BwdConfig), "D=... causal=... N=...: <name>: <TFLOPS>
+    bwd     [--quick] [--flex | --flex-only]: backward tiles (BwdConfig) and the opt-in Hopper backward (sm90-opt-in),
+            cuDNN first, "D=... causal=... N=...: <name>: <TFLOPS>
             | ..." (2.5x forward FLOPs, gradients checked, N=1K again last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
     large-d [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J] [--budget-s 500]
@@ -27,6 +28,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import time
 
 import torch
@@ -165,9 +167,11 @@ def bwd_case(D, causal, N, B=4, H=32):
     from tileattn.bench.dense import sdpa
     qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
     o = sdpa("cudnn")(qh, kh, vh, causal)
-    line = [f"cudnn: {2.5 * attn_tflops(B, H, N, N, D, D, causal, do_bench(grad_fn(o, (qh, kh, vh), dout.transpose(1, 2)))):.0f}"]
+    ms = do_bench(grad_fn(o, (qh, kh, vh), dout.transpose(1, 2)))
+    line = [f"cudnn: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}"]
     o = qh = kh = vh = None
-    for name, cfg in BWD:
+    for name, cfg in BWD + [("sm90-opt-in", None)]:  # the last: the Hopper backward (TILEATTN_SM90_BWD=1)
+        os.environ["TILEATTN_SM90_BWD"] = "1" if name == "sm90-opt-in" else "0"
         try:
             with forced(cfg):
                 out = tileattn.attention(q, k, v, causal=causal)
@@ -175,6 +179,7 @@ def bwd_case(D, causal, N, B=4, H=32):
             line.append(f"{name}: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else f"{name}: WRONG")
         except Exception as e:  # noqa: BLE001
             line.append(f"{name}: {err(e, 60)}")
+    os.environ.pop("TILEATTN_SM90_BWD")
     print(f"D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
 
 

@@ -10,6 +10,8 @@
     TILEATTN_DEBUG_FILL_NAN=1        fill outputs with NaN before each launch (tests: an unwritten element fails)
     TILEATTN_DIRECT_LAUNCH=0         every launch through Triton's normal path (launcher.py; read at import)
     TILEATTN_SM90=0                  former switch, now TILEATTN_BACKEND=triton (warns once)
+    TILEATTN_SM90_BWD=1              the Hopper (Gluon) backward for the dense problems it serves (off by
+                                     default: not yet faster than the Triton backward, docs/design/backward.md)
 
 Switches are read when a launch plan is made: plans made before a change keep their choice (tests clear the
 plan caches after changing one).
@@ -18,7 +20,7 @@ import os
 import warnings
 
 NAMES = ("TILEATTN_BACKEND", "TILEATTN_SMEM_BUDGET", "TILEATTN_AUTOTUNE", "TILEATTN_CACHE_DIR",
-         "TILEATTN_DEBUG_FILL_NAN", "TILEATTN_DIRECT_LAUNCH", "TILEATTN_SM90")
+         "TILEATTN_DEBUG_FILL_NAN", "TILEATTN_DIRECT_LAUNCH", "TILEATTN_SM90", "TILEATTN_SM90_BWD")
 
 
 def _on(name, default="0"):
@@ -34,6 +36,11 @@ def backend_spec() -> str:
         if not spec and not _on("TILEATTN_SM90", "1"):
             return "triton"
     return spec
+
+
+def sm90_bwd() -> bool:
+    """TILEATTN_SM90_BWD=1: the dense backward on the Hopper (Gluon) kernel where it serves."""
+    return _on("TILEATTN_SM90_BWD")
 
 
 def smem_budget() -> str:

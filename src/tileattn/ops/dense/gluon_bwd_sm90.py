@@ -1,0 +1,388 @@
+"""Hopper (sm90) kernel of dense attention backward in Gluon: dK, dV and dQ in one kernel, 5 matmuls per tile
+(FlashAttention-3's backward schedule), deterministic.
+
+One CTA per (key block of BLOCK_N = 128 keys, batch * kv head). It walks the query blocks (BLOCK_M rows) that
+see its keys, for every query head of the kv head's group, from the top down (the order of kernels_bwd.py's
+dK/dV kernel: masked blocks above the unmasked range, the unmasked range, masked blocks below). Partitions:
+  - loader (1 warp): K and V once, then each step's Q and dO tiles into a ring of STAGES slots (TMA);
+  - two consumer warpgroups, each owning 64 of the keys (rows of the transposed tiles):
+        S^T = K Q^T,  P^T = exp2(S^T * scale * log2 e - lse * log2 e),  dP^T = V dO^T,
+        dS^T = P^T (dP^T - delta)  (times 1 - tanh^2 with a softcap),
+        dV += P^T dO,  dK += dS^T Q  (P^T, dS^T from registers),
+    then both write dS^T into shared memory, and each computes half of the head dim of dQ = dS K from it
+    (wgmma with both operands in shared memory), staged as float32 for the writer;
+  - dQ writer (1 warp): adds each step's dQ tile to the query block's float32 sum in global memory, in
+    key-block order: a counter per (query head, query block) says how many earlier key blocks have added; the
+    writer spins until it is its turn (one lane polls), adds (vector atomic adds, so it never waits for a
+    read; the first key block of a query block stores instead) and passes the turn on with a release, which
+    orders its adds before the next block's. Waiting happens in this warp only: the consumers go on with the
+    next tile while it waits. kernels_bwd.bwd_dq_convert_kernel then writes dQ = scale * sum in dQ's dtype.
+Programs wait only on programs of the same head with a lower key block, which have lower ids: they were
+dispatched first and are resident or done, so the order cannot deadlock. No atomic add touches gradient data:
+the same inputs give bit-identical gradients.
+
+delta = rowsum(dO * O) - dlse comes from ops/common/bwd_kernels.py's preprocess kernel. Masking model as
+masking.py (key j visible to query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); rows past Sq are
+zero-filled by TMA and get lse = +inf (p = 0), as do rows that saw no key (lse = -inf).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..common import masking, softmax
+from ..common.gluon_compat import thread_barrier, tma_load
+
+LOG2E = gl.constexpr(1.4426950408889634)
+_tanh = gluon.jit(softmax.tanh.fn)
+_key_range = gluon.jit(masking.key_range.fn)
+
+
+# ---- the CTA's schedule (every partition walks the same steps) ----------------------------------------------
+@gluon.jit
+def _query_ranges(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr):
+    """(m_lo, f_lo, f_hi, m_hi) of key block n0: the query blocks [m_lo, m_hi) that see its keys and, inside,
+    those [f_lo, f_hi) that see all of them (unmasked). m_lo is a block start; f_lo, f_hi block starts or m_hi."""
+    m_lo = 0
+    m_hi = seqlen_q
+    if HAS_RIGHT:
+        m_lo = (gl.maximum(n0 - off_diag - right, 0) // BLOCK_M) * BLOCK_M
+    if HAS_LEFT:
+        m_hi = gl.minimum(gl.maximum(n0 + BLOCK_N - off_diag + left, 0), seqlen_q)
+    f_lo = m_lo
+    f_hi = m_hi
+    if NEEDS_MASK:
+        f_hi = (seqlen_q // BLOCK_M) * BLOCK_M
+        if HAS_RIGHT:
+            f_lo = ((gl.maximum(n0 + BLOCK_N - 1 - off_diag - right, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+        if HAS_LEFT:
+            f_hi = gl.minimum(f_hi, (gl.maximum(n0 - off_diag + left + 1, 0) // BLOCK_M) * BLOCK_M)
+        if n0 + BLOCK_N > seqlen_k:
+            f_hi = 0
+        f_lo = gl.minimum(gl.maximum(f_lo, m_lo), m_hi)
+        f_hi = gl.minimum(gl.maximum(f_hi, f_lo), m_hi)
+    return m_lo, f_lo, f_hi, m_hi
+
+
+@gluon.jit
+def _step_m0(t, m_lo, f_lo, f_hi, m_hi, BLOCK_M: gl.constexpr):
+    """First query row of step t of one head (top down: above, unmasked, below)."""
+    n_above = gl.cdiv(m_hi - f_hi, BLOCK_M)
+    n_full = (f_hi - f_lo) // BLOCK_M
+    if t < n_above:
+        m0 = f_hi + (n_above - 1 - t) * BLOCK_M
+    elif t < n_above + n_full:
+        m0 = f_hi - (t - n_above + 1) * BLOCK_M
+    else:
+        m0 = m_lo + (gl.cdiv(f_lo - m_lo, BLOCK_M) - 1 - (t - n_above - n_full)) * BLOCK_M
+    return m0
+
+
+@gluon.jit
+def _head_steps(m_lo, f_lo, f_hi, m_hi, BLOCK_M: gl.constexpr):
+    return gl.cdiv(m_hi - f_hi, BLOCK_M) + (f_hi - f_lo) // BLOCK_M + gl.cdiv(f_lo - m_lo, BLOCK_M)
+
+
+# ---- loader --------------------------------------------------------------------------------------------------
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty, i_b,
+            i_hk, n0, group_size, sched, STAGES: gl.constexpr):
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    m_lo, f_lo, f_hi, m_hi = sched
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma_load(k_desc, [i_b, n0, i_hk, 0], kv_ready, k_smem)
+    tma_load(v_desc, [i_b, n0, i_hk, 0], kv_ready, v_smem)
+    n_steps = _head_steps(m_lo, f_lo, f_hi, m_hi, BLOCK_M)
+    step = 0
+    for g in range(group_size):
+        i_h = i_hk * group_size + g
+        for t in range(n_steps):
+            m0 = _step_m0(t, m_lo, f_lo, f_hi, m_hi, BLOCK_M)
+            s = step % STAGES
+            mbarrier.wait(q_empty.index(s), ((step // STAGES) & 1) ^ 1)  # fresh slots pass
+            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            tma_load(q_desc, [i_b, m0, i_h, 0], q_ready.index(s), q_bufs.index(s))
+            tma_load(do_desc, [i_b, m0, i_h, 0], q_ready.index(s), do_bufs.index(s))
+            step += 1
+
+
+# ---- consumers -----------------------------------------------------------------------------------------------
+@gluon.jit
+def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs, dq_bufs, q_ready, q_empty,
+          ds_ready, dq_full, dq_empty, lse_row, delta_row, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
+          softcap_scale, softcap_out, WG: gl.constexpr, MASKED: gl.constexpr, HAS_LEFT: gl.constexpr,
+          HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr):
+    """One query block of this warpgroup's 64 keys: returns (dK, dV) plus its contribution; stages its half of
+    the block's dQ part for the writer."""
+    BLOCK_M: gl.constexpr = q_bufs.shape[2]
+    D: gl.constexpr = q_bufs.shape[4]
+    DV: gl.constexpr = do_bufs.shape[4]
+    HALF_N: gl.constexpr = k_half.shape[0]
+    dtype: gl.constexpr = q_bufs.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    k_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    v_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DV, 16])
+    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D // 2, 16])
+    s = step % STAGES
+    mbarrier.wait(q_ready.index(s), (step // STAGES) & 1)
+    q_smem = q_bufs.index(s).reshape([BLOCK_M, D])
+    do_smem = do_bufs.index(s).reshape([BLOCK_M, DV])
+    zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
+    st = warpgroup_mma(k_half, q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_half, do_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+    o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    m_ok = o_m < seqlen_q
+    lse = gl.load(lse_row + o_m, mask=m_ok, other=float("inf"))
+    lse = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # rows that saw no key: p = 0
+    delta = gl.load(delta_row + o_m, mask=m_ok, other=0.0)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+    if HAS_SOFTCAP:
+        th = _tanh(st * softcap_scale)
+        pt = gl.exp2(th * softcap_out - lse[None, :])
+    else:
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+    if MASKED:
+        o_n = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+        vis = (o_n < seqlen_k)[:, None] & m_ok[None, :]
+        if HAS_RIGHT:
+            vis = vis & (o_n[:, None] <= (o_m + off_diag + right)[None, :])
+        if HAS_LEFT:
+            vis = vis & (o_n[:, None] >= (o_m + off_diag - left)[None, :])
+        pt = gl.where(vis, pt, 0.0)
+    dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+    dst = pt * (dpt - delta[None, :])
+    if HAS_SOFTCAP:
+        dst = dst * (1.0 - th * th)
+    pt16 = gl.convert_layout(pt.to(dtype), gl.DotOperandLayout(operand_index=0, parent=v_layout, k_width=2))
+    dv = warpgroup_mma(pt16, do_smem, dv, is_async=True)
+    ds16 = dst.to(dtype)
+    dk = warpgroup_mma(gl.convert_layout(ds16, gl.DotOperandLayout(operand_index=0, parent=k_layout, k_width=2)),
+                       q_smem, dk, is_async=True)
+    # dS^T into shared memory: both warpgroups' halves make the dQ operand. Buffer step % 2 is free again: a
+    # warpgroup arrives on ds_ready of step i only after its dQ wgmma of step i - 1 has completed
+    b = step % 2
+    ds_bufs.index(b).slice(WG * HALF_N, HALF_N, dim=0).store(ds16)
+    fence_async_shared()
+    thread_barrier()
+    mbarrier.arrive(ds_ready.index(b))
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    mbarrier.arrive(q_empty.index(s))
+    mbarrier.wait(ds_ready.index(b), (step // 2) & 1)
+    dq = warpgroup_mma(ds_bufs.index(b).permute((1, 0)), k_smem.slice(WG * (D // 2), D // 2, dim=1),
+                       gl.zeros([BLOCK_M, D // 2], gl.float32, q_layout), use_acc=False)
+    qb = step % DQ_BUFS
+    mbarrier.wait(dq_empty.index(qb), ((step // DQ_BUFS) & 1) ^ 1)
+    dq_bufs.index(qb * 2 + WG).store(dq)
+    thread_barrier()
+    mbarrier.arrive(dq_full.index(qb))
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, kv_ready, q_ready, q_empty, ds_ready, dq_full,
+              dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
+              stride_vb, stride_vs, stride_vh, i_b, i_hk, n0, group_size, sched, seqlen_q, seqlen_k, off_diag, left,
+              right, scale, qk_scale, softcap_scale, softcap_out,
+              WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              NEEDS_MASK: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr):
+    BLOCK_M: gl.constexpr = q_bufs.shape[2]
+    D: gl.constexpr = q_bufs.shape[4]
+    DV: gl.constexpr = do_bufs.shape[4]
+    HALF_N: gl.constexpr = ds_bufs.shape[1] // 2
+    k_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    v_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DV, 16])
+    m_lo, f_lo, f_hi, m_hi = sched
+    n_above = gl.cdiv(m_hi - f_hi, BLOCK_M)
+    n_full = (f_hi - f_lo) // BLOCK_M
+    n_below = gl.cdiv(f_lo - m_lo, BLOCK_M)
+    k_full = k_smem.reshape([2 * HALF_N, D])
+    k_half = k_full.slice(WG * HALF_N, HALF_N, dim=0)
+    v_half = v_smem.reshape([2 * HALF_N, DV]).slice(WG * HALF_N, HALF_N, dim=0)
+    dk = gl.zeros([HALF_N, D], gl.float32, k_layout)
+    dv = gl.zeros([HALF_N, DV], gl.float32, v_layout)
+    mbarrier.wait(kv_ready, 0)
+    step = 0
+    for g in range(group_size):
+        i_h = i_hk * group_size + g
+        lse_row = lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh
+        delta_row = delta_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh
+        if NEEDS_MASK:
+            for t in range(n_above):
+                dk, dv = _step(dk, dv, step, f_hi + (n_above - 1 - t) * BLOCK_M, n0, q_bufs, do_bufs, k_half,
+                               v_half, k_full, ds_bufs, dq_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
+                               lse_row, delta_row, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
+                               softcap_scale, softcap_out, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                               DQ_BUFS)
+                step += 1
+        for t in range(n_full):
+            dk, dv = _step(dk, dv, step, f_hi - (t + 1) * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
+                           ds_bufs, dq_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, lse_row, delta_row,
+                           seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, WG,
+                           False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS)
+            step += 1
+        if NEEDS_MASK:
+            for t in range(n_below):
+                dk, dv = _step(dk, dv, step, m_lo + (n_below - 1 - t) * BLOCK_M, n0, q_bufs, do_bufs, k_half,
+                               v_half, k_full, ds_bufs, dq_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
+                               lse_row, delta_row, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
+                               softcap_scale, softcap_out, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                               DQ_BUFS)
+                step += 1
+    rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_layout))
+    gl.store(dk_ptr + i_b.to(gl.int64) * stride_kb + i_hk.to(gl.int64) * stride_kh + rows[:, None] * stride_ks
+             + cols[None, :], (dk * scale).to(dk_ptr.dtype.element_ty), mask=(rows < seqlen_k)[:, None])
+    rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, v_layout))
+    cols = gl.arange(0, DV, layout=gl.SliceLayout(0, v_layout))
+    gl.store(dv_ptr + i_b.to(gl.int64) * stride_vb + i_hk.to(gl.int64) * stride_vh + rows[:, None] * stride_vs
+             + cols[None, :], dv.to(dv_ptr.dtype.element_ty), mask=(rows < seqlen_k)[:, None])
+
+
+# ---- dQ writer -----------------------------------------------------------------------------------------------
+@gluon.jit
+def _wait_turn(sem, target):
+    """Lane 0 polls the counter at sem (acquire, 64 ns back-off) until it reads target; the warp barrier then
+    orders every lane's reads after it. Returns target (to make later loads depend on the wait)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred %p<2>; .reg .b32 %l<1>; mov.u32 %l0, %laneid; setp.ne.u32 %p1, %l0, 0; mov.b32 $0, $2; "
+        "@%p1 bra done_${:uid}; spin_${:uid}: ld.global.acquire.gpu.b32 $0, [$1]; setp.ne.s32 %p0, $0, $2; "
+        "@!%p0 bra done_${:uid}; nanosleep.u32 64; bra spin_${:uid}; done_${:uid}: bar.warp.sync -1; }",
+        "=r,l,r", [sem, target], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(sem):
+    """After the warp barrier (every lane's stores ordered before it), lane 0 adds 1 to the counter (release)."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred %p<1>; .reg .b32 %l<1>; bar.warp.sync -1; mov.u32 %l0, %laneid; setp.eq.u32 %p0, %l0, 0; "
+        "@%p0 red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }", "=r,l", [sem], dtype=gl.int32,
+        is_pure=False, pack=1)
+
+
+@gluon.jit
+def _dq_writer(dq_bufs, dq_full, dq_empty, acc_ptr, sem_ptr, i_b, i_hk, n0, group_size, num_kv_heads,
+               num_q_blocks, sched, seqlen_k, off_diag, left, right, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+               HAS_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr,
+               ROWS: gl.constexpr):
+    BLOCK_M: gl.constexpr = dq_bufs.shape[1]
+    HALF_D: gl.constexpr = dq_bufs.shape[2]
+    D: gl.constexpr = 2 * HALF_D
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (HALF_D // 4), HALF_D // 4], [1, 1], [1, 0])
+    m_lo, f_lo, f_hi, m_hi = sched
+    n_steps = _head_steps(m_lo, f_lo, f_hi, m_hi, BLOCK_M)
+    r_idx = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    c_idx = gl.arange(0, HALF_D, layout=gl.SliceLayout(0, layout))
+    step = 0
+    for g in range(group_size):
+        i_h = i_hk * group_size + g
+        i_bhq = (i_b * num_kv_heads * group_size + i_h).to(gl.int64)
+        for t in range(n_steps):
+            m0 = _step_m0(t, m_lo, f_lo, f_hi, m_hi, BLOCK_M)
+            lo, hi, _, _ = _key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT)
+            turn = (n0 - lo) // BLOCK_N  # earlier key blocks that see this query block
+            last = n0 + BLOCK_N >= hi
+            sem = sem_ptr + i_bhq * num_q_blocks + m0 // BLOCK_M
+            acc = acc_ptr + (i_bhq * num_q_blocks * BLOCK_M + m0) * D
+            qb = step % DQ_BUFS
+            mbarrier.wait(dq_full.index(qb), (step // DQ_BUFS) & 1)
+            if turn > 0:
+                _wait_turn(sem, turn)
+            for h in gl.static_range(2):
+                for r in gl.static_range(0, BLOCK_M, ROWS):
+                    x = dq_bufs.index(qb * 2 + h).slice(r, ROWS, dim=0).load(layout)
+                    ptrs = acc + (r + r_idx)[:, None] * D + (h * HALF_D + c_idx)[None, :]
+                    if turn > 0:
+                        gl.atomic_add(ptrs, x, sem="relaxed", scope="gpu")  # ordered by the turn: deterministic
+                    else:
+                        gl.store(ptrs, x)
+            if not last:
+                _pass_turn(sem)
+            mbarrier.arrive(dq_empty.index(qb))
+            step += 1
+
+
+# ---- kernel --------------------------------------------------------------------------------------------------
+@gluon.jit
+def attn_bwd_sm90_kernel(
+    q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc_ptr, sem_ptr,
+    stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks,
+    scale, qk_scale, softcap_scale, softcap_out, left, right,
+    STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
+    WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
+):
+    """Grid (cdiv(Sk, BLOCK_N), B * Hkv); num_warps = 4 (the first consumer warpgroup).
+
+    Descriptors over [B, S, H, D] tensors: q and do with block [1, BLOCK_M, 1, D], k and v [1, BLOCK_N, 1, D].
+    lse, delta [B, Hq, Sq] float32 (same strides); dk, dv in k's and v's strides; acc
+    [B * Hq, num_q_blocks * BLOCK_M, D] float32, the dQ sums (zeros where a query block may see no key block,
+    else any values); sem [B * Hq, num_q_blocks] int32 zeros. qk_scale: scale * log2 e (1 with a softcap, whose
+    softcap_out carries log2 e)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    i_n = gl.program_id(0)
+    i_bh = gl.program_id(1)
+    i_b = i_bh // num_kv_heads
+    i_hk = i_bh % num_kv_heads
+    n0 = i_n * BLOCK_N
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    else:
+        off_diag = 0
+    sched = _query_ranges(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                          NEEDS_MASK)
+
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, BLOCK_M, D // 2],
+                                        gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(q_empty.index(s), count=2)
+    for s in gl.static_range(2):
+        mbarrier.init(ds_ready.index(s), count=2)
+    for s in gl.static_range(DQ_BUFS):
+        mbarrier.init(dq_full.index(s), count=2)
+        mbarrier.init(dq_empty.index(s), count=1)
+
+    gl.warp_specialize([
+        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, kv_ready, q_ready, q_empty, ds_ready, dq_full,
+                     dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_lb, stride_lh, stride_kb, stride_ks,
+                     stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, n0, group_size, sched, seqlen_q,
+                     seqlen_k, off_diag, left, right, scale, qk_scale, softcap_scale, softcap_out,
+                     0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS)),
+        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, kv_ready, q_ready, q_empty, ds_ready, dq_full,
+                     dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_lb, stride_lh, stride_kb, stride_ks,
+                     stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, n0, group_size, sched, seqlen_q,
+                     seqlen_k, off_diag, left, right, scale, qk_scale, softcap_scale, softcap_out,
+                     1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS)),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
+                   i_b, i_hk, n0, group_size, sched, STAGES)),
+        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc_ptr, sem_ptr, i_b, i_hk, n0, group_size, num_kv_heads,
+                      num_q_blocks, sched, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS,
+                      WRITER_ROWS)),
+    ], [4, 1, 1], [CONSUMER_REGS, WORKER_REGS, WORKER_REGS])
