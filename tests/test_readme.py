@@ -4,11 +4,16 @@ prose states no figure of its own, and every Python snippet runs as pasted.
 Snippets run in a fresh namespace each. On a CUDA GPU they run as written; without one, through the Triton
 interpreter with three changes: device "cuda" -> "cpu", bfloat16 -> float16 (the interpreter's bf16 dots are
 wrong, so tileattn refuses bf16 there), and a line ending in `# sizes; small: a, b, ...` takes the small
-values. A snippet whose first line is `# needs a CUDA GPU` is skipped without one.
+values. A snippet whose first line is `# needs a CUDA GPU` is skipped without one. One whose first line starts
+with `# needs several processes` is a torchrun script: without a GPU it runs as two processes of
+torch.distributed.run with, beyond the changes above, the "nccl" backend -> "gloo" and no torch.cuda.set_device;
+on a GPU machine it is skipped (it may have a single GPU).
 """
 import importlib.util
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,6 +26,7 @@ _spec.loader.exec_module(figures)
 
 SNIPPETS = re.findall(r"```python\n(.*?)```", README, re.S)
 GPU = torch.cuda.is_available()
+MULTI_PROCESS = "# needs several processes"
 
 
 def test_figures_match_results():
@@ -48,16 +54,31 @@ def _small(code):
 def test_snippets_found():
     assert len(SNIPPETS) >= 6
     for code in SNIPPETS:
-        if not code.startswith("# needs a CUDA GPU"):
+        if not code.startswith(("# needs a CUDA GPU", MULTI_PROCESS)):
             assert "cuda" not in _small(code).replace('device="cpu"', ""), \
                 "a snippet names the GPU other than as device=\"cuda\": the CPU run could not move it"
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
-def test_snippet_runs(index):
+def test_snippet_runs(index, tmp_path):
     code = SNIPPETS[index]
+    if code.startswith(MULTI_PROCESS):
+        _run_multi_process(code, index, tmp_path)
+        return
     if code.startswith("# needs a CUDA GPU") and not GPU:
         pytest.skip("the snippet needs a CUDA GPU")
     if not GPU:
         code = _small(code)
     exec(compile(code, f"README.md snippet {index}", "exec"), {"__name__": f"readme_snippet_{index}"})
+
+
+def _run_multi_process(code, index, tmp_path):
+    if GPU:
+        pytest.skip("a torchrun snippet: on a GPU machine it needs several GPUs (tests/distributed runs the ring)")
+    code = "\n".join(line for line in _small(code).replace('"nccl"', '"gloo"').splitlines()
+                     if "torch.cuda.set_device" not in line)
+    script = tmp_path / f"readme_snippet_{index}.py"
+    script.write_text(code)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"README.md snippet {index} under torchrun:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"

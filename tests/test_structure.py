@@ -14,8 +14,11 @@ PUBLIC = {("ops/dense/api.py", "attention"), ("ops/dense/api.py", "varlen_attent
           ("ops/flex/api.py", "flex_attention"), ("ops/mla/api.py", "mla_decode"),
           ("ops/mla/plan.py", "__init__"), ("ops/mla/plan.py", "run"), ("ops/decode/api.py", "kvcache_attention"),
           ("ops/decode/plan.py", "__init__"), ("ops/decode/plan.py", "run")}
-# the one edge between op folders: dense's Sq = 1 route runs the decode op's plan (ops/dense/launch_decode.py)
-ALLOWED_EDGES = {("dense", "decode")}
+# the edges between op folders: dense's Sq = 1 route runs the decode op's plan (ops/dense/launch_decode.py); the
+# ring (ops/distributed/ring.py) runs the dense op on each K/V block: its forward through the public attention,
+# its backward through dense's launch (bwd.attn_bwd) with the ring's merged out and lse (the registered
+# tileattn::attn_bwd would cost ~0.1 ms of dispatch per block on the H100 host), and dense's input checks
+ALLOWED_EDGES = {("dense", "decode"), ("distributed", "dense")}
 
 
 def _modules():

@@ -13,6 +13,8 @@ Public API:
     create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=...)               torch's, for flex_attention
     mods                                                                       ready-made score / mask mods
     force_backend(name=None, config=None)                                      force a kernel (context manager)
+    ring_attention(q, k, v, group, *, causal, scale, layout, return_lse)      context parallel over ranks
+    shard_sequence(x, rank, world_size, ...), unshard_sequence(x, group, ...)  its sequence shards
 
 The kernels load on first use, so a tool (the `tileattn` command) can choose Triton's interpreter for a
 CPU-only machine before any kernel is defined.
@@ -25,6 +27,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
     from .ops.decode.api import kvcache_attention
     from .ops.decode.plan import KVCachePlan
     from .ops.dense.api import attention, scaled_dot_product_attention, varlen_attention
+    from .ops.distributed.api import ring_attention, shard_sequence, unshard_sequence
     from .ops.flex import mods
     from .ops.flex.api import create_block_mask, flex_attention
     from .ops.flex.trace import FlexCompileError
@@ -34,7 +37,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
 __version__ = "0.1.0"
 __all__ = ["attention", "varlen_attention", "scaled_dot_product_attention", "quantize_fp8", "fp8_v_layout",
            "Fp8V", "mla_decode", "MLADecodePlan", "kvcache_attention", "KVCachePlan", "flex_attention",
-           "create_block_mask", "FlexCompileError", "mods", "force_backend",
+           "create_block_mask", "FlexCompileError", "mods", "force_backend", "ring_attention", "shard_sequence",
+           "unshard_sequence",
            "__version__"]
 
 
@@ -69,6 +73,9 @@ def __getattr__(name: str) -> object:
     if name == "FlexCompileError":
         from .ops.flex.trace import FlexCompileError
         return FlexCompileError
+    if name in ("ring_attention", "shard_sequence", "unshard_sequence"):
+        from .ops.distributed import api as distributed_api
+        return getattr(distributed_api, name)
     if name == "mods":
         from .ops.flex import mods
         return mods

@@ -10,6 +10,7 @@
     tileattn bench bwd [--dtype fp16|bf16] [--seqlens ...]
     tileattn bench large-d [--dtype fp16|bf16] [--head-dims 256,320,...]
     tileattn bench decode [--quick]
+    tileattn bench cp [--simulate] [--dtype bf16|fp16] [--seqlens ...]   (multi-GPU: torchrun or >= 2 GPUs)
     (every bench suite: [--out FILE.json] [--plot FILE.png]; the plot defaults to the JSON's name, .png)
 
 Every suite but `demo` measures against the peers on a CUDA GPU, prints a line per measured row and a summary,
@@ -23,7 +24,7 @@ import argparse
 import os
 import sys
 
-GPU_SUITES = ("dense", "fp8", "mla", "flex", "bwd", "large-d", "decode")
+GPU_SUITES = ("dense", "fp8", "mla", "flex", "bwd", "large-d", "decode", "cp")
 SUITES = ("demo",) + GPU_SUITES
 # the options each suite reads (argparse's dest names); any other given to a suite is an error
 SUITE_OPTIONS = {
@@ -35,9 +36,11 @@ SUITE_OPTIONS = {
     "bwd": {"dtype", "seqlens"},
     "large-d": {"dtype", "head_dims"},
     "decode": {"quick"},
+    "cp": {"simulate", "dtype", "seqlens"},
 }
 OPTION_FLAGS = {"dtype": "--dtype", "long": "--long", "providers": "--providers", "head_dims": "--head-dims",
-                "seqlens": "--seqlens", "fp8_dtypes": "--fp8-dtypes", "quick": "--quick"}
+                "seqlens": "--seqlens", "fp8_dtypes": "--fp8-dtypes", "quick": "--quick",
+                "simulate": "--simulate"}
 
 
 def _int_list(text):
@@ -70,7 +73,7 @@ def _parser():
     b = sub.add_parser("bench", help="run a benchmark suite against the peers on this GPU (demo: a CPU check)")
     b.add_argument("suite", nargs="?", default="dense", choices=SUITES)
     b.add_argument("--dtype", default=None, choices=["fp16", "bf16"], help="default: fp16 (dense, bwd, large-d), "
-                   "bf16 (mla)")
+                   "bf16 (mla, cp)")
     b.add_argument("--long", action="store_true", help="dense: add N = 32K and 64K")
     b.add_argument("--providers", default=None, type=_name_list(("tileattn", "cudnn", "fa2", "flex")),
                    help="dense: comma-separated subset of tileattn,cudnn,fa2,flex (default: all)")
@@ -78,8 +81,11 @@ def _parser():
                    help="fp8: comma-separated subset of e4m3,e5m2 (default: both)")
     b.add_argument("--head-dims", default=None, type=_int_list,
                    help="dense, fp8 (default 64,128), large-d (default 256,...,1024)")
-    b.add_argument("--seqlens", default=None, type=_int_list, help="dense, fp8, bwd: comma-separated N values")
+    b.add_argument("--seqlens", default=None, type=_int_list, help="dense, fp8, bwd: comma-separated N values; cp: "
+                   "tokens per GPU (S_local)")
     b.add_argument("--quick", action="store_true", help="decode: batch 1 and 32, kv 4K and 32K only")
+    b.add_argument("--simulate", action="store_true", help="cp: predict the ring's scaling on this one GPU (step "
+                   "compute against a device-to-device copy of each block) instead of running it on several")
     b.add_argument("--out", default=None, help="results JSON (default: bench/results/<suite>.json)")
     b.add_argument("--plot", default=None, help="PNG plot (default: the JSON's path with .png)")
     i = sub.add_parser("info", help="print what tileattn sees of this machine and which kernels serve what")
@@ -104,6 +110,10 @@ def _run_suite(args, out, plot):
         from .bench import bwd
         return bwd.run(dtype=args.dtype or "fp16", seqlens=args.seqlens or (1024, 2048, 4096, 8192, 16384),
                        out_json=out, plot=plot)
+    if args.suite == "cp":
+        from .bench import cp
+        grid = cp.Grid(dtype=args.dtype or "bf16", seqlens=args.seqlens or cp.Grid.seqlens)
+        return cp.run(grid, simulate=args.simulate, out_json=out, plot=plot)
     if args.suite == "flex":
         from .bench import flex
         return flex.run(out_json=out, plot=plot)
@@ -146,8 +156,17 @@ def main(argv=None):
               "`tileattn bench demo` runs a small correctness check here (through the Triton interpreter).",
               file=sys.stderr)
         return 2
+    if args.suite == "cp" and not args.simulate:
+        from .bench.cp import gpus_for_multi
+        if gpus_for_multi() < 2:
+            print("tileattn bench cp: the ring needs 2 or more GPUs (launch with torchrun --nproc-per-node=N, or on "
+                  "a machine with N >= 2 visible GPUs); `tileattn bench cp --simulate` predicts it on this one GPU.",
+                  file=sys.stderr)
+            return 2
     out = args.out or os.path.join("bench", "results", f"{args.suite.replace('-', '_')}.json")
     plot = args.plot or os.path.splitext(out)[0] + ".png"
     doc = _run_suite(args, out, plot)
+    if doc is None:  # torchrun's ranks other than 0: rank 0 reports
+        return 0
     print(f"\nwrote {out} and {plot}" if os.path.exists(plot) else f"\nwrote {out} (no plot: matplotlib missing)")
     return 1 if doc["summary"]["check_failures"] else 0

@@ -1,0 +1,101 @@
+"""ring_attention over 2 and 4 processes (gloo, kernels through the Triton interpreter) against the float32
+reference on the whole sequence: outputs, lse and gradients under the tolerance rule (the input-precision error
+is the same reference computed in float16), causal and not, zigzag and contiguous, GQA / MQA, Sq != Sk and
+Dv != D (not causal), the lse in the loss, and bit-identical repeats.
+
+All cases of one world size run in one set of processes (tests/distributed/ring_worker.py), which saves each
+rank's shards; this process compares. A child that fails is reported with its traceback; one that hangs is
+killed after JOIN_TIMEOUT_S and reported.
+"""
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+import tileattn
+from tileattn.ops.dense.reference import attention_ref
+
+from tests.distributed.ring_worker import case_id, make_inputs, run_rank
+from tests.helpers import assert_close
+
+JOIN_TIMEOUT_S = 240
+
+
+def _case(world, layout, causal, seed, *, B=1, S, Sk=None, Hq=2, Hkv=2, D=32, Dv=32, **extra):
+    return dict(world=world, layout=layout, causal=causal, seed=seed, B=B, S=S, Sk=Sk or S, Hq=Hq, Hkv=Hkv, D=D,
+                Dv=Dv, **extra)
+
+
+CASES = {
+    2: [_case(2, "zigzag", True, 1, B=2, S=32, Hq=4, Hkv=2, lse_grad=True),
+        _case(2, "contiguous", True, 2, S=24, Hq=2, Hkv=1),
+        _case(2, "zigzag", False, 3, S=32, Sk=48, Hq=4, Hkv=1, Dv=48, scale=0.3),
+        _case(2, "contiguous", False, 4, S=16, Sk=40, Hq=2, Hkv=2)],
+    4: [_case(4, "zigzag", True, 5, S=64, Hq=4, Hkv=2, repeat=True),
+        _case(4, "contiguous", True, 6, S=36, Hq=2, Hkv=1, lse_grad=True),
+        _case(4, "zigzag", False, 7, S=48, Hq=2, Hkv=2)],
+}
+
+
+def _spawn(world, cases, tmp_path):
+    """Run run_rank on `world` processes; returns each rank's results, or fails with the children's errors."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=run_rank, args=(r, world, str(tmp_path / "rendezvous"), cases, str(tmp_path)),
+                         daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    errors = {path.name: path.read_text() for path in sorted(tmp_path.glob("error*.txt"))}
+    codes = [p.exitcode for p in procs]
+    if hung or errors or any(code != 0 for code in codes):
+        text = "\n".join(f"--- {name}\n{tb}" for name, tb in errors.items())
+        pytest.fail(f"ring test processes failed: exit codes {codes}, still running after {JOIN_TIMEOUT_S} s "
+                    f"(killed): ranks {hung}\n{text}", pytrace=False)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+def _reference(c, dtype):
+    """(out, lse, (dq, dk, dv)) of the whole sequence through attention_ref in `dtype`, same loss as the ranks."""
+    q, k, v, dout, dlse = make_inputs(c)
+    x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = attention_ref(*x, causal=c["causal"], scale=c.get("scale"), dtype=dtype)
+    loss = (out.float() * dout).sum()
+    if c.get("lse_grad"):
+        loss = loss + (lse.float() * dlse).sum()
+    return out.detach(), lse.detach(), torch.autograd.grad(loss, x)
+
+
+def _check_case(c, ranks):
+    got = {name: tileattn.unshard_sequence([r[case_id(c)][name] for r in ranks], layout=c["layout"],
+                                           seq_dim=2 if name == "lse" else 1)
+           for name in ("out", "lse", "dq", "dk", "dv")}
+    ref, ref_lp = _reference(c, torch.float32), _reference(c, torch.float16)
+    for name, r, rl in (("out", ref[0], ref_lp[0]), ("lse", ref[1], ref_lp[1]),
+                        *zip(("dq", "dk", "dv"), ref[2], ref_lp[2])):
+        assert got[name].shape == r.shape, f"{name}: shape {tuple(got[name].shape)} != {tuple(r.shape)}"
+        assert got[name].dtype == (torch.float32 if name == "lse" else torch.float16), f"{name}: {got[name].dtype}"
+        assert_close(name, got[name], r, rl)
+    if c.get("repeat"):
+        for rank, r in enumerate(ranks):
+            differ = [name for name, same in r[case_id(c)]["identical"].items() if not same]
+            assert not differ, f"rank {rank}: a second identical call gave different {differ}"
+
+
+@pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"W{w}")
+def test_ring_attention_matches_reference(world, tmp_path):
+    ranks = _spawn(world, CASES[world], tmp_path)
+    failures = []
+    for c in CASES[world]:
+        try:
+            _check_case(c, ranks)
+        except AssertionError as e:
+            failures.append(f"{case_id(c)}: {e}")
+    assert not failures, "\n".join(failures)
