@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tileattn import cli
 from tileattn.bench import cp
@@ -15,6 +16,11 @@ TINY = dict(seqlens=(32,), heads=2, head_dim=32, dtype="fp16", worlds=(2, 4), ch
             iters=1, device="cpu")
 
 
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs of the suite (interpreter, gloo); on a GPU "
+                              "machine `tileattn bench cp` itself runs")
+
+
+@CPU_ONLY
 def test_simulate_runs(tmp_path):
     lines = []
     doc = cp.run(cp.Grid(**TINY), simulate=True, out_json=str(tmp_path / "cp.json"), log=lines.append)
@@ -29,6 +35,7 @@ def test_simulate_runs(tmp_path):
     assert len(doc["check"]) == 2 * 2 * 3  # causal and full, ranks 0 and W - 1, out / lse / dq
 
 
+@CPU_ONLY
 def test_multi_gpu_mode_runs_over_gloo(tmp_path):
     """The multi-GPU mode's processes (spawned as on a GPU machine), over gloo on the CPU."""
     code = ("from tileattn.bench import cp\n"
