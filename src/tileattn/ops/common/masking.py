@@ -33,6 +33,37 @@ def key_range(m_first, m_last, seqlen_k, off_diag, left, right, BLOCK_N: tl.cons
 
 
 @triton.jit
+def query_range(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, NEEDS_MASK: tl.constexpr):
+    """The rule seen from key block [n0, n0 + BLOCK_N) (the backward's dK/dV programs): (m_lo, f_lo, f_hi, m_hi),
+    the query rows [m_lo, m_hi) that see any of its keys (query i sees key j iff j - OFF - RIGHT <= i <=
+    j - OFF + LEFT) and, inside, [f_lo, f_hi): whole BLOCK_M blocks inside the sequence that see every key of a
+    key block inside its own (unmasked). m_lo is a multiple of BLOCK_M; f_lo, f_hi are multiples or m_hi.
+    Without NEEDS_MASK (no rule, whole tiles) the whole range is unmasked. A query block m0 is in [m_lo, m_hi)
+    iff key_range(m0, m0 + BLOCK_M - 1, ...) holds n0."""
+    m_lo = 0
+    m_hi = seqlen_q
+    if HAS_RIGHT:
+        m_lo = (tl.maximum(n0 - off_diag - right, 0) // BLOCK_M) * BLOCK_M
+    if HAS_LEFT:
+        m_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off_diag + left + 1, 0), seqlen_q)
+    f_lo = m_lo
+    f_hi = m_hi
+    if NEEDS_MASK:
+        f_hi = (seqlen_q // BLOCK_M) * BLOCK_M
+        if HAS_RIGHT:
+            f_lo = tl.maximum(n0 + BLOCK_N - 1 - off_diag - right, 0)
+            f_lo = ((f_lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+        if HAS_LEFT:
+            f_hi = tl.minimum(f_hi, (tl.maximum(n0 - off_diag + left + 1, 0) // BLOCK_M) * BLOCK_M)
+        if n0 + BLOCK_N > seqlen_k:
+            f_hi = 0
+        f_lo = tl.minimum(tl.maximum(f_lo, m_lo), m_hi)
+        f_hi = tl.minimum(tl.maximum(f_hi, f_lo), m_hi)
+    return m_lo, f_lo, f_hi, m_hi
+
+
+@triton.jit
 def visible(o_m, o_j, seqlen_k, off_diag, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
     """[rows, keys] mask of the visibility rule for query positions o_m and key positions o_j."""
     vis = (o_j < seqlen_k)[None, :]

@@ -84,9 +84,7 @@ def attn_bwd(p, c, do, dlse):
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
     if not launch_bwd_sm90.reason(p, q, k, v, do):
-        ragged = sq % launch_bwd_sm90.BLOCK_M or sk % launch_bwd_sm90.BLOCK_N
-        launch_bwd_sm90.attn_bwd_sm90(p, c, do, delta, (dq, dk, dvv), tail,
-                                      (softcap > 0, bool(left >= 0 or right >= 0 or ragged)))
+        launch_bwd_sm90.attn_bwd_sm90(p, c, do, delta, (dq, dk, dvv), tail)
         return dq, dk, dvv
     # launch_cached: the normal kernel[grid](...) path costs ~100 us of host time per launch, more than the
     # whole backward of small problems (the GPU would wait on the host)

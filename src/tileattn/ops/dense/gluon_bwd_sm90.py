@@ -40,52 +40,30 @@ from ..common.gluon_compat import thread_barrier, tma_load
 LOG2E = gl.constexpr(1.4426950408889634)
 _tanh = gluon.jit(softmax.tanh.fn)
 _key_range = gluon.jit(masking.key_range.fn)
+_query_range = gluon.jit(masking.query_range.fn)
 
 
 # ---- the CTA's schedule (every partition walks the same steps) ----------------------------------------------
 @gluon.jit
-def _query_ranges(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr):
-    """(m_lo, f_lo, f_hi, m_hi) of key block n0: the query blocks [m_lo, m_hi) that see its keys and, inside,
-    those [f_lo, f_hi) that see all of them (unmasked). m_lo is a block start; f_lo, f_hi block starts or m_hi."""
-    m_lo = 0
-    m_hi = seqlen_q
-    if HAS_RIGHT:
-        m_lo = (gl.maximum(n0 - off_diag - right, 0) // BLOCK_M) * BLOCK_M
-    if HAS_LEFT:
-        m_hi = gl.minimum(gl.maximum(n0 + BLOCK_N - off_diag + left, 0), seqlen_q)
-    f_lo = m_lo
-    f_hi = m_hi
-    if NEEDS_MASK:
-        f_hi = (seqlen_q // BLOCK_M) * BLOCK_M
-        if HAS_RIGHT:
-            f_lo = ((gl.maximum(n0 + BLOCK_N - 1 - off_diag - right, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-        if HAS_LEFT:
-            f_hi = gl.minimum(f_hi, (gl.maximum(n0 - off_diag + left + 1, 0) // BLOCK_M) * BLOCK_M)
-        if n0 + BLOCK_N > seqlen_k:
-            f_hi = 0
-        f_lo = gl.minimum(gl.maximum(f_lo, m_lo), m_hi)
-        f_hi = gl.minimum(gl.maximum(f_hi, f_lo), m_hi)
-    return m_lo, f_lo, f_hi, m_hi
+def _step_counts(sched, BLOCK_M: gl.constexpr):
+    """(masked steps above the unmasked range, unmasked steps, masked steps below) of one head, from
+    sched = query_range(...) = (m_lo, f_lo, f_hi, m_hi)."""
+    m_lo, f_lo, f_hi, m_hi = sched
+    return gl.cdiv(m_hi - f_hi, BLOCK_M), (f_hi - f_lo) // BLOCK_M, gl.cdiv(f_lo - m_lo, BLOCK_M)
 
 
 @gluon.jit
-def _step_m0(t, m_lo, f_lo, f_hi, m_hi, BLOCK_M: gl.constexpr):
+def _step_m0(t, sched, BLOCK_M: gl.constexpr):
     """First query row of step t of one head (top down: above, unmasked, below)."""
-    n_above = gl.cdiv(m_hi - f_hi, BLOCK_M)
-    n_full = (f_hi - f_lo) // BLOCK_M
+    m_lo, f_lo, f_hi, m_hi = sched
+    n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
     if t < n_above:
         m0 = f_hi + (n_above - 1 - t) * BLOCK_M
     elif t < n_above + n_full:
         m0 = f_hi - (t - n_above + 1) * BLOCK_M
     else:
-        m0 = m_lo + (gl.cdiv(f_lo - m_lo, BLOCK_M) - 1 - (t - n_above - n_full)) * BLOCK_M
+        m0 = m_lo + (n_below - 1 - (t - n_above - n_full)) * BLOCK_M
     return m0
-
-
-@gluon.jit
-def _head_steps(m_lo, f_lo, f_hi, m_hi, BLOCK_M: gl.constexpr):
-    return gl.cdiv(m_hi - f_hi, BLOCK_M) + (f_hi - f_lo) // BLOCK_M + gl.cdiv(f_lo - m_lo, BLOCK_M)
 
 
 # ---- loader --------------------------------------------------------------------------------------------------
@@ -93,16 +71,15 @@ def _head_steps(m_lo, f_lo, f_hi, m_hi, BLOCK_M: gl.constexpr):
 def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty, i_b,
             i_hk, n0, group_size, sched, STAGES: gl.constexpr):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-    m_lo, f_lo, f_hi, m_hi = sched
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [i_b, n0, i_hk, 0], kv_ready, k_smem)
     tma_load(v_desc, [i_b, n0, i_hk, 0], kv_ready, v_smem)
-    n_steps = _head_steps(m_lo, f_lo, f_hi, m_hi, BLOCK_M)
+    n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
     step = 0
     for g in range(group_size):
         i_h = i_hk * group_size + g
-        for t in range(n_steps):
-            m0 = _step_m0(t, m_lo, f_lo, f_hi, m_hi, BLOCK_M)
+        for t in range(n_above + n_full + n_below):
+            m0 = _step_m0(t, sched, BLOCK_M)
             s = step % STAGES
             mbarrier.wait(q_empty.index(s), ((step // STAGES) & 1) ^ 1)  # fresh slots pass
             mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
@@ -201,9 +178,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, kv_ready, q_rea
     v_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DV, 16])
     m_lo, f_lo, f_hi, m_hi = sched
-    n_above = gl.cdiv(m_hi - f_hi, BLOCK_M)
-    n_full = (f_hi - f_lo) // BLOCK_M
-    n_below = gl.cdiv(f_lo - m_lo, BLOCK_M)
+    n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
     k_full = k_smem.reshape([2 * HALF_N, D])
     k_half = k_full.slice(WG * HALF_N, HALF_N, dim=0)
     v_half = v_smem.reshape([2 * HALF_N, DV]).slice(WG * HALF_N, HALF_N, dim=0)
@@ -251,7 +226,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, kv_ready, q_rea
 @gluon.jit
 def _wait_turn(sem, target):
     """Lane 0 polls the counter at sem (acquire, 64 ns back-off) until it reads target; the warp barrier then
-    orders every lane's reads after it. Returns target (to make later loads depend on the wait)."""
+    orders the whole warp's later memory operations after it."""
     return gl.inline_asm_elementwise(
         "{ .reg .pred %p<2>; .reg .b32 %l<1>; mov.u32 %l0, %laneid; setp.ne.u32 %p1, %l0, 0; mov.b32 $0, $2; "
         "@%p1 bra done_${:uid}; spin_${:uid}: ld.global.acquire.gpu.b32 $0, [$1]; setp.ne.s32 %p0, $0, $2; "
@@ -277,16 +252,15 @@ def _dq_writer(dq_bufs, dq_full, dq_empty, acc_ptr, sem_ptr, i_b, i_hk, n0, grou
     HALF_D: gl.constexpr = dq_bufs.shape[2]
     D: gl.constexpr = 2 * HALF_D
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (HALF_D // 4), HALF_D // 4], [1, 1], [1, 0])
-    m_lo, f_lo, f_hi, m_hi = sched
-    n_steps = _head_steps(m_lo, f_lo, f_hi, m_hi, BLOCK_M)
+    n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
     r_idx = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     c_idx = gl.arange(0, HALF_D, layout=gl.SliceLayout(0, layout))
     step = 0
     for g in range(group_size):
         i_h = i_hk * group_size + g
         i_bhq = (i_b * num_kv_heads * group_size + i_h).to(gl.int64)
-        for t in range(n_steps):
-            m0 = _step_m0(t, m_lo, f_lo, f_hi, m_hi, BLOCK_M)
+        for t in range(n_above + n_full + n_below):
+            m0 = _step_m0(t, sched, BLOCK_M)
             lo, hi, _, _ = _key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
                                       HAS_RIGHT)
             turn = (n0 - lo) // BLOCK_N  # earlier key blocks that see this query block
@@ -342,7 +316,7 @@ def attn_bwd_sm90_kernel(
         off_diag = seqlen_k - seqlen_q
     else:
         off_diag = 0
-    sched = _query_ranges(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+    sched = _query_range(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                           NEEDS_MASK)
 
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)

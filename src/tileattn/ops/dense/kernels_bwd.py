@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common.bwd_kernels import k_axis, load_rows, q_axis, row_stats, seq_rows
-from ..common.masking import key_range
+from ..common.masking import key_range, query_range
 from ..common.softmax import tanh
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -128,36 +128,14 @@ def bwd_dkdv_kernel(
     krows = (k0 + o_n).to(tl.int64)
     k = load_rows(K + kb + i_hk * stride_kh, krows, stride_ks, n_ok, o_d, D)
     v = load_rows(V + vb + i_hk * stride_vh, krows, stride_vs, n_ok, o_dv, DV_)
-    # the queries that see keys n0 .. n0 + BLOCK_N - 1 (query i sees key j iff j - OFF - RIGHT <= i and
-    # i <= j - OFF + LEFT)
-    m_lo = 0
-    m_hi = seqlen_q
-    if HAS_RIGHT:
-        m_lo = tl.maximum(n0 - off_diag - right, 0)
-        m_lo = (m_lo // BLOCK_M) * BLOCK_M
-    if HAS_LEFT:
-        m_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off_diag + left + 1, 0), seqlen_q)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], ACC)
-    if NEEDS_MASK:
-        # query blocks that see every key of the block, [f_lo, f_hi): i >= n0 + BLOCK_N - 1 - OFF - RIGHT,
-        # i <= n0 - OFF + LEFT, whole blocks inside the sequence and keys inside theirs. The rest of
-        # [m_lo, m_hi) ([m_lo, f_lo) and [f_hi, m_hi)) runs masked.
-        f_lo = m_lo
-        f_hi = (seqlen_q // BLOCK_M) * BLOCK_M
-        if HAS_RIGHT:
-            f_lo = tl.maximum(n0 + BLOCK_N - 1 - off_diag - right, 0)
-            f_lo = ((f_lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-        if HAS_LEFT:
-            f_hi = tl.minimum(f_hi, (tl.maximum(n0 - off_diag + left + 1, 0) // BLOCK_M) * BLOCK_M)
-        if n0 + BLOCK_N > seqlen_k:
-            f_hi = 0
-        f_lo = tl.minimum(tl.maximum(f_lo, m_lo), m_hi)
-        f_hi = tl.minimum(tl.maximum(f_hi, f_lo), m_hi)
-        n_before = tl.cdiv(f_lo - m_lo, BLOCK_M)  # f_lo: a block start or m_hi
-        n_masked = n_before + tl.cdiv(m_hi - f_hi, BLOCK_M)
-    else:
-        f_lo, f_hi, n_before, n_masked = m_lo, m_hi, 0, 0
+    # the query blocks that see these keys, [m_lo, m_hi), and the unmasked ones [f_lo, f_hi); the rest
+    # ([m_lo, f_lo) and [f_hi, m_hi)) runs masked
+    m_lo, f_lo, f_hi, m_hi = query_range(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                         HAS_RIGHT, NEEDS_MASK)
+    n_before = tl.cdiv(f_lo - m_lo, BLOCK_M)  # f_lo: a block start or m_hi
+    n_masked = n_before + tl.cdiv(m_hi - f_hi, BLOCK_M)
     for g in range(0, group_size):
         i_h = i_hk * group_size + g  # int64 (i_hk is): head offsets of head-major layouts can pass 2^31
         hq, hdo, hl = Q + qb + i_h * stride_qh, DO + db + i_h * stride_dh, lb + i_h * stride_lh
