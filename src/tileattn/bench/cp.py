@@ -101,6 +101,15 @@ def _randn(g, *shape, generator=None):
     return torch.randn(*shape, generator=generator).to(device=g.device, dtype=DTYPES[g.dtype])
 
 
+def _check_inputs(g, world):
+    """(q, k, v, dout) of the correctness check: the whole sequence (world * check_seqlen tokens), check_heads
+    query heads and half as many K/V heads, the same on every rank (a fixed seed)."""
+    gen = torch.Generator().manual_seed(0)
+    n, h = world * g.check_seqlen, g.check_heads
+    q, k, v = (_randn(g, 1, n, heads, g.head_dim, generator=gen) for heads in (h, h // 2, h // 2))
+    return q, k, v, _randn(g, 1, n, h, g.head_dim, generator=gen)
+
+
 def _fwdbwd(fn, inputs, dout):
     """fn(*inputs) -> out, then the gradients of <out, dout> (a benchmark body)."""
     def run():
@@ -178,11 +187,8 @@ def _sim_rank(g, causal, world, rank, blocks, q, dout):
 def _sim_check(g, world, log):
     """The simulated ring's out, lse and dQ of ranks 0 and W - 1 against the float32 reference on the whole
     sequence (check size), causal zigzag and full. Returns (info, failures)."""
-    gen = torch.Generator().manual_seed(0)
-    dt, sl, h = DTYPES[g.dtype], g.check_seqlen, g.check_heads
-    n = world * sl
-    q, k, v = (_randn(g, 1, n, heads, g.head_dim, generator=gen) for heads in (h, h // 2, h // 2))
-    dout = _randn(g, 1, n, h, g.head_dim, generator=gen)
+    dt, h = DTYPES[g.dtype], g.check_heads
+    q, k, v, dout = _check_inputs(g, world)
     info, failures = {}, []
     for causal in (True, False):
         refs = [_reference(q, k, v, dout, causal, d) for d in (torch.float32, dt)]
@@ -365,11 +371,8 @@ def _multi_check(g, rank, world, log):
     """The ring on every rank against the float32 reference and tileattn.attention on the gathered whole
     sequence (rank 0 compares). Returns (info, failures) on rank 0, ({}, []) elsewhere."""
     import torch.distributed as dist
-    gen = torch.Generator().manual_seed(0)
-    dt, sl, h = DTYPES[g.dtype], g.check_seqlen, g.check_heads
-    n = world * sl
-    q, k, v = (_randn(g, 1, n, heads, g.head_dim, generator=gen) for heads in (h, h // 2, h // 2))
-    dout = _randn(g, 1, n, h, g.head_dim, generator=gen)
+    dt = DTYPES[g.dtype]
+    q, k, v, dout = _check_inputs(g, world)
     info, failures = {}, []
     for causal in (True, False):
         lay = dict(world_size=world, layout=_layout(causal))
