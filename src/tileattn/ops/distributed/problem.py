@@ -33,15 +33,21 @@ class RingPlan:
 class P2PTransport:
     """torch.distributed point-to-point: send to the next rank of the group, receive from the previous one.
 
-    One batch_isend_irecv per exchange (NCCL launches the pair as one group; gloo runs them on its threads). A
-    handle is the list of the batch's works; wait() waits on each: on NCCL that makes the current CUDA stream
-    wait for the communication stream (no host block), on gloo it blocks until the transfer is done. Tags keep
-    the K/V and dK/dV messages apart on gloo (NCCL matches them by order, which every rank shares)."""
+    NCCL: one batch_isend_irecv per exchange (the pair launched as one group). Other backends (gloo): a plain
+    isend and irecv (gloo runs them on its threads; with torch 2.13, processes that had used batch_isend_irecv on
+    gloo aborted at exit in 3-4 of 10 two-process runs, plain isend / irecv in none). A handle is the list of the
+    works; wait() waits on each: on NCCL that makes the current CUDA stream wait for the communication stream
+    (no host block), on gloo it blocks until the transfer is done. Tags keep the K/V and dK/dV messages apart
+    on gloo (NCCL matches them by order, which every rank shares)."""
 
     def __init__(self, group, next_rank, prev_rank):
         self.group, self.next_rank, self.prev_rank = group, next_rank, prev_rank
+        self.batched = "nccl" in str(dist.get_backend(group)).lower()
 
     def exchange(self, send, recv, tag):
+        if not self.batched:
+            return [dist.isend(send, self.next_rank, self.group, tag),
+                    dist.irecv(recv, self.prev_rank, self.group, tag)]
         ops = [dist.P2POp(dist.isend, send, self.next_rank, self.group, tag),
                dist.P2POp(dist.irecv, recv, self.prev_rank, self.group, tag)]
         return dist.batch_isend_irecv(ops)
@@ -85,27 +91,29 @@ def scale_of(q, scale):
 
 
 def ring_of(group, device):
-    """(rank, world, next global rank, previous global rank, group) of the calling process in `group` (None:
-    the default group), after checking that the group can carry tensors on `device`."""
+    """(rank, world, next global rank, previous global rank, group as given) of the calling process in `group`
+    (None: the default group), after checking that the group can carry tensors on `device`."""
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("ring_attention needs torch.distributed initialized (torch.distributed."
                          "init_process_group, e.g. under torchrun); group=None means the default group")
-    group = dist.group.WORLD if group is None else group
+    # the plan keeps None for the default group: a reference to the default ProcessGroup object kept alive in an
+    # autograd graph past destroy_process_group made gloo processes abort at exit (torch 2.13, 3-5 of 8 runs)
+    pg = dist.group.WORLD if group is None else group
     try:
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        rank, world = dist.get_rank(pg), dist.get_world_size(pg)
     except (RuntimeError, ValueError) as e:
         raise ValueError(f"group: not a usable process group ({e})") from None
     if rank < 0:
         raise ValueError("group: the calling process is not a member of the group")
-    backend = str(dist.get_backend(group)).lower()
+    backend = str(dist.get_backend(pg)).lower()
     if device.type == "cpu" and "gloo" not in backend and "mpi" not in backend:
         raise ValueError(f"q, k, v are CPU tensors but the group's backend ({backend}) cannot send them: use a "
                          f"gloo group for CPU tensors")
     if device.type == "cuda" and "nccl" in backend and device.index != torch.cuda.current_device():
         raise ValueError(f"q, k, v are on {device} but the current CUDA device is {torch.cuda.current_device()}: "
                          f"NCCL sends from the current device (call torch.cuda.set_device(local_rank) first)")
-    nxt = dist.get_global_rank(group, (rank + 1) % world)
-    prev = dist.get_global_rank(group, (rank - 1) % world)
+    nxt = dist.get_global_rank(pg, (rank + 1) % world)
+    prev = dist.get_global_rank(pg, (rank - 1) % world)
     return rank, world, nxt, prev, group
 
 

@@ -156,4 +156,5 @@ class RingAttention(torch.autograd.Function):
         # dK/dV travel even where k and v need no gradient here: every rank of the ring must make the same
         # transfers, and whether another rank's k needs one is not known locally
         dq, dk, dv = ring_backward(ctx.plan, q, k, v, (q, out, lse, dout, dlse))
+        ctx.plan = None  # the graph keeps no process group past its backward
         return dq, dk, dv, None
