@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [profile-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [ncu-fwd] (NCU_CASES: ';'-separated `profile_kernels.py fwd`
@@ -118,6 +118,15 @@ for s in $steps; do
     sweep-bwd)
       timeout 500 python3 scripts/sweep.py bwd ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
       summary+=("sweep-bwd rc=$rc"); grep -E "^(D=|FLEX)" "$OUT/sweep_bwd.log" ;;
+    ab-bwd)
+      # the Hopper backward of the trees before this change (.ab/src, .ab2/src where carried) and of this one,
+      # in the same run
+      for tree in .ab/src .ab2/src src; do
+        [ -d $tree ] || continue
+        PYTHONPATH=$PWD/$tree:$PWD timeout 190 python3 scripts/sweep.py bwd --only ${AB_ONLY:-sm90-opt-in} --tag "$tree " \
+          >> "$OUT/ab_bwd.log" 2>&1
+      done; rc=$?
+      summary+=("ab-bwd rc=$rc"); grep -E "^(\.ab2?/src|src) D=" "$OUT/ab_bwd.log" | sort -t' ' -k2,4 -s ;;
     profile-bwd)
       timeout 300 python3 scripts/profile_kernels.py bwd > "$OUT/profile_bwd.log" 2>&1; rc=$?
       summary+=("profile-bwd rc=$rc"); grep "^PROF" "$OUT/profile_bwd.log" ;;
@@ -142,6 +151,20 @@ for s in $steps; do
           --section Occupancy python3 scripts/profile_kernels.py fwd $c > "$OUT/ncu_$i.txt" 2>&1 || rc=$?
         summary+=("ncu case $i ($c) rc=$rc")
         grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Pipes Busy|Max Bandwidth|Stall|Shared Memory  " "$OUT/ncu_$i.txt" | cut -c1-160 | head -40
+      done ;;
+    ncu-bwd)
+      # NCU_BWD_CASES: ';'-separated `profile_kernels.py bwd-one` argument lists; the Hopper backward (opt-in) and
+      # cuDNN's by default. Kernels whose name has "bwd" or "dgrad" (cuDNN's) only
+      rc=0; i=0
+      IFS=';' read -ra cases <<< "${NCU_BWD_CASES:---provider tileattn;--provider cudnn}"
+      for c in "${cases[@]}"; do
+        i=$((i + 1))
+        TILEATTN_SM90_BWD=1 timeout 240 ncu --clock-control none --profile-from-start off --kernel-name regex:"bwd|dgrad|dq|dkdv" \
+          --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section LaunchStats --section InstructionStats \
+          python3 scripts/profile_kernels.py bwd-one $c > "$OUT/ncu_bwd_$i.txt" 2>&1 || rc=$?
+        summary+=("ncu-bwd case $i ($c) rc=$rc")
+        grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Issue Slots Busy|Executed Ipc Active|Shared|Bank|Stall|Warp Cycles|Tensor|Pipe" "$OUT/ncu_bwd_$i.txt" | cut -c1-170 | head -60
       done ;;
     bench-bwd)
       timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?

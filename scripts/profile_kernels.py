@@ -4,6 +4,9 @@
         one forward call between cudaProfilerStart/Stop, for Nsight Compute. A first call (compiles, warms up) runs
         outside the profiled range. Inputs are random normal fp16, [B, S, H, D] for tileattn and the [B, H, S, D]
         view of the same values for torch's SDPA backends.
+    profile_kernels.py bwd-one [--provider tileattn|cudnn] [--B 1] [--H 32] [--N 4096] [--D 128] [--causal]
+        one dense backward (autograd.grad of a forward made before) between cudaProfilerStart/Stop, for Nsight
+        Compute; fp16, inputs as for fwd.
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -36,6 +39,24 @@ def fwd(a):
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def bwd_one(a):
+    q, k, v = (torch.randn(a.B, a.N, a.H, a.D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+    if a.provider == "tileattn":
+        import tileattn
+        o, inputs = tileattn.attention(q, k, v, causal=a.causal), (q, k, v)
+    else:
+        from tileattn.bench.dense import sdpa
+        inputs = tuple(t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+        o, dout = sdpa(a.provider)(*inputs, a.causal), dout.transpose(1, 2)
+    torch.autograd.grad(o, inputs, dout, retain_graph=True)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    torch.autograd.grad(o, inputs, dout, retain_graph=True)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
@@ -106,6 +127,14 @@ def main():
     p.add_argument("--D", type=int, default=1024)
     p.add_argument("--causal", action="store_true")
     p.set_defaults(func=fwd)
+    p = sub.add_parser("bwd-one", help="one dense backward in the profiled range (Nsight Compute)")
+    p.add_argument("--provider", default="tileattn", choices=("tileattn", "cudnn"))
+    p.add_argument("--B", type=int, default=1)
+    p.add_argument("--H", type=int, default=32)
+    p.add_argument("--N", type=int, default=4096)
+    p.add_argument("--D", type=int, default=128)
+    p.add_argument("--causal", action="store_true")
+    p.set_defaults(func=bwd_one)
     p = sub.add_parser("bwd", help="per-kernel GPU time of the flex and dense backward (torch.profiler)")
     p.set_defaults(func=bwd)
     a = ap.parse_args()

@@ -4,7 +4,8 @@ timed; a config that fails the check, does not compile or is refused is reported
     dense   [--out sweep.json] [--heads 64,128] [--seqlens 1024,4096,16384] [--dtype fp16] [--budget-s 300]
             [--set all|ctas]: portable forward kernel (AttnConfig) vs cuDNN, B=4, H=32. A JSON line per (case,
             config), "BEST D=..." per case, the results file, a ranking per (D, causal): "  D=... <geomean> <cfg>"
-    bwd     [--quick] [--flex | --flex-only]: backward tiles (BwdConfig) and the opt-in Hopper backward (sm90-opt-in),
+    bwd     [--quick] [--only NAME,..] [--tag T] [--flex | --flex-only]: backward tiles (BwdConfig) and the
+            opt-in Hopper backward (sm90-opt-in); --only: these columns (cuDNN always), --tag: a line prefix,
             cuDNN first, "D=... causal=... N=...: <name>: <TFLOPS>
             | ..." (2.5x forward FLOPs, gradients checked, N=1K again last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
@@ -160,7 +161,7 @@ def dense(a):
 
 
 # ---- backward ------------------------------------------------------------------------------------------------
-def bwd_case(D, causal, N, B=4, H=32):
+def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=()):
     from tileattn.bench.bwd import _check
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
     dout = torch.randn_like(q)
@@ -170,17 +171,25 @@ def bwd_case(D, causal, N, B=4, H=32):
     ms = do_bench(grad_fn(o, (qh, kh, vh), dout.transpose(1, 2)))
     line = [f"cudnn: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}"]
     o = qh = kh = vh = None
-    for name, cfg in BWD + [("sm90-opt-in", None)]:  # the last: the Hopper backward (TILEATTN_SM90_BWD=1)
-        os.environ["TILEATTN_SM90_BWD"] = "1" if name == "sm90-opt-in" else "0"
+    from tileattn.ops.dense import launch_bwd_sm90
+    table = dict(launch_bwd_sm90.CONFIGS)
+    extra = [(f"sm90{list(c)}", c) for d, c in sm90_cfgs if d == D]
+    for name, cfg in BWD + [("sm90-opt-in", None)] + extra:  # the Hopper backward (TILEATTN_SM90_BWD=1) last
+        if only and name not in only and not name.startswith("sm90["):
+            continue
+        sm90 = name.startswith("sm90")
+        os.environ["TILEATTN_SM90_BWD"] = "1" if sm90 else "0"
+        launch_bwd_sm90.CONFIGS[D] = cfg if name.startswith("sm90[") else table[D]
         try:
-            with forced(cfg):
+            with forced(None if sm90 else cfg):
                 out = tileattn.attention(q, k, v, causal=causal)
                 ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
             line.append(f"{name}: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else f"{name}: WRONG")
         except Exception as e:  # noqa: BLE001
             line.append(f"{name}: {err(e, 60)}")
     os.environ.pop("TILEATTN_SM90_BWD")
-    print(f"D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
+    launch_bwd_sm90.CONFIGS.update(table)
+    print(f"{tag}D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
 
 
 def bwd_flex(N=8192):
@@ -215,11 +224,15 @@ def bwd(a):
     if a.flex_only:
         return
     seqlens = (1024, 4096) if a.quick else (1024, 2048, 4096, 16384)
+    only = a.only.split(",") if a.only else None
+    # --sm90-cfgs "128:2,2,232,40,2;64:...": more columns, the Hopper backward with these CONFIGS entries
+    cfgs = [(int(d), tuple(int(x) for x in c.split(","))) for d, c in
+            (e.split(":") for e in a.sm90_cfgs.split(";"))] if a.sm90_cfgs else []
     for D, causal, N in itertools.product((64, 128), (False, True), seqlens):
-        bwd_case(D, causal, N)
+        bwd_case(D, causal, N, only=only, tag=a.tag, sm90_cfgs=cfgs)
         torch.cuda.empty_cache()  # the case's tensors, freed on its return
     for D, causal in itertools.product((64, 128), (False, True)):  # drift check
-        bwd_case(D, causal, 1024)
+        bwd_case(D, causal, 1024, only=only, tag=a.tag, sm90_cfgs=cfgs)
         torch.cuda.empty_cache()
 
 
@@ -384,6 +397,10 @@ def main():
     p.set_defaults(func=dense)
     p = sub.add_parser("bwd", help="backward tiles (dense; flex with --flex)")
     p.add_argument("--quick", action="store_true", help="N 1K and 4K only")
+    p.add_argument("--only", default=None, help="comma-separated column names (e.g. table,sm90-opt-in); cuDNN always")
+    p.add_argument("--tag", default="", help="printed before each line (which tree ran it, in an A/B)")
+    p.add_argument("--sm90-cfgs", default="", help='more Hopper backward columns: "D:CONFIGS entry;...", e.g. '
+                   '"128:2,2,232,40,2"')
     g = p.add_mutually_exclusive_group()
     g.add_argument("--flex", action="store_true", help="also the flex backward's tiles, first")
     g.add_argument("--flex-only", action="store_true", help="the flex backward's tiles only")
