@@ -251,12 +251,14 @@ _CACHED_MAX = 256
 
 
 def launch_cached(kernel, grid, args, kwargs):
-    """`kernel[grid](*args, **kwargs)` through a KernelLauncher kept per specialization: every tensor argument
-    varies, every other argument (and the tensors' dtypes, the launch options, the device) keys the cache.
-    For kernels called with positional tensors and plain scalars (no tuples or descriptors)."""
-    pos = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-    tensors = [args[i] for i in pos]
-    key = (kernel, tuple(None if isinstance(a, torch.Tensor) else a for a in args),
+    """`kernel[grid](*args, **kwargs)` through a KernelLauncher kept per specialization: every tensor and
+    host tensor descriptor argument varies (a descriptor by its base tensor), every other argument (and the
+    tensors' dtypes, the descriptors' shapes, strides, boxes and layouts, the launch options, the device) keys
+    the cache. For kernels called with positional tensors, descriptors and plain scalars (no tuples)."""
+    pos = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) or _is_descriptor(a))
+    tensors = [args[i].base if _is_descriptor(args[i]) else args[i] for i in pos]
+    key = (kernel, tuple(_desc_key(a) if _is_descriptor(a) else None if isinstance(a, torch.Tensor) else a
+                         for a in args),
            tuple(t.dtype for t in tensors), tuple(kwargs.items()), tensors[0].device if tensors else None)
     launcher = _CACHED.pop(key, None)
     if launcher is None:
@@ -266,3 +268,8 @@ def launch_cached(kernel, grid, args, kwargs):
     while len(_CACHED) > _CACHED_MAX:
         _CACHED.pop(next(iter(_CACHED)))
     launcher(grid, *tensors)
+
+
+def _desc_key(desc):
+    """What a descriptor's launcher keeps from its example: everything but the base tensor."""
+    return ("desc", *(repr(getattr(desc, f.name)) for f in dataclasses.fields(desc) if f.name != "base"))

@@ -301,6 +301,23 @@ def _small_kernel_checks():
         else:
             raise AssertionError(f"expected ValueError: {msg}")
     print("ok  refused parameters")
+
+    # 4. launch_cached: descriptors vary by their base tensor; another shape is another launcher
+    launcher._CACHED.clear()
+    x, dsrc, y, desc = tensors()
+    for _ in range(2):
+        launcher.launch_cached(_tile_kernel, (3,), (x, desc, y, 0.5, n), dict(BLOCK=16, num_warps=4))
+    assert replayed() and len(launcher._CACHED) == 1
+    x2, dsrc2, y2, _ = tensors()
+    launcher.launch_cached(_tile_kernel, (3,), (x2, TensorDescriptor(dsrc2, [n, 64], [64, 1], [16, 64]), y2, 0.5, n),
+                           dict(BLOCK=16, num_warps=4))
+    assert replayed() and len(launcher._CACHED) == 1
+    _tile_kernel[(3,)](x2, TensorDescriptor(dsrc2, [n, 64], [64, 1], [16, 64]), y2, 0.5, n, BLOCK=16, num_warps=4)
+    assert norm(launches[-2]) == norm(launches[-1])
+    half = TensorDescriptor(dsrc2, [n // 2, 64], [64, 1], [16, 64])
+    launcher.launch_cached(_tile_kernel, (3,), (x2, half, y2, 0.5, n), dict(BLOCK=16, num_warps=4))
+    assert not replayed() and len(launcher._CACHED) == 2
+    print("ok  launch_cached with descriptors")
     print("CHECK OK")
 
 
