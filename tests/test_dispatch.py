@@ -4,6 +4,7 @@ forcing (force_backend, TILEATTN_BACKEND, the former TILEATTN_SM90) and its erro
 The H100 is emulated: hw reports a Hopper GPU with its SM count and shared memory, and the Gluon kernels'
 Triton version check passes; problems are described, never launched.
 """
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -193,3 +194,18 @@ def test_mla_config_argument_still_works_and_warns(device):
         warnings.simplefilter("error")
         tileattn.MLADecodePlan(seqlens, num_heads=2, head_dim_ckv=32, head_dim_kpe=16, page_size=16,
                                dtype=torch.float16)
+
+
+@pytest.mark.parametrize("mode, n, taken", [("", 4096, True), ("", 1024, False), ("1", 1024, True),
+                                            ("0", 4096, False)], ids=["auto-4K", "auto-1K", "on-1K", "off-4K"])
+def test_backward_route(mode, n, taken, h100, monkeypatch):
+    """The dense backward takes the Hopper kernel by default where it measured faster (both sequences >= 2K),
+    everywhere it serves with TILEATTN_SM90_BWD=1, nowhere with =0."""
+    from tileattn.ops.dense import launch_bwd_sm90
+    monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
+    p = dataclasses.replace(_dense(128, causal=True), seqlen_q=n, seqlen_k=n)
+    t = torch.empty(1, 8, 8, 128, dtype=torch.float16)
+    why = launch_bwd_sm90.reason(p, t, t, t, t)
+    assert (why == "") == taken, why
+    if not taken:
+        assert ("TILEATTN_SM90_BWD=0" if mode == "0" else "shorter than 2048") in why

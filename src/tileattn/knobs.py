@@ -10,8 +10,9 @@
     TILEATTN_DEBUG_FILL_NAN=1        fill outputs with NaN before each launch (tests: an unwritten element fails)
     TILEATTN_DIRECT_LAUNCH=0         every launch through Triton's normal path (launcher.py; read at import)
     TILEATTN_SM90=0                  former switch, now TILEATTN_BACKEND=triton (warns once)
-    TILEATTN_SM90_BWD=1              the Hopper (Gluon) backward for the dense problems it serves (off by
-                                     default: not yet faster than the Triton backward, docs/design/backward.md)
+    TILEATTN_SM90_BWD=0|1            the dense backward's Hopper (Gluon) kernel never (0) or wherever it serves
+                                     (1); unset: where it measured faster than the Triton kernels (both
+                                     sequences >= 2K on an H100, ops/dense/launch_bwd_sm90.py)
 
 Switches are read when a launch plan is made: plans made before a change keep their choice (tests clear the
 plan caches after changing one).
@@ -38,9 +39,11 @@ def backend_spec() -> str:
     return spec
 
 
-def sm90_bwd() -> bool:
-    """TILEATTN_SM90_BWD=1: the dense backward on the Hopper (Gluon) kernel where it serves."""
-    return _on("TILEATTN_SM90_BWD")
+def sm90_bwd() -> str:
+    """TILEATTN_SM90_BWD: "off" (0), "on" (any other value: wherever the Hopper backward serves) or "auto"
+    (unset or empty: where it measured faster)."""
+    value = os.environ.get("TILEATTN_SM90_BWD", "").strip()
+    return "auto" if not value else "off" if value == "0" else "on"
 
 
 def smem_budget() -> str:

@@ -153,6 +153,8 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
     doc.update(rows=rows)
     doc["summary"] = {"geomean_vs_fa2": geomean(vs["fa2"]) if vs["fa2"] else None,
                       "geomean_vs_cudnn": geomean(vs["cudnn"]) if vs["cudnn"] else None,
+                      "min_vs_fa2": min(vs["fa2"]) if vs["fa2"] else None,
+                      "min_vs_cudnn": min(vs["cudnn"]) if vs["cudnn"] else None,
                       "flex_geomean_vs_torch_flex": geomean(flex_ratios) if flex_ratios and len(flex_ratios) == 6
                       else None,
                       "check_failures": failures}

@@ -1,9 +1,9 @@
-"""Launch of the Hopper backward kernel (gluon_bwd_sm90.py): which problems it serves and its arguments.
+"""Launch of the Hopper backward kernel (gluon_bwd_sm90.py): which problems it takes and its arguments.
 
 It serves fp16 / bf16 batched (not varlen) problems with D = Dv in {64, 128} and tensors that suit tensor
-descriptors, on an H100/H200 with a Gluon-verified triton (ops/common/tma.py); bwd.py sends the rest to the
-Triton kernels. It is opt-in (TILEATTN_SM90_BWD=1) until it beats the Triton backward: on the H100 it does at
-D=128 non-causal, N >= 4K (+5-8%), and not yet elsewhere (docs/design/backward.md).
+descriptors, on an H100/H200 with a Gluon-verified triton (ops/common/tma.py). By default it takes them when
+both sequences have at least MIN_SEQLEN tokens; TILEATTN_SM90_BWD=1 sends it everything it serves, =0 nothing.
+bwd.py sends the rest to the Triton kernels.
 """
 import torch
 import triton
@@ -15,17 +15,24 @@ from .kernels_bwd import bwd_dq_convert_kernel
 
 BLOCK_M, BLOCK_N = 64, 128
 # per head dim: (Q / dO stages, dQ staging buffers, registers per consumer thread, per loader / writer thread,
-# rows the writer moves per chunk). Shared memory at D=128: 224 KB of the H100's 227. H100 A/B runs
-# (2026-11-24, docs/design/backward.md): at D=128 workers with 24 registers and 2-row chunks (both consumer
-# warpgroups get 240; D=128 non-causal 4K 365 vs 350 TFLOPS with 40 / 4); at D=64 that writer is too slow
-# (144 vs 305): 40 registers and 4-row chunks.
-CONFIGS = {64: (2, 2, 240, 40, 4), 128: (2, 2, 240, 24, 2)}
+# rows a writer moves per chunk). Shared memory at D=128: 226 KB of the H100's 227. Chosen on the H100
+# (2026-11-24, `scripts/sweep.py bwd --sm90-cfgs ...`, docs/design/backward.md): at D=128 232 / 40 registers
+# beat 240 / 24 (N=16K non-causal 489 vs 422 TFLOPS, 4K 411 vs 392: the dQ writers are the bottleneck and
+# 24 registers spill their loop state; the consumers do not spill at 232); at D=64, 4 dQ buffers, 3 stages or
+# 8-row chunks were within 2%.
+CONFIGS = {64: (2, 2, 240, 40, 4), 128: (2, 2, 232, 40, 2)}
+# the default takes problems whose sequences both have at least this many tokens: below, the Triton kernels
+# measured faster or as fast (H100, B=4, H=32, fp16: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128, 80-90 vs
+# 47-136 at D=64: a few steps per program and the dQ turn chain; at N=2K the Hopper kernel is ahead by 2-16%
+# except D=64 causal, 5% behind; at N >= 4K it is ahead on every row, by 4-46%)
+MIN_SEQLEN = 2048
 
 
 def reason(p, q, k, v, do):
-    """Why the Hopper backward cannot serve problem p ("" when it can)."""
-    if not knobs.sm90_bwd():
-        return "opt-in (TILEATTN_SM90_BWD=1): not yet faster than the Triton backward"
+    """Why the Hopper backward does not take problem p ("" when it does)."""
+    mode = knobs.sm90_bwd()
+    if mode == "off":
+        return "TILEATTN_SM90_BWD=0"
     why = gluon_sm90_reason(q.device)
     if why:
         return why
@@ -39,6 +46,8 @@ def reason(p, q, k, v, do):
         return "more than 65535 (batch, kv head) pairs"
     if not all(tma_ok(t) for t in (q, k, v, do)):
         return "q, k, v or the output gradient is not aligned for tensor descriptors"
+    if mode == "auto" and min(p.seqlen_q, p.seqlen_k) < MIN_SEQLEN:
+        return f"a sequence shorter than {MIN_SEQLEN}: the Triton kernels measured faster there"
     return ""
 
 
@@ -61,14 +70,16 @@ def attn_bwd_sm90(p, c, do, delta, grads, tail):
     # no masked step at all where no tile can need one (no window or causal rule, whole tiles)
     needs_mask = left >= 0 or right >= 0 or p.seqlen_q % BLOCK_M or p.seqlen_k % BLOCK_N
     grid = (triton.cdiv(p.seqlen_k, BLOCK_N), p.batch * p.heads_kv)
-    attn_bwd_sm90_kernel[grid](
+    # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~40 arguments per call (~100 us of
+    # host time, more than the whole backward at N=1K)
+    launch_cached(attn_bwd_sm90_kernel, grid, (
         gluon_desc(q, [1, BLOCK_M, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
         gluon_desc(do, [1, BLOCK_M, 1, d]), lse, delta, dk, dv, acc, turns, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
-        p.heads_kv, p.heads_q // p.heads_kv, mb, scale, qk_scale, softcap_scale, softcap_out, left, right,
-        STAGES=stages, DQ_BUFS=dq_bufs, CONSUMER_REGS=regs, WORKER_REGS=worker_regs, WRITER_ROWS=rows,
-        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
-        HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), num_warps=4)
+        p.heads_kv, p.heads_q // p.heads_kv, mb, scale, qk_scale, softcap_scale, softcap_out, left, right),
+        dict(STAGES=stages, DQ_BUFS=dq_bufs, CONSUMER_REGS=regs, WORKER_REGS=worker_regs, WRITER_ROWS=rows,
+             HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
+             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), num_warps=4))
     launch_cached(bwd_dq_convert_kernel, (triton.cdiv(p.seqlen_q, 64), p.batch * p.heads_q), (
         acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), p.seqlen_q, p.heads_q, mb * BLOCK_M, scale),
         dict(D=d, BLOCK_M=64, num_warps=4))
