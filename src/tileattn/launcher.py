@@ -255,11 +255,22 @@ def launch_cached(kernel, grid, args, kwargs):
     host tensor descriptor argument varies (a descriptor by its base tensor), every other argument (and the
     tensors' dtypes, the descriptors' shapes, strides, boxes and layouts, the launch options, the device) keys
     the cache. For kernels called with positional tensors, descriptors and plain scalars (no tuples)."""
-    pos = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) or _is_descriptor(a))
-    tensors = [args[i].base if _is_descriptor(args[i]) else args[i] for i in pos]
-    key = (kernel, tuple(_desc_key(a) if _is_descriptor(a) else None if isinstance(a, torch.Tensor) else a
-                         for a in args),
-           tuple(t.dtype for t in tensors), tuple(kwargs.items()), tensors[0].device if tensors else None)
+    pos, tensors, frozen = [], [], []
+    for i, a in enumerate(args):  # one pass, plain scalars first: this runs per launch (host time)
+        if type(a) in _PLAIN:
+            frozen.append(a)
+        elif isinstance(a, torch.Tensor):
+            pos.append(i)
+            tensors.append(a)
+            frozen.append(None)
+        elif _is_descriptor(a):
+            pos.append(i)
+            tensors.append(a.base)
+            frozen.append(_desc_key(a))
+        else:
+            frozen.append(a)
+    key = (kernel, tuple(frozen), tuple(t.dtype for t in tensors), tuple(kwargs.items()),
+           tensors[0].device if tensors else None)
     launcher = _CACHED.pop(key, None)
     if launcher is None:
         names = list(inspect.signature(kernel.fn).parameters)
@@ -268,6 +279,9 @@ def launch_cached(kernel, grid, args, kwargs):
     while len(_CACHED) > _CACHED_MAX:
         _CACHED.pop(next(iter(_CACHED)))
     launcher(grid, *tensors)
+
+
+_PLAIN = (int, float, bool, type(None), str)
 
 
 def _desc_key(desc):
