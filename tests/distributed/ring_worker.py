@@ -10,12 +10,12 @@ import os
 import pathlib
 import traceback
 
-# the CPU path by design, also on a GPU machine: CPU tensors, gloo, kernels through the Triton interpreter (set
-# before torch and triton are imported: a spawned rank starts a fresh interpreter)
-os.environ["TRITON_INTERPRET"] = "1"
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+import torch
 
-import torch  # noqa: E402
+# the CPU path by design, also on a GPU machine: CPU tensors, gloo, kernels through the Triton interpreter. A
+# spawned rank inherits the environment its parent has at start(): test_ring sets these around the starts only
+# (set here at import, they took the GPU from every pytest process that collected test_ring)
+CHILD_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 GLOO_TIMEOUT_S = 90  # a rank whose peer died stops waiting after this (the test's join timeout is longer)
 

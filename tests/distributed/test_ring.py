@@ -8,6 +8,7 @@ rank's shards; this process compares. A child that fails is reported with its tr
 killed after JOIN_TIMEOUT_S and reported.
 """
 import multiprocessing
+import os
 import time
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 import tileattn
 from tileattn.ops.dense.reference import attention_ref
 
-from tests.distributed.ring_worker import case_id, make_inputs, run_rank
+from tests.distributed.ring_worker import CHILD_ENV, case_id, make_inputs, run_rank
 from tests.helpers import assert_close
 
 # the ranks run CPU tensors over gloo through the interpreter (the CI path); on a GPU machine the ring runs under
@@ -47,8 +48,17 @@ def _spawn(world, cases, tmp_path):
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=run_rank, args=(r, world, str(tmp_path / "rendezvous"), cases, str(tmp_path)),
                          daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
+    saved = {k: os.environ.get(k) for k in CHILD_ENV}
+    os.environ.update(CHILD_ENV)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))

@@ -85,3 +85,15 @@ def test_schedule_covers_each_pair_once(world, layout, causal):
     if layout == "zigzag" and causal:  # balanced: after the diagonal step, (2c)^2 / 2 pairs per rank and step
         c = n // (2 * world)
         assert all(work[r, s] == 2 * c * c for r in range(world) for s in range(1, world))
+
+
+def test_ring_worker_import_leaves_the_environment():
+    """Collecting the multi-process tests must not take the GPU from the pytest process (the ranks get their
+    CPU-only environment at spawn time)."""
+    import importlib
+    import os
+
+    import tests.distributed.ring_worker as worker
+    before = dict(os.environ)
+    importlib.reload(worker)
+    assert dict(os.environ) == before
