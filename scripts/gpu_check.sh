@@ -123,7 +123,7 @@ for s in $steps; do
       # in the same run
       for tree in .ab/src .ab2/src src; do
         [ -d $tree ] || continue
-        PYTHONPATH=$PWD/$tree:$PWD timeout 190 python3 scripts/sweep.py bwd --only ${AB_ONLY:-sm90-opt-in} --tag "$tree " \
+        PYTHONPATH=$PWD/$tree:$PWD timeout 190 python3 scripts/sweep.py bwd --only ${AB_ONLY:-sm90} --tag "$tree " \
           >> "$OUT/ab_bwd.log" 2>&1
       done; rc=$?
       summary+=("ab-bwd rc=$rc"); grep -E "^(\.ab2?/src|src) D=" "$OUT/ab_bwd.log" | sort -t' ' -k2,4 -s ;;
@@ -153,7 +153,7 @@ for s in $steps; do
         grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Pipes Busy|Max Bandwidth|Stall|Shared Memory  " "$OUT/ncu_$i.txt" | cut -c1-160 | head -40
       done ;;
     ncu-bwd)
-      # NCU_BWD_CASES: ';'-separated `profile_kernels.py bwd-one` argument lists; the Hopper backward (opt-in) and
+      # NCU_BWD_CASES: ';'-separated `profile_kernels.py bwd-one` argument lists; the Hopper backward (forced on) and
       # cuDNN's by default. Kernels whose name has "bwd" or "dgrad" (cuDNN's) only
       rc=0; i=0
       IFS=';' read -ra cases <<< "${NCU_BWD_CASES:---provider tileattn;--provider cudnn}"

@@ -5,7 +5,7 @@ timed; a config that fails the check, does not compile or is refused is reported
             [--set all|ctas]: portable forward kernel (AttnConfig) vs cuDNN, B=4, H=32. A JSON line per (case,
             config), "BEST D=..." per case, the results file, a ranking per (D, causal): "  D=... <geomean> <cfg>"
     bwd     [--quick] [--only NAME,..] [--tag T] [--flex | --flex-only]: backward tiles (BwdConfig) and the
-            opt-in Hopper backward (sm90-opt-in); --only: these columns (cuDNN always), --tag: a line prefix,
+            Hopper backward forced on (sm90); --only: these columns (cuDNN always), --tag: a line prefix,
             cuDNN first, "D=... causal=... N=...: <name>: <TFLOPS>
             | ..." (2.5x forward FLOPs, gradients checked, N=1K again last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
@@ -174,7 +174,7 @@ def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=()):
     from tileattn.ops.dense import launch_bwd_sm90
     table = dict(launch_bwd_sm90.CONFIGS)
     extra = [(f"sm90{list(c)}", c) for d, c in sm90_cfgs if d == D]
-    for name, cfg in BWD + [("sm90-opt-in", None)] + extra:  # the Hopper backward (TILEATTN_SM90_BWD=1) last
+    for name, cfg in BWD + [("sm90", None)] + extra:  # the Hopper backward (TILEATTN_SM90_BWD=1) last
         if only and name not in only and not name.startswith("sm90["):
             continue
         sm90 = name.startswith("sm90")
@@ -397,7 +397,7 @@ def main():
     p.set_defaults(func=dense)
     p = sub.add_parser("bwd", help="backward tiles (dense; flex with --flex)")
     p.add_argument("--quick", action="store_true", help="N 1K and 4K only")
-    p.add_argument("--only", default=None, help="comma-separated column names (e.g. table,sm90-opt-in); cuDNN always")
+    p.add_argument("--only", default=None, help="comma-separated column names (e.g. table,sm90); cuDNN always")
     p.add_argument("--tag", default="", help="printed before each line (which tree ran it, in an A/B)")
     p.add_argument("--sm90-cfgs", default="", help='more Hopper backward columns: "D:CONFIGS entry;...", e.g. '
                    '"128:2,2,232,40,2"')

@@ -159,7 +159,7 @@ def test_gpu_backward(D, causal, dtype, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sm90_bwd", ["0", "1"], ids=["triton", "sm90-opt-in"])
+@pytest.mark.parametrize("sm90_bwd", ["0", "1"], ids=["triton", "sm90"])
 def test_gpu_backward_deterministic(sm90_bwd, device, monkeypatch):
     monkeypatch.setenv("TILEATTN_SM90_BWD", sm90_bwd)
     q = leaf(2, 2048, 8, 128, dtype=torch.bfloat16, device=device)

@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..common import masking, softmax
 from ..common.gluon_compat import thread_barrier, tma_load
 
-LOG2E = gl.constexpr(1.4426950408889634)
+LOG2E = gl.constexpr(softmax.LOG2E)
 _tanh = gluon.jit(softmax.tanh.fn)
 _key_range = gluon.jit(masking.key_range.fn)
 _query_range = gluon.jit(masking.query_range.fn)
