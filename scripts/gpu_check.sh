@@ -24,6 +24,7 @@ if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
   mkdir -p /tmp/t39 && tar -xJf .triton39/triton.tar.xz -C /tmp/t39 || { echo "no .triton39/triton.tar.xz carried"; exit 2; }
   ptxas=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
   # 3.9 compiles sm90 with the tool it calls ptxas-blackwell: both point at the machine's CUDA toolkit
+  T39_PATH=/tmp/t39:  # (steps that set their own PYTHONPATH put it first too)
   export PYTHONPATH=/tmp/t39:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1 TRITON_PTXAS_PATH=$ptxas \
     TRITON_PTXAS_BLACKWELL_PATH=$ptxas TRITON_DEFAULT_FP_FUSION=1
 fi
@@ -121,10 +122,17 @@ for s in $steps; do
     ab-bwd)
       # the Hopper backward of the trees before this change (.ab/src, .ab2/src where carried) and of this one,
       # in the same run
+      for tree in .ab/src .ab2/src src; do  # compile every tree's variants in parallel first (~1 min, not ~10)
+        [ -d $tree ] || continue
+        for d in 64 128; do for c in 0 1; do
+          PYTHONPATH=$PWD/$tree:${T39_PATH:-}$PWD timeout 300 python3 scripts/sweep.py bwd --warm --dims $d --causal $c \
+            >> "$OUT/ab_bwd_warm.log" 2>&1 &
+        done; done
+      done; wait
       for tree in .ab/src .ab2/src src; do
         [ -d $tree ] || continue
-        PYTHONPATH=$PWD/$tree:$PWD timeout 190 python3 scripts/sweep.py bwd --only ${AB_ONLY:-sm90} --tag "$tree " \
-          >> "$OUT/ab_bwd.log" 2>&1
+        PYTHONPATH=$PWD/$tree:${T39_PATH:-}$PWD timeout ${AB_TIMEOUT:-190} python3 scripts/sweep.py bwd \
+          --only ${AB_ONLY:-sm90} --tag "$tree " ${AB_ARGS:-} >> "$OUT/ab_bwd.log" 2>&1
       done; rc=$?
       summary+=("ab-bwd rc=$rc"); grep -E "^(\.ab2?/src|src) D=" "$OUT/ab_bwd.log" | sort -t' ' -k2,4 -s ;;
     profile-bwd)

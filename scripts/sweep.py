@@ -4,10 +4,12 @@ timed; a config that fails the check, does not compile or is refused is reported
     dense   [--out sweep.json] [--heads 64,128] [--seqlens 1024,4096,16384] [--dtype fp16] [--budget-s 300]
             [--set all|ctas]: portable forward kernel (AttnConfig) vs cuDNN, B=4, H=32. A JSON line per (case,
             config), "BEST D=..." per case, the results file, a ranking per (D, causal): "  D=... <geomean> <cfg>"
-    bwd     [--quick] [--only NAME,..] [--tag T] [--flex | --flex-only]: backward tiles (BwdConfig) and the
-            Hopper backward forced on (sm90); --only: these columns (cuDNN always), --tag: a line prefix,
-            cuDNN first, "D=... causal=... N=...: <name>: <TFLOPS>
-            | ..." (2.5x forward FLOPs, gradients checked, N=1K again last: a drift check); --flex: the flex
+    bwd     [--quick | --seqlens N,..] [--dims 64,128] [--causal 0,1] [--warm] [--only NAME,..] [--tag T]
+            [--unchecked] [--flex | --flex-only]: backward
+            tiles (BwdConfig) and the Hopper backward forced on (sm90); --only: these columns (cuDNN always),
+            --tag: a line prefix, --unchecked: time wrong outputs too (diagnostic trees); cuDNN first,
+            "D=... causal=... N=...: <name>: <TFLOPS> | ..." (2.5x forward FLOPs, gradients checked, N=1K again
+            last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
     large-d [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J] [--budget-s 500]
             [--sm90]: large-D Triton kernel (LargeDConfig) vs SDPA EFFICIENT, B=1: "EFF" per case, "CFG <i> ..."
@@ -161,7 +163,7 @@ def dense(a):
 
 
 # ---- backward ------------------------------------------------------------------------------------------------
-def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=()):
+def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=(), unchecked=False):
     from tileattn.bench.bwd import _check
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
     dout = torch.randn_like(q)
@@ -183,7 +185,10 @@ def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=()):
         try:
             with forced(None if sm90 else cfg):
                 out = tileattn.attention(q, k, v, causal=causal)
-                ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
+                fn = grad_fn(out, (q, k, v), dout)
+                ms, _ = checked_ms(fn, lambda g: _check(g, q, k, v, dout, causal))
+                if ms is None and unchecked:
+                    ms, name = do_bench(fn), f"{name} (WRONG)"
             line.append(f"{name}: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else f"{name}: WRONG")
         except Exception as e:  # noqa: BLE001
             line.append(f"{name}: {err(e, 60)}")
@@ -224,15 +229,26 @@ def bwd(a):
     if a.flex_only:
         return
     seqlens = (1024, 4096) if a.quick else (1024, 2048, 4096, 16384)
+    if a.seqlens:
+        seqlens = tuple(int(n) for n in a.seqlens.split(","))
     only = a.only.split(",") if a.only else None
-    # --sm90-cfgs "128:2,2,232,40,2;64:...": more columns, the Hopper backward with these CONFIGS entries
+    # --sm90-cfgs "128:2,2,232,40,2,1;64:...": more columns, the Hopper backward with these CONFIGS entries
     cfgs = [(int(d), tuple(int(x) for x in c.split(","))) for d, c in
             (e.split(":") for e in a.sm90_cfgs.split(";"))] if a.sm90_cfgs else []
-    for D, causal, N in itertools.product((64, 128), (False, True), seqlens):
-        bwd_case(D, causal, N, only=only, tag=a.tag, sm90_cfgs=cfgs)
+    dims, causals = a.dims, [bool(c) for c in a.causal]
+    if a.warm:  # compile the Hopper backward's variants of these cases (one process per case runs them in parallel)
+        os.environ["TILEATTN_SM90_BWD"] = "1"
+        for D, causal in itertools.product(dims, causals):
+            q, k, v = (torch.randn(1, 256, 1, D, device="cuda", dtype=torch.float16, requires_grad=True)
+                       for _ in range(3))
+            tileattn.attention(q, k, v, causal=causal).sum().backward()
+        torch.cuda.synchronize()
+        return
+    for D, causal, N in itertools.product(dims, causals, seqlens):
+        bwd_case(D, causal, N, only=only, tag=a.tag, sm90_cfgs=cfgs, unchecked=a.unchecked)
         torch.cuda.empty_cache()  # the case's tensors, freed on its return
-    for D, causal in itertools.product((64, 128), (False, True)):  # drift check
-        bwd_case(D, causal, 1024, only=only, tag=a.tag, sm90_cfgs=cfgs)
+    for D, causal in itertools.product(dims, causals):  # drift check
+        bwd_case(D, causal, 1024, only=only, tag=a.tag, sm90_cfgs=cfgs, unchecked=a.unchecked)
         torch.cuda.empty_cache()
 
 
@@ -397,10 +413,16 @@ def main():
     p.set_defaults(func=dense)
     p = sub.add_parser("bwd", help="backward tiles (dense; flex with --flex)")
     p.add_argument("--quick", action="store_true", help="N 1K and 4K only")
+    p.add_argument("--seqlens", default="", help="comma-separated N (default 1024,2048,4096,16384)")
+    p.add_argument("--dims", type=ints, default="64,128", help="head dims")
+    p.add_argument("--causal", type=ints, default="0,1")
+    p.add_argument("--warm", action="store_true", help="only compile the Hopper backward for these cases")
+    p.add_argument("--unchecked", action="store_true",
+                   help="time outputs that fail the check too (diagnostic trees that skip work: 'X (WRONG)')")
     p.add_argument("--only", default=None, help="comma-separated column names (e.g. table,sm90); cuDNN always")
     p.add_argument("--tag", default="", help="printed before each line (which tree ran it, in an A/B)")
     p.add_argument("--sm90-cfgs", default="", help='more Hopper backward columns: "D:CONFIGS entry;...", e.g. '
-                   '"128:2,2,232,40,2"')
+                   '"128:2,2,232,40,2,1" (the last: TMA dQ, 0 or 1)')
     g = p.add_mutually_exclusive_group()
     g.add_argument("--flex", action="store_true", help="also the flex backward's tiles, first")
     g.add_argument("--flex-only", action="store_true", help="the flex backward's tiles only")
