@@ -39,7 +39,7 @@ _LAYOUTS = {}
 def _gl_dtype(dtype):
     from triton.experimental.gluon import language as gl
     return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float8_e4m3fn: gl.float8e4nv,
-            torch.float8_e5m2: gl.float8e5}[dtype]
+            torch.float8_e5m2: gl.float8e5, torch.float32: gl.float32}[dtype]
 
 
 def nvmma_layout(block, dtype):

@@ -1,9 +1,9 @@
 """Hopper (sm90) kernel of dense attention backward in Gluon: dK, dV and dQ in one kernel, 5 matmuls per tile
 (FlashAttention-3's backward schedule), deterministic.
 
-One CTA per (key block of BLOCK_N = 128 keys, batch * kv head). It walks the query blocks (BLOCK_M rows) that
-see its keys, for every query head of the kv head's group, from the top down (the order of kernels_bwd.py's
-dK/dV kernel: masked blocks above the unmasked range, the unmasked range, masked blocks below). Partitions:
+One CTA per (key block of BLOCK_N = 128 keys, batch * kv head), the highest key block first. It walks the query
+blocks (BLOCK_M rows) that see its keys, for every query head of the kv head's group, in ascending order (masked
+blocks below the unmasked range, the unmasked range, masked blocks above). Partitions:
   - loader (1 warp): K and V once, then each step's Q and dO tiles into a ring of STAGES slots (TMA), with the
     rows' lse and delta beside them (through registers: the consumers read them from shared memory where they
     use them instead of holding 32 registers across the wgmma waits);
@@ -14,15 +14,20 @@ dK/dV kernel: masked blocks above the unmasked range, the unmasked range, masked
     then both write dS^T into shared memory, and each computes half of the head dim of dQ = dS K from it
     (wgmma with both operands in shared memory), staged as float32 for the writer;
   - two dQ writers (1 warp each, even and odd steps): add each step's dQ tile to the query block's float32 sum
-    in global memory, in key-block order: a counter per (query head, query block) says how many earlier key
-    blocks have added; the writer spins until it is its turn (one lane polls), adds (vector atomic adds, so it
-    never waits for a read; the first key block of a query block stores instead) and passes the turn on with a
-    release, which orders its adds before the next block's. Waiting happens in the writers only: the
-    consumers go on with the next tiles while they wait, and two writers keep two query blocks in flight.
+    in global memory, in descending key-block order: a counter per (query head, query block) says how many
+    higher key blocks have added; the writer spins until it is its turn (one lane polls), adds (the first key
+    block of a query block stores instead) and passes the turn on with a release, which orders its adds
+    before the next block's. Adds are vector atomics, or with triton >= 3.9 one TMA reduce-add per half
+    (TMA_DQ). Waiting happens in the writers only: the consumers go on with the next tiles while they wait,
+    and two writers keep two query blocks in flight.
     kernels_bwd.bwd_dq_convert_kernel then writes dQ = scale * sum in dQ's dtype.
-Programs wait only on programs of the same head with a lower key block, which have lower ids: they were
-dispatched first and are resident or done, so the order cannot deadlock. Every float32 sum is formed in the
-same order on every run: the same inputs give bit-identical gradients.
+Why this order: under a causal or window rule a lower key block's walk starts at a lower query block, so it
+reaches each query block BLOCK_N / BLOCK_M steps after the key block above it, whose add is then long done (the
+walk from the top down with ascending turns made every CTA wait for the chain of all lower key blocks on its
+first query block: 20-30% of the causal time). Programs wait only on programs of the same head with a higher
+key block, which have lower ids: they were dispatched first and are resident or done, so the order cannot
+deadlock. Every float32 sum is formed in the same order on every run: the same inputs give bit-identical
+gradients.
 
 delta = rowsum(dO * O) - dlse comes from ops/common/bwd_kernels.py's preprocess kernel. Masking model as
 masking.py (key j visible to query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); rows past Sq are
@@ -33,12 +38,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from ..common import masking, softmax
-from ..common.gluon_compat import thread_barrier, tma_load
+from ..common.gluon_compat import thread_barrier, tma_load, tma_reduce_add, tma_store
 
 LOG2E = gl.constexpr(softmax.LOG2E)
 _tanh = gluon.jit(softmax.tanh.fn)
@@ -57,15 +63,16 @@ def _step_counts(sched, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def _step_m0(t, sched, BLOCK_M: gl.constexpr):
-    """First query row of step t of one head (top down: above, unmasked, below)."""
+    """First query row of step t of one head (ascending: masked below the unmasked range, unmasked, masked
+    above)."""
     m_lo, f_lo, f_hi, m_hi = sched
     n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
-    if t < n_above:
-        m0 = f_hi + (n_above - 1 - t) * BLOCK_M
-    elif t < n_above + n_full:
-        m0 = f_hi - (t - n_above + 1) * BLOCK_M
+    if t < n_below:
+        m0 = m_lo + t * BLOCK_M
+    elif t < n_below + n_full:
+        m0 = f_lo + (t - n_below) * BLOCK_M
     else:
-        m0 = m_lo + (n_below - 1 - (t - n_above - n_full)) * BLOCK_M
+        m0 = f_hi + (t - n_below - n_full) * BLOCK_M
     return m0
 
 
@@ -175,6 +182,7 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     qb = step % DQ_BUFS
     mbarrier.wait(dq_empty.index(qb), ((step // DQ_BUFS) & 1) ^ 1)
     dq_bufs.index(qb * 2 + WG).store(dq)
+    fence_async_shared()  # (the TMA writer reads the buffer through the async proxy)
     thread_barrier()
     mbarrier.arrive(dq_full.index(qb))
     return dk, dv
@@ -205,26 +213,24 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
     step = 0
     for _ in range(group_size):  # the query heads of the kv head: the loader and writers track which
         if NEEDS_MASK:
-            for t in range(n_above):
-                dk, dv = _step(dk, dv, step, f_hi + (n_above - 1 - t) * BLOCK_M, n0, q_bufs, do_bufs, k_half,
-                               v_half, k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full,
-                               dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
-                               softcap_scale, softcap_out, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
-                               DQ_BUFS)
+            for t in range(n_below):
+                dk, dv = _step(dk, dv, step, m_lo + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
+                               ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
+                               seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, WG,
+                               True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS)
                 step += 1
         for t in range(n_full):
-            dk, dv = _step(dk, dv, step, f_hi - (t + 1) * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
+            dk, dv = _step(dk, dv, step, f_lo + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
                            ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
                            seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, WG,
                            False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS)
             step += 1
         if NEEDS_MASK:
-            for t in range(n_below):
-                dk, dv = _step(dk, dv, step, m_lo + (n_below - 1 - t) * BLOCK_M, n0, q_bufs, do_bufs, k_half,
-                               v_half, k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full,
-                               dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
-                               softcap_scale, softcap_out, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
-                               DQ_BUFS)
+            for t in range(n_above):
+                dk, dv = _step(dk, dv, step, f_hi + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
+                               ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
+                               seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, WG,
+                               True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS)
                 step += 1
     rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_layout))
@@ -258,12 +264,21 @@ def _pass_turn(sem):
 
 
 @gluon.jit
-def _dq_writer(dq_bufs, dq_full, dq_empty, acc_ptr, sem_ptr, i_b, i_hk, n0, group_size, num_kv_heads,
+def _fence_proxy_async():
+    """Orders this thread's generic-proxy memory operations with its bulk-copy (async proxy) ones, both ways."""
+    gl.inline_asm_elementwise("fence.proxy.async; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, n0, group_size, num_kv_heads,
                num_q_blocks, sched, seqlen_k, off_diag, left, right, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
                HAS_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr, W: gl.constexpr,
-               WRITERS: gl.constexpr):
-    """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and vector
-    atomics overlap with the other writers' (different query blocks)."""
+               WRITERS: gl.constexpr, TMA_DQ: gl.constexpr):
+    """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and adds
+    overlap with the other writers' (different query blocks). TMA_DQ (triton >= 3.9): acc is a tensor
+    descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
+    acc is a pointer and the warp adds ROWS rows at a time with vector atomics."""
     BLOCK_M: gl.constexpr = dq_bufs.shape[1]
     HALF_D: gl.constexpr = dq_bufs.shape[2]
     D: gl.constexpr = 2 * HALF_D
@@ -280,51 +295,72 @@ def _dq_writer(dq_bufs, dq_full, dq_empty, acc_ptr, sem_ptr, i_b, i_hk, n0, grou
                 m0 = _step_m0(t, sched, BLOCK_M)
                 lo, hi, _, _ = _key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
                                           HAS_RIGHT)
-                turn = (n0 - lo) // BLOCK_N  # earlier key blocks that see this query block
-                last = n0 + BLOCK_N >= hi
+                # key blocks add from the highest that sees this query block down: turn = how many come first
+                turn = ((hi - 1) // BLOCK_N) - n0 // BLOCK_N
+                last = n0 <= lo
                 sem = sem_ptr + i_bhq * num_q_blocks + m0 // BLOCK_M
-                acc = acc_ptr + (i_bhq * num_q_blocks * BLOCK_M + m0) * D
                 qb = step % DQ_BUFS
                 mbarrier.wait(dq_full.index(qb), (step // DQ_BUFS) & 1)
                 if turn > 0:
                     _wait_turn(sem, turn)
-                for h in gl.static_range(2):
-                    for r in gl.static_range(0, BLOCK_M, ROWS):
-                        x = dq_bufs.index(qb * 2 + h).slice(r, ROWS, dim=0).load(layout)
-                        ptrs = acc + (r + r_idx)[:, None] * D + (h * HALF_D + c_idx)[None, :]
-                        if turn > 0:
-                            gl.atomic_add(ptrs, x, sem="relaxed", scope="gpu")  # ordered by the turn: deterministic
-                        else:
-                            gl.store(ptrs, x)
-                if not last:
-                    _pass_turn(sem)
-                mbarrier.arrive(dq_empty.index(qb))
+                if TMA_DQ:
+                    row = (i_bhq * num_q_blocks * BLOCK_M + m0).to(gl.int32)  # < 2^31: launch_bwd_sm90 checks
+                    if turn > 0:
+                        _fence_proxy_async()  # the earlier blocks' adds, acquired above, before this one's
+                        for h in gl.static_range(2):
+                            tma_reduce_add(acc, [row, h * HALF_D], dq_bufs.index(qb * 2 + h))
+                    else:
+                        for h in gl.static_range(2):
+                            tma_store(acc, [row, h * HALF_D], dq_bufs.index(qb * 2 + h))
+                    tma.store_wait(0)  # the halves are read: the consumers may stage the next step's
+                    mbarrier.arrive(dq_empty.index(qb))
+                    if not last:
+                        tma.store_wait(0, read_only=False)  # written to global memory before the turn passes
+                        _fence_proxy_async()
+                        _pass_turn(sem)
+                else:
+                    base = acc + (i_bhq * num_q_blocks * BLOCK_M + m0) * D
+                    for h in gl.static_range(2):
+                        for r in gl.static_range(0, BLOCK_M, ROWS):
+                            x = dq_bufs.index(qb * 2 + h).slice(r, ROWS, dim=0).load(layout)
+                            ptrs = base + (r + r_idx)[:, None] * D + (h * HALF_D + c_idx)[None, :]
+                            if turn > 0:
+                                gl.atomic_add(ptrs, x, sem="relaxed", scope="gpu")  # ordered by the turn
+                            else:
+                                gl.store(ptrs, x)
+                    if not last:
+                        _pass_turn(sem)
+                    mbarrier.arrive(dq_empty.index(qb))
             step += 1
+    if TMA_DQ:
+        tma.store_wait(0, read_only=False)
 
 
 # ---- kernel --------------------------------------------------------------------------------------------------
 @gluon.jit
 def attn_bwd_sm90_kernel(
-    q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc_ptr, sem_ptr,
+    q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr,
     stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks,
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
+    TMA_DQ: gl.constexpr,
 ):
     """Grid (cdiv(Sk, BLOCK_N), B * Hkv); num_warps = 4 (the first consumer warpgroup).
 
     Descriptors over [B, S, H, D] tensors: q and do with block [1, BLOCK_M, 1, D], k and v [1, BLOCK_N, 1, D].
     lse, delta [B, Hq, Sq] float32 (same strides); dk, dv in k's and v's strides; acc
     [B * Hq, num_q_blocks * BLOCK_M, D] float32, the dQ sums (zeros where a query block may see no key block,
-    else any values); sem [B * Hq, num_q_blocks] int32 zeros. qk_scale: scale * log2 e (1 with a softcap, whose
-    softcap_out carries log2 e)."""
+    else any values): with TMA_DQ a descriptor over it as [B * Hq * num_q_blocks * BLOCK_M, D] with block
+    [BLOCK_M, D / 2], else its pointer; sem [B * Hq, num_q_blocks] int32 zeros. qk_scale: scale * log2 e (1
+    with a softcap, whose softcap_out carries log2 e)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
-    i_n = gl.program_id(0)
+    i_n = gl.num_programs(0) - 1 - gl.program_id(0)  # the highest key block first (it adds to dQ first)
     i_bh = gl.program_id(1)
     i_b = i_bh // num_kv_heads
     i_hk = i_bh % num_kv_heads
@@ -342,12 +378,15 @@ def attn_bwd_sm90_kernel(
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-    # float32 dQ halves, 8-float groups swizzled over DQ_PHASES rows (as many as the writer's row chunks allow: a
-    # chunk may not split the pattern): a warp's accumulator store (8 rows, 2 floats per lane) takes
-    # max(8 / DQ_PHASES, 2) bank passes (D=64: 4 phases, 2 passes; D=128: 2 phases, 4) instead of 8 unswizzled
-    DQ_PHASES: gl.constexpr = min(D // 16, WRITER_ROWS)
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, BLOCK_M, D // 2],
-                                        gl.SwizzledSharedLayout(8, 1, DQ_PHASES, order=[1, 0]))
+    if TMA_DQ:  # the bulk copies' layout (swizzled: the consumers' stores are free of bank conflicts)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, BLOCK_M, D // 2], acc.layout)
+    else:
+        # float32 dQ halves, 8-float groups swizzled over DQ_PHASES rows (as many as the writer's row chunks
+        # allow: a chunk may not split the pattern): a warp's accumulator store (8 rows, 2 floats per lane) takes
+        # max(8 / DQ_PHASES, 2) bank passes (D=64: 4 phases, 2 passes; D=128: 2 phases, 4) instead of 8
+        DQ_PHASES: gl.constexpr = min(D // 16, WRITER_ROWS)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, BLOCK_M, D // 2],
+                                            gl.SwizzledSharedLayout(8, 1, DQ_PHASES, order=[1, 0]))
     # per Q / dO slot: the rows' lse (times log2 e) and delta, written by the loader
     stat_bufs = gl.allocate_shared_memory(gl.float32, [STAGES * 2, BLOCK_M],
                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
@@ -381,10 +420,10 @@ def attn_bwd_sm90_kernel(
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, q_ready,
                    q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, i_b, i_hk, n0, group_size, sched,
                    STAGES)),
-        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc_ptr, sem_ptr, i_b, i_hk, n0, group_size, num_kv_heads,
+        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, n0, group_size, num_kv_heads,
                       num_q_blocks, sched, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS,
-                      WRITER_ROWS, 0, 2)),
-        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc_ptr, sem_ptr, i_b, i_hk, n0, group_size, num_kv_heads,
+                      WRITER_ROWS, 0, 2, TMA_DQ)),
+        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, n0, group_size, num_kv_heads,
                       num_q_blocks, sched, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS,
-                      WRITER_ROWS, 1, 2)),
+                      WRITER_ROWS, 1, 2, TMA_DQ)),
     ], [4, 1, 1, 1], [CONSUMER_REGS, WORKER_REGS, WORKER_REGS, WORKER_REGS])

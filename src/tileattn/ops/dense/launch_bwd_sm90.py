@@ -15,12 +15,14 @@ from .kernels_bwd import bwd_dq_convert_kernel
 
 BLOCK_M, BLOCK_N = 64, 128
 # per head dim: (Q / dO stages, dQ staging buffers, registers per consumer thread, per loader / writer thread,
-# rows a writer moves per chunk). Shared memory at D=128: 226 KB of the H100's 227. Chosen on the H100
-# (2026-11-24, `scripts/sweep.py bwd --sm90-cfgs ...`, docs/design/backward.md): at D=128 232 / 40 registers
-# beat 240 / 24 (N=16K non-causal 489 vs 422 TFLOPS, 4K 411 vs 392: the dQ writers are the bottleneck and
-# 24 registers spill their loop state; the consumers do not spill at 232); at D=64, 4 dQ buffers, 3 stages or
-# 8-row chunks were within 2%.
-CONFIGS = {64: (2, 2, 240, 40, 4), 128: (2, 2, 232, 40, 2)}
+# rows a writer moves per chunk, TMA reduce-adds for dQ where triton has them). Shared memory at D=128: 226 KB of
+# the H100's 227. Chosen on the H100 (2026-11-24, `scripts/sweep.py bwd --sm90-cfgs ...` and `gpu_check.sh
+# ab-bwd`, docs/design/backward.md): at D=128 232 / 40 registers beat 240 / 24 (N=16K non-causal 489 vs 422
+# TFLOPS, 4K 411 vs 392: the dQ writers are the bottleneck and 24 registers spill their loop state; the
+# consumers do not spill at 232); at D=64, 4 dQ buffers, 3 stages or 8-row chunks were within 2%. TMA
+# reduce-adds (triton 3.9) against vector atomics: D=128 +3-9% on every row (N 2K-16K, causal and not), D=64
+# -9-10% at N 2K-4K non-causal and even elsewhere, so D=128 only.
+CONFIGS = {64: (2, 2, 240, 40, 4, False), 128: (2, 2, 232, 40, 2, True)}
 # the default takes problems whose sequences both have at least this many tokens: below, the Triton kernels
 # measured faster or as fast (H100, B=4, H=32, fp16: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128, 80-90 vs
 # 47-136 at D=64: a few steps per program and the dQ turn chain; at N=2K the Hopper kernel is ahead by 2-16%
@@ -46,6 +48,8 @@ def reason(p, q, k, v, do):
         return "more than 65535 (batch, kv head) pairs"
     if not all(tma_ok(t) for t in (q, k, v, do)):
         return "q, k, v or the output gradient is not aligned for tensor descriptors"
+    if p.batch * p.heads_q * triton.cdiv(p.seqlen_q, BLOCK_M) * BLOCK_M >= 2 ** 31:
+        return "2^31 or more rows of dQ sums (int32 coordinates)"
     if mode == "auto" and min(p.seqlen_q, p.seqlen_k) < MIN_SEQLEN:
         return f"a sequence shorter than {MIN_SEQLEN}: the Triton kernels measured faster there"
     return ""
@@ -54,12 +58,14 @@ def reason(p, q, k, v, do):
 def attn_bwd_sm90(p, c, do, delta, grads, tail):
     """Launches the kernel: gradients into grads = (dq, dk, dv) (tail: scale, qk_scale, softcap_scale,
     softcap_out, left, right as bwd.py computes them, the window bounds clamped)."""
+    from ..common.gluon_compat import TMA_REDUCE
     from .gluon_bwd_sm90 import attn_bwd_sm90_kernel
     q, k, v, lse = c.q, c.k, c.v, c.lse
     dq, dk, dv = grads
     scale, qk_scale, softcap_scale, softcap_out, left, right = tail
     d = p.head_dim
-    stages, dq_bufs, regs, worker_regs, rows = CONFIGS[d]
+    stages, dq_bufs, regs, worker_regs, rows, tma_dq = CONFIGS[d]
+    tma_dq = bool(tma_dq) and TMA_REDUCE
     mb = triton.cdiv(p.seqlen_q, BLOCK_M)
     # query blocks that no key block sees get no dQ part: their sums must start at zero
     off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
@@ -74,12 +80,13 @@ def attn_bwd_sm90(p, c, do, delta, grads, tail):
     # host time, more than the whole backward at N=1K)
     launch_cached(attn_bwd_sm90_kernel, grid, (
         gluon_desc(q, [1, BLOCK_M, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
-        gluon_desc(do, [1, BLOCK_M, 1, d]), lse, delta, dk, dv, acc, turns, lse.stride(0), lse.stride(1),
+        gluon_desc(do, [1, BLOCK_M, 1, d]), lse, delta, dk, dv,
+        gluon_desc(acc.view(-1, d), [BLOCK_M, d // 2]) if tma_dq else acc, turns, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
         p.heads_kv, p.heads_q // p.heads_kv, mb, scale, qk_scale, softcap_scale, softcap_out, left, right),
         dict(STAGES=stages, DQ_BUFS=dq_bufs, CONSUMER_REGS=regs, WORKER_REGS=worker_regs, WRITER_ROWS=rows,
              HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
-             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), num_warps=4))
+             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), TMA_DQ=tma_dq, num_warps=4))
     launch_cached(bwd_dq_convert_kernel, (triton.cdiv(p.seqlen_q, 64), p.batch * p.heads_q), (
         acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), p.seqlen_q, p.heads_q, mb * BLOCK_M, scale),
         dict(D=d, BLOCK_M=64, num_warps=4))
