@@ -24,10 +24,10 @@ blocks below the unmasked range, the unmasked range, masked blocks above). Parti
 Why this order: under a causal or window rule a lower key block's walk starts at a lower query block, so it
 reaches each query block BLOCK_N / BLOCK_M steps after the key block above it, whose add is then long done (the
 walk from the top down with ascending turns made every CTA wait for the chain of all lower key blocks on its
-first query block: the new order measured causal +6-24% on the H100). Programs wait only on programs of the same head with a higher
-key block, which have lower ids: they were dispatched first and are resident or done, so the order cannot
-deadlock. Every float32 sum is formed in the same order on every run: the same inputs give bit-identical
-gradients.
+first query block; the new order measured causal +6-24% on the H100). Programs wait only on programs of the
+same head with a higher key block, which have lower ids: they were dispatched first and are resident or done,
+so the order cannot deadlock. Every float32 sum is formed in the same order on every run: the same inputs give
+bit-identical gradients.
 
 delta = rowsum(dO * O) - dlse comes from ops/common/bwd_kernels.py's preprocess kernel. Masking model as
 masking.py (key j visible to query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); rows past Sq are
