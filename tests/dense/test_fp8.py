@@ -14,6 +14,7 @@ import torch
 import tileattn
 from tileattn.ops.common.fp8 import fp8_v_layout, quantize_fp8
 from tileattn.ops.common.fp8_kernels import packed_key_pos
+from tileattn.ops.common.tma import gluon_sm90_reason
 from tileattn.ops.dense import dispatch, plans
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
 
@@ -34,6 +35,8 @@ def _quant(x, dtype, kind, group=1):
         return x8, 2.5, deq
     if kind == "scalar":
         return x8, torch.tensor(2.5, device=x.device), deq
+    if kind in ("one", "one1x1"):  # one element of shape [1] / [1, 1]: the value of every (batch, kv head)
+        return x8, torch.full((1,) if kind == "one" else (1, 1), 2.5, device=x.device), deq
     x8 = x.float().to(dtype)  # "none": descale 1
     return x8, None, x8.float()
 
@@ -53,7 +56,9 @@ def _check(q, k, v, dtype, kind, v_layout, out_dtype=None, **kw):
     _, lse_lp = attention_ref(qf, kf, vf, dtype=torch.bfloat16, **kw)
     assert out.dtype == (out_dtype or torch.bfloat16) and out.shape == ref.shape
     assert_close("out", out, ref, ref_lp)
-    assert_close("lse", lse, lse_ref, lse_lp)
+    assert_close("lse", lse, lse_ref, lse_lp)  # lse -inf exactly where the reference's is
+    empty = torch.isinf(lse_ref)  # [B, Hq, Sq]: rows that see no key get out = 0 exactly
+    assert (out.transpose(1, 2)[empty] == 0).all(), "a row that sees no key is not 0"
 
 
 # (B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, dtype, descale kind, V layout)
@@ -65,6 +70,15 @@ CPU_CASES = [
     (1, 50, 50, 2, 2, 64, True, (-1, -1), 20.0, E4M3, "tensor", "row"),  # softcap
     (1, 90, 90, 2, 2, 64, False, (16, 8), 0.0, E5M2, "tensor", "packed"),  # window
     (1, 17, 17, 2, 2, 96, False, (-1, -1), 0.0, E4M3, "none", "seq"),  # padded head dim, no descale
+    # a single key (on the H100, the Hopper kernel compiled with Sk a run-time value: gluon_sm90.py)
+    (2, 64, 1, 4, 2, 64, False, (-1, -1), 0.0, E4M3, "tensor", "packed"),
+    (2, 64, 1, 4, 2, 64, True, (-1, -1), 0.0, E4M3, "tensor", "row"),  # all rows but the last see nothing
+    (2, 33, 1, 4, 2, 64, False, (-1, -1), 0.0, E5M2, "one", "row"),
+    # rows that see no key: out = 0, lse = -inf (the window leaves the first 70 rows nothing)
+    (1, 100, 30, 2, 2, 64, False, (5, 0), 0.0, E4M3, "tensor", "packed"),
+    (1, 100, 30, 4, 2, 64, False, (3, 0), 20.0, E5M2, "number", "row"),
+    # one-element descale tensors of any shape: the value of every (batch, kv head)
+    (2, 40, 72, 4, 2, 64, True, (-1, -1), 0.0, E4M3, "one1x1", "packed"),
 ]
 
 
@@ -88,7 +102,10 @@ def test_fp8_out_dtype_fp16(device):
     _check(q, k, v, E4M3, "tensor", "row", out_dtype=torch.float16, causal=True)
 
 
-def test_fp8_varlen(device):
+@pytest.mark.parametrize("k_kind", ["number", "one1x1"])
+def test_fp8_varlen(device, k_kind):
+    """Packed sequences (an empty one among them), per-sequence descales [B, Hkv] and one-element ones ([1],
+    [1, 1]: the value of every sequence)."""
     lens_q, lens_k = [5, 0, 40], [9, 3, 40]
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device=device)
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device=device)
@@ -96,8 +113,9 @@ def test_fp8_varlen(device):
     k, v = (randn(sum(lens_k), 2, 64, dtype=torch.float32, device=device) for _ in range(2))
     q8, k8, v8 = ((t / 2.0).to(E4M3) for t in (q, k, v))
     qd = torch.full((3, 2), 2.0, device=device)  # [B, Hkv]
+    kd = 2.0 if k_kind == "number" else torch.full((1, 1), 2.0, device=device)
     out = tileattn.varlen_attention(q8, k8, v8, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                    q_descale=qd, k_descale=2.0, v_descale=torch.tensor([2.0], device=device))
+                                    q_descale=qd, k_descale=kd, v_descale=torch.tensor([2.0], device=device))
     qf, kf, vf = (t.float() * 2.0 for t in (q8, k8, v8))
     ref, _ = varlen_attention_ref(qf, kf, vf, cu_q, cu_k, causal=True)
     ref_lp, _ = varlen_attention_ref(qf, kf, vf, cu_q, cu_k, causal=True, dtype=E4M3)
@@ -212,19 +230,44 @@ def test_fp8_descale_one_element_any_shape(device):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+def test_fp8_flex_one_element_descales(device):
+    """flex_attention reads one-element descales as attention does: [1, 1], [1] and [] tensors are the value of
+    every (batch, kv head) (the portable path, which dequantizes to out_dtype first: float16 P)."""
+    q, k, v = (randn(2, 4, 40, 64, dtype=torch.float32, device=device) for _ in range(3))  # [B, H, S, D]
+    q8, k8, v8 = ((t / 2.5).to(E4M3) for t in (q, k, v))
+    descales = [torch.full(shape, 2.5, device=device) for shape in ((1, 1), (1,), ())]
+    out, lse = tileattn.flex_attention(q8, k8, v8, return_lse=True, q_descale=descales[0], k_descale=descales[1],
+                                       v_descale=descales[2], out_dtype=torch.float16)
+    qf, kf, vf = (t.float().transpose(1, 2) * 2.5 for t in (q8, k8, v8))  # [B, S, H, D], exact in float16
+    ref, lse_ref = attention_ref(qf, kf, vf)
+    ref_lp, lse_lp = attention_ref(qf, kf, vf, dtype=torch.float16)
+    assert_close("out", out.transpose(1, 2), ref, ref_lp)
+    assert_close("lse", lse, lse_ref, lse_lp)
+
+
+EDGES = {  # (B, Sq, Sk, Hq, Hkv), options
+    "Sk1": ((2, 64, 1, 4, 2), dict()),
+    "Sk1-causal": ((2, 64, 1, 4, 2), dict(causal=True)),  # every row but the last sees nothing
+    "Sk1-Sq1": ((3, 1, 1, 8, 1), dict()),
+    "rows-see-none": ((1, 300, 40, 4, 1), dict(causal=True)),
+    "window-rows-see-none": ((2, 300, 40, 4, 2), dict(window=(8, 0))),  # rows < 260: whole tiles see nothing
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128, 256])
-@pytest.mark.parametrize("shape, causal", [((2, 64, 1, 4, 2), False), ((2, 64, 1, 4, 2), True),
-                                           ((1, 300, 40, 4, 1), True)], ids=["Sk1", "Sk1-causal", "rows-see-none"])
-@pytest.mark.parametrize("lay", ["packed", "row"])
-def test_gpu_fp8_edges(D, shape, causal, lay, request):
-    """A single key, and rows that see no key (bottom-right causal with Sq > Sk): out = 0 and lse = -inf there,
-    never NaN or unwritten rows, and the reference elsewhere (the Gluon fp8 path on an H100)."""
-    B, Sq, Sk, Hq, Hkv = shape
-    if Sk == 1:
-        # open bug (issue 23), H100 at 6b7fe82: with a single key the Gluon fp8 path returns NaN in some rows,
-        # D = 128 in every trial with either V layout, D = 64 in some (Sk >= 2 never): it looks like a read of
-        # uninitialised memory. The test runs; an xpass does not fail it, since the bug is intermittent.
-        request.applymarker(pytest.mark.xfail(reason="fp8 with Sk = 1: NaN on the Gluon path (open bug)"))
+@pytest.mark.parametrize("edge", list(EDGES))
+@pytest.mark.parametrize("variant", ["e4m3-packed", "e4m3-row", "e5m2-row"])
+def test_gpu_fp8_edges(D, edge, variant):
+    """A single key, and rows that see no key (bottom-right causal or a window with Sq > Sk): out = 0 and
+    lse = -inf there, never NaN or unwritten rows, and the reference elsewhere. D = 64 and 128 take the Hopper
+    kernel on an H100 (a single key: its variant compiled with Sk a run-time value, gluon_sm90.py; before it,
+    2-38 of 512 rows were NaN in every trial), D = 256 the portable one."""
+    (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
+    name, lay = variant.split("-")
+    dt = E4M3 if name == "e4m3" else E5M2
     q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
-    _check(q, k, v, E4M3, "tensor", lay, causal=causal)
+    if D in (64, 128) and not gluon_sm90_reason(q.device):  # a Hopper GPU, a triton the Gluon kernels run on
+        p, _ = plans.describe(q.to(dt), k.to(dt), v.to(dt), **opts)
+        assert dispatch.select(p)[0].name == "dense.sm90"
+    _check(q, k, v, dt, "tensor", lay, **opts)

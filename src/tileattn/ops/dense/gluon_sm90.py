@@ -1,5 +1,8 @@
 """Hopper (sm90) kernel of dense attention forward in Gluon: FlashAttention-3's warp-specialized, persistent
-schedule (ops/common/gluon_attn_sm90.py holds the pipeline and describes it)."""
+schedule (ops/common/gluon_attn_sm90.py holds the pipeline and describes it).
+
+attn_fwd_sm90_kernel_one_key is the same kernel with seqlen_k left a run-time value when it is 1, for fp8
+calls with a single key (see its comment)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -34,3 +37,16 @@ def attn_fwd_sm90_kernel(
         softcap_scale, softcap_out, out_scale, left, right, fx, (), (), BLOCK_M, Q_SLOTS, STAGES, CONSUMER_REGS,
         HAS_LEFT, HAS_RIGHT, ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT,
         V_SEQ_MAJOR, SEPARATE_O, False, None, None)
+
+
+# The same kernel, seqlen_k never a compile-time constant. Triton compiles an integer argument equal to 1 as the
+# constant 1: with a single key the mask of every key tile is then known when compiling, the masked columns of
+# the fp8 P fold to one repeated zero pair, and ptxas 12.8 (triton 3.6) packs that P into the p.v wgmma's A
+# operand taking half of some registers from one it never writes (SASS: F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C
+# R88, R29, R88, R3 with R3 unwritten). Those stray bytes meet V's zero padding, and an fp8 NaN pattern among
+# them turns the row's output into NaN (H100, e4m3, B=2, Sq=64, H=4: 2-38 of the 512 rows in every trial at
+# D = 64 and 128; e5m2's SASS has the same read; docs/design/fp8.md). fp16/bf16 (whole 32-bit packs) and
+# triton 3.9's ptxas are not affected. launch_sm90.py takes this one for fp8 calls with Sk = 1 only: every
+# other call keeps the binary whose speed was measured (do_not_specialize also drops the divisibility-by-16
+# hint, which changes the SASS at lengths that are multiples of 16).
+attn_fwd_sm90_kernel_one_key = gluon.jit(attn_fwd_sm90_kernel.fn, do_not_specialize=["seqlen_k"])

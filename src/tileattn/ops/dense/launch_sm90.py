@@ -2,14 +2,16 @@
 
 It serves head dims D = Dv in {64, 128, 256} (fp8: 64, 128) with TMA-aligned tensors on an H100/H200 with
 triton 3.6 (ops/common/launch_sm90.py says why not otherwise); the rest goes to the other backends. fp8 V must
-be the view of an fp8.Fp8V: a plain fp8 V is packed once per call (fp8.fp8_v_layout).
+be the view of an fp8.Fp8V: a plain fp8 V is packed once per call (fp8.fp8_v_layout). fp8 with a single key
+(Sk = 1) launches attn_fwd_sm90_kernel_one_key, compiled with seqlen_k a run-time value (gluon_sm90.py says
+why).
 """
 from ...launcher import KernelLauncher
 from ..common import launch_sm90 as pipeline
 from ..common.backend import Backend
 from ..common.configs import sm90_config
 from ..common.fp8 import P_SHIFT, descale_strides, fp8_v_layout
-from .gluon_sm90 import attn_fwd_sm90_kernel
+from .gluon_sm90 import attn_fwd_sm90_kernel, attn_fwd_sm90_kernel_one_key
 
 # the kernel parameters that change between calls of one launch plan (launcher.KernelLauncher's `varying`)
 VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "qd_ptr", "kd_ptr", "vd_ptr", "sm_scale",
@@ -85,4 +87,5 @@ class Sm90Backend(Backend):
             SEPARATE_O=p.out_dtype != p.dtype, num_warps=4,
         )
         grid = pipeline.grid(cfg, p.seqlen_q, p.batch * p.heads_q, p.device)
-        return Sm90Launch(grid, KernelLauncher(attn_fwd_sm90_kernel, args, kwargs, VARYING), v_prep)
+        kernel = attn_fwd_sm90_kernel_one_key if p.fp8 and p.seqlen_k == 1 else attn_fwd_sm90_kernel
+        return Sm90Launch(grid, KernelLauncher(kernel, args, kwargs, VARYING), v_prep)
