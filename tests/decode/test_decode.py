@@ -130,12 +130,15 @@ def test_decode_chunked_prefill(device):
 
 
 @pytest.mark.parametrize("per_head", [False, True])
-def test_decode_fp8_cache(device, per_head):
+@pytest.mark.parametrize("v_scale_shape", [(1,), (1, 1), ()], ids=["v1", "v1x1", "v0d"])
+def test_decode_fp8_cache(device, per_head, v_scale_shape):
+    """k_scale a number or one per KV head; v_scale one element of any shape ([1, 1] too, as attention's
+    descales): the value of every KV head."""
     lens = [33, 60]
     k, v, table = make_cache(lens, 16, 2, 64, F16, device)
     k8, v8 = (k.float() / 2).to(FP8), (v.float() * 4).to(FP8)
     ks = torch.tensor([2.0, 1.0], device=device) if per_head else 2.0
-    vs = torch.tensor([0.25], device=device)
+    vs = torch.full(v_scale_shape, 0.25, device=device)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     q = randn(2, 2, 4, 64, dtype=F16, device=device)
     out, lse = tileattn.kvcache_attention(q, k8, v8, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
@@ -203,6 +206,8 @@ def test_decode_errors(device):
         tileattn.kvcache_attention(q, k, v, seqlens, table, sinks=torch.zeros(3, device=device))
     with pytest.raises(ValueError, match="k_scale"):
         tileattn.kvcache_attention(q, k, v, seqlens, table, k_scale=torch.ones(3, device=device))
+    with pytest.raises(ValueError, match=r"k_scale: .*one per KV head \[num_kv_heads=2\]"):  # a 1-D tensor
+        tileattn.kvcache_attention(q, k, v, seqlens, table, k_scale=torch.ones(1, 2, device=device))
     plan = tileattn.KVCachePlan(seqlens, num_heads=4, num_kv_heads=2, head_dim=64, page_size=8, dtype=F16)
     with pytest.raises(ValueError, match="page_size=8"):
         plan.run(q, k[:, :4], v[:, :4], table)

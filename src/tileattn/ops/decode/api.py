@@ -23,8 +23,8 @@ def kvcache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         cu_seqlens_q (int32 [B + 1], chunked prefill). float16 or bfloat16. D in {64, 128, 256}.
     k_cache, v_cache: paged [num_pages, page_size, Hkv, D] (page_size 1..256) with block_table (int32
         [B, max_pages], page ids), or contiguous [B, max_seqlen, Hkv, D] without. q's dtype, or float8_e4m3fn
-        with k_scale / v_scale (numbers, or float32 tensors of 1 or Hkv elements: cache values times them are
-        the keys and values).
+        with k_scale / v_scale (numbers, or float32 tensors of one element, any shape, or [Hkv]: cache values
+        times them are the keys and values).
     cache_seqlens: int32 [B], tokens already in each sequence's cache.
     k_new, v_new: optional, q's token layout with [Hkv, D] heads: appended in place at positions
         cache_seqlens ... cache_seqlens + Sq - 1 before attending (then the queries attend over

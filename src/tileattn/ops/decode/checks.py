@@ -61,14 +61,16 @@ def check_lengths(lens):
 
 
 def check_scale(name, x, plan):
-    """k_scale / v_scale: a positive number, or a float32 tensor of 1 or num_kv_heads elements on the plan's
-    device (read in the kernel, so a CUDA graph replays with its current value; the values are not checked:
-    that would need a sync)."""
+    """k_scale / v_scale: a positive number, or a float32 tensor on the plan's device holding one element (any
+    shape: [], [1], [1, 1] all broadcast, as attention's descales do) or num_kv_heads of them in one dimension
+    (read in the kernel, so a CUDA graph replays with its current value; the values are not checked: that
+    would need a sync)."""
     if isinstance(x, torch.Tensor):
-        if x.dtype != torch.float32 or x.numel() not in (1, plan.num_kv_heads) or x.device != plan.device \
-                or x.dim() > 1:
-            raise ValueError(f"{name}: expected a float32 tensor of 1 or num_kv_heads={plan.num_kv_heads} elements "
-                             f"on {plan.device}, got {x.dtype} of shape {tuple(x.shape)} on {x.device}")
+        per_head = x.dim() == 1 and x.numel() == plan.num_kv_heads
+        if x.dtype != torch.float32 or not (x.numel() == 1 or per_head) or x.device != plan.device:
+            raise ValueError(f"{name}: expected a float32 tensor on {plan.device} holding one element (any shape) "
+                             f"or one per KV head [num_kv_heads={plan.num_kv_heads}], got {x.dtype} of shape "
+                             f"{tuple(x.shape)} on {x.device}")
     elif not (isinstance(x, (int, float)) and 0 < x < float("inf")):
         raise ValueError(f"{name}: expected a positive finite number or a float32 tensor, got {x!r}")
 

@@ -219,8 +219,8 @@ class KVCachePlan:
         k_new, v_new: q's token layout with [Hkv, D] heads ([B, q_len, Hkv, D] or [total_q, Hkv, D]), written into
         the cache at each sequence's last q_len positions before attending (an fp8 cache: divided by the scale,
         saturated). k_scale, v_scale: the cache's values times them are the keys and values (an fp8 cache's
-        float32 scales): a number, or a float32 tensor of 1 or Hkv elements (a captured graph reads the
-        tensor's current value). alibi_slopes: float32 [Hq], score - slope * |pos_q - pos_k|. sinks: float32
+        float32 scales): a number, or a float32 tensor of one element (any shape) or [Hkv] (a captured graph
+        reads the tensor's current value). alibi_slopes: float32 [Hq], score - slope * |pos_q - pos_k|. sinks: float32
         [Hq], one logit per head that joins the softmax's denominator (gpt-oss). Returns out (and lse)."""
         r = DecodeRun(q, k_cache, v_cache, block_table, k_new, v_new, k_scale, v_scale, alibi_slopes, sinks, out,
                       lse, return_lse)
