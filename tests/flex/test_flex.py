@@ -302,3 +302,26 @@ def test_create_block_mask_exported():
     """tileattn.create_block_mask (named in flex_attention's docstring) is torch's: its masks serve both."""
     assert tileattn.create_block_mask is flex_mod.create_block_mask
     assert "create_block_mask" in tileattn.__all__
+
+
+def test_mod_cache_no_stale_ids(device):
+    """Mods made per call that capture an object whose number they bake in (a module's attribute, keyed by the
+    object's identity): a freed object's id taken by a new one must not hit the old trace (the cache holds the
+    functions it keys)."""
+    from tileattn.ops.flex.reference import flex_ref
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, factor):
+            super().__init__()
+            self.factor = factor
+
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return score * self.factor
+            self.score_mod = score_mod
+    q, k, v = qkv(1, 2, 32, 32, 16, DT, device)
+    for i in range(12):
+        m = Scaled(0.25 * (i + 1))
+        out = tileattn.flex_attention(q, k, v, score_mod=m.score_mod)
+        ref, ref_lp = (flex_ref(q, k, v, m.score_mod, dtype=dt)[0] for dt in (torch.float32, DT))
+        assert_close(f"out factor={m.factor}", out, ref, ref_lp)
+        del m

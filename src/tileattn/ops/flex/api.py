@@ -8,12 +8,12 @@ import torch
 # torch's own, unchanged (tileattn.create_block_mask): the BlockMasks it builds work in both libraries
 from torch.nn.attention.flex_attention import create_block_mask  # noqa: F401 - re-exported
 
-from ... import hw, knobs
+from ... import hw
 from ..common.fp8 import FP8_DTYPES, Descale, Fp8V, check_fp8_options
-from ..common.tma import tma_ok
-from . import dispatch
+from . import custom_ops, dispatch
 from .bwd import flex_bwd
-from .problem import FlexCall, FlexProblem, check_inputs, mask_tensors, transposed_lists, value_shape
+from .captures import traced_mod
+from .problem import FlexCall, FlexOptions, FlexProblem, check_inputs, mask_tensors, transposed_lists
 from .trace import compile_mod
 
 if TYPE_CHECKING:
@@ -51,6 +51,10 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor |
     derivative with respect to the score is generated from its trace (captured tensors get no gradient); GQA
     sums dk / dv over each group; deterministic (no atomics). The block mask must carry its transposed lists
     (q_num_blocks / q_indices, as create_block_mask makes them).
+
+    Under torch.compile (fullgraph too; 16-bit inputs) the call is a registered op (custom_ops.py) whose
+    graph inputs include the mods' captured tensors and the block mask's lists, so new values (or new tensors
+    of the same shapes) need no recompile; the mods must be made outside the compiled function (captures.py).
     """
     check_inputs(query, key, value, enable_gqa, scale)
     check_fp8_options(query, key.transpose(1, 2), q_descale, k_descale, v_descale, out_dtype, query.shape[0])
@@ -61,6 +65,11 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor |
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (query, key, value))
     odt = (out_dtype or torch.bfloat16) if fp8 else query.dtype
+    if torch.compiler.is_compiling():
+        if fp8:
+            raise NotImplementedError("flex_attention: fp8 inputs under torch.compile are not supported (call it "
+                                      "outside the compiled function, or with float16 / bfloat16 inputs)")
+        return _traced(query, key, value, score_mod, block_mask, scale, bool(return_lse), grad)
     # a tracked gradient asks for the lse (the backward recomputes the probabilities from it)
     p, c = _describe(query, key, value, score_mod, block_mask, scale, odt, bool(return_lse or grad))
     c.descales = (q_descale, k_descale, v_descale)
@@ -74,24 +83,51 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor |
             c.tlists = transposed_lists(block_mask, p.batch, p.heads_q, p.seqlen_k, query.device)
         out, lse = _FlexFn.apply(query, key, value, p, c)
         return (out, lse) if return_lse else out
-    return _forward(p, c)
+    return dispatch.forward(p, c)
 
 
 def _describe(query, key, value, score_mod, block_mask, scale, out_dtype, return_lse):
     """(FlexProblem, FlexCall) of checked inputs: the mods traced, the block mask's lists checked."""
-    B, H, Sq, D = query.shape
-    Sk = key.shape[2]
+    B, H, Sq, _ = query.shape
     smod = compile_mod(score_mod, "score") if score_mod is not None else None
-    if block_mask is None:
-        lists, q_block, kv_block, mmod = None, 128, 128, None
-    else:
-        lists, q_block, kv_block, mask_fn = mask_tensors(block_mask, B, H, Sq, Sk, query.device)
+    lists, blocks, mmod = None, None, None
+    if block_mask is not None:
+        lists, q_block, kv_block, mask_fn = mask_tensors(block_mask, B, H, Sq, key.shape[2], query.device)
+        blocks = (q_block, kv_block)
         mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
-    views = [t.transpose(1, 2) for t in (query, key) + (() if not isinstance(value, torch.Tensor) else (value,))]
-    p = FlexProblem(B, H, key.shape[1], Sq, Sk, D, value_shape(value)[3], query.dtype, out_dtype, query.device,
-                    D ** -0.5 if scale is None else float(scale), smod, mmod, block_mask is not None, q_block,
-                    kv_block, return_lse, tma=all(tma_ok(t) for t in views))
+    p = FlexProblem.of(query, key, value, (smod, mmod), blocks, scale, out_dtype, return_lse)
     return p, FlexCall(query, key, value, lists=lists)
+
+
+def _traced(query, key, value, score_mod, block_mask, scale, return_lse, grad):
+    """flex_attention as Dynamo traces it (checked 16-bit inputs): the mods' host halves run once per compile
+    (captures.py), the call is the registered op (custom_ops.py) on query, key, value and a list of the call's
+    other tensors: the mods' captures, then the block mask's lists (the transposed ones too for a gradient)."""
+    B, H, Sq, _ = query.shape
+    score, tensors = traced_mod(score_mod, "score", grad) if score_mod is not None else ("", [])
+    n_score = len(tensors)
+    mask, lists, blocks = "", (), (128, 128)
+    if block_mask is not None:
+        lists, q_block, kv_block, mask_fn = mask_tensors(block_mask, B, H, Sq, key.shape[2], query.device)
+        blocks = (q_block, kv_block)
+        if mask_fn is not None:
+            mask, caps = traced_mod(mask_fn, "mask", grad)
+            tensors = tensors + caps
+        if grad:
+            lists = lists + transposed_lists(block_mask, B, H, key.shape[2], query.device)
+    opts = FlexOptions(score, n_score, mask, len(tensors) - n_score, _constant(blocks[0]), _constant(blocks[1]),
+                       "".join("0" if t is None else "1" for t in lists),
+                       None if scale is None else _constant(float(scale)), return_lse or grad)
+    out, lse = custom_ops.flex_fwd(query, key, value, tensors + [t for t in lists if t is not None], opts.encode())
+    return (out, lse) if return_lse else out
+
+
+def _constant(x):
+    """x as a plain Python number where Dynamo may trace it as a symbol (dynamic=True makes the block mask's
+    BLOCK_SIZE one; Dynamo shows a symbol to the traced code as an int): a guard on its value. The registered
+    op takes its options as a string."""
+    from torch.fx.experimental.symbolic_shapes import guard_scalar  # imported by Dynamo already
+    return guard_scalar(x)
 
 
 class _FlexFn(torch.autograd.Function):
@@ -100,9 +136,9 @@ class _FlexFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, p, c):
-        out, lse = _forward(p, c)
+        out, lse = dispatch.forward(p, c)
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.p, ctx.lists, ctx.tlists = p, c.lists, c.tlists
+        ctx.p, ctx.lists, ctx.tlists, ctx.captures = p, c.lists, c.tlists, c.captures
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -111,20 +147,6 @@ class _FlexFn(torch.autograd.Function):
         query, key, value, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        c = FlexCall(query, key, value, out, lse, ctx.lists, ctx.tlists)
+        c = FlexCall(query, key, value, out, lse, ctx.lists, ctx.tlists, captures=ctx.captures)
         dq, dk, dv = flex_bwd(ctx.p, c, dout, dlse)
         return dq, dk, dv, None, None
-
-
-def _forward(p, c):
-    """The forward pass of problem p on call c's checked inputs: allocates the outputs, runs the backend
-    dispatch.py chooses. Returns (out, lse) with p.return_lse, else out."""
-    out = torch.empty(p.batch, p.heads_q, p.seqlen_q, p.head_dim_v, dtype=p.out_dtype, device=p.device)
-    lse = torch.empty(p.batch, p.heads_q, p.seqlen_q, dtype=torch.float32, device=p.device) if p.return_lse else out
-    if knobs.debug_fill_nan():  # tests: an element the kernel never writes fails the comparison
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-    if p.seqlen_q and p.batch * p.heads_q:
-        c.out, c.lse = out, lse
-        dispatch.select(p)[0].run(p, c)
-    return (out, lse) if p.return_lse else out

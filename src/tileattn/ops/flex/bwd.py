@@ -9,7 +9,8 @@ import triton
 from ..common.bwd_kernels import bwd_preprocess_kernel
 from ..common.configs import bwd_config
 from .bwd_kernels import flex_bwd_dkdv_kernel, flex_bwd_dq_kernel
-from .problem import mask_strides
+from .problem import mask_strides, mod_captures
+from .trace import capture_args
 
 
 def _tiles(d, q_block, kv_block):
@@ -55,7 +56,7 @@ def flex_bwd(p, c, dout, dlse):
     row_stride = max(query.stride(2), key.stride(2), value.stride(2), dout.stride(2))
     row64 = (max(Sq, Sk) + 1) * row_stride >= 2 ** 31
     smod, mmod = p.score_mod, p.mask_mod
-    caps = (smod.capture_args() if smod else (), mmod.capture_args() if mmod else ())
+    caps = tuple(capture_args(t) for t in mod_captures(p, c))
     meta = dict(SCORE_GRAD=smod.grad_fn() if smod else None, MASK_MOD=mmod.fn if mmod else None, DENSE=dense,
                 EVEN=even, LOAD_EVEN=load_even, ROW64=row64, Q_BLOCK=p.q_block, KV_BLOCK=p.kv_block,
                 BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=bdv)

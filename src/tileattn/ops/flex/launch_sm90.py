@@ -12,7 +12,8 @@ from ..common.backend import Backend
 from ..common.configs import sm90_config
 from ..common.fp8 import P_SHIFT, Fp8V, descale_strides, fp8_v_layout, split_descales
 from .gluon_sm90 import flex_fwd_sm90_kernel
-from .problem import mask_strides
+from .problem import mask_strides, mod_captures
+from .trace import capture_args
 
 BLOCK = 128  # the kernel's query tile (2 consumer warpgroups x 64 rows) and key tile: the mask's block size
 _FULL_LISTS = {}  # (query blocks, key blocks, device) -> (zeros, counts, indices) of an all-full block mask
@@ -78,7 +79,7 @@ class Sm90Backend(Backend):
             *pipeline.descriptors(q, k, v, o, cfg), lse, *[d if d is not None else lse for d in descales], *sl,
             *[st for d in descales for st in descale_strides(d)],
             Sq, Sk, H, p.group, B * H, float(out_scale), fx,
-            smod.capture_args() if smod else (), mmod.capture_args() if mmod else (),
+            *(capture_args(t) for t in mod_captures(p, c)),
             BLOCK_M=cfg.block_m, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             RETURN_LSE=p.return_lse, HAS_DESCALE=descales[0] is not None, P_SHIFT=P_SHIFT if p.fp8 else 0,
             V_SEQ_MAJOR=p.fp8, SEPARATE_O=p.out_dtype != p.dtype,

@@ -7,7 +7,8 @@ from ..common.backend import Backend
 from ..common.fp8 import Fp8V
 from .configs import flex_config
 from .kernels import flex_fwd_kernel
-from .problem import mask_strides
+from .problem import mask_strides, mod_captures
+from .trace import capture_args
 
 
 def _dequantize(x, descale, group):
@@ -43,7 +44,7 @@ class TritonBackend(Backend):
         smod, mmod = p.score_mod, p.mask_mod
         flex_fwd_kernel[(triton.cdiv(Sq, cfg.block_m), B * H)](
             query, key, value, out, lse, *[t if t is not None else dummy for t in (num, idx, fnum, fidx)],
-            smod.capture_args() if smod else (), mmod.capture_args() if mmod else (),
+            *(capture_args(t) for t in mod_captures(p, c)),
             query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2), *sl,
             *mask_strides(num), *mask_strides(idx), *mask_strides(fnum), *mask_strides(fidx),

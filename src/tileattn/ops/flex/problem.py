@@ -3,11 +3,15 @@
     FlexProblem  shapes, dtypes, the block mask's geometry, the traced mods, options: what dispatch and the
                  backends take, with the tensors of the call (FlexCall)
     FlexCall     the call's tensors: query, key, value (an fp8 value may be an Fp8V), out, lse, the block
-                 mask's lists (kv_num, kv_idx, full_num, full_idx; None without a block mask) and, for the
-                 backward, its transposed lists (q_num, q_idx, full_q_num, full_q_idx)
+                 mask's lists (kv_num, kv_idx, full_num, full_idx; None without a block mask), for the
+                 backward its transposed lists (q_num, q_idx, full_q_num, full_q_idx), and the mods' captured
+                 tensors
+    FlexOptions  what the registered ops (custom_ops.py) take besides tensors, as one string
 Every check raises TypeError / ValueError naming the argument, before any launch.
 """
-from dataclasses import dataclass
+import ast
+import functools
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -16,6 +20,7 @@ from torch.nn.attention.flex_attention import noop_mask
 
 from ... import hw
 from ..common.fp8 import FP8_DTYPES, Fp8V
+from ..common.tma import tma_ok
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -50,6 +55,17 @@ class FlexProblem:
     def group(self) -> int:
         return self.heads_q // self.heads_kv
 
+    @staticmethod
+    def of(query, key, value, mods, blocks, scale, out_dtype, return_lse):
+        """The problem of checked inputs: mods (score mod, mask mod), each a trace.ModSpec or None; blocks
+        (q_block, kv_block) of the block mask, or None without one; scale None for D ** -0.5."""
+        B, H, Sq, D = query.shape
+        views = [t.transpose(1, 2) for t in (query, key) + ((value,) if isinstance(value, torch.Tensor) else ())]
+        q_block, kv_block = blocks or (128, 128)
+        return FlexProblem(B, H, key.shape[1], Sq, key.shape[2], D, value_shape(value)[3], query.dtype, out_dtype,
+                           query.device, D ** -0.5 if scale is None else float(scale), *mods,
+                           blocks is not None, q_block, kv_block, return_lse, tma=all(tma_ok(t) for t in views))
+
 
 @dataclass
 class FlexCall:
@@ -61,6 +77,43 @@ class FlexCall:
     lists: tuple | None = None
     tlists: tuple | None = None
     descales: tuple = (None, None, None)  # fp8: q_descale, k_descale, v_descale as the caller gave them
+    captures: tuple | None = None  # (score mod's, mask mod's) tensors in ModSpec.captures' order; None: those
+
+
+@dataclass(frozen=True)
+class FlexOptions:
+    """A flex call's non-tensor arguments to the registered ops, and the layout of their tensor list: the score
+    mod's captures, the mask mod's, then the block-mask lists present (`lists`: one 0/1 per name of LISTS, ""
+    without a block mask)."""
+    score: str = ""  # the traced score mod's source digest (trace.spec_of), "" without one
+    n_score: int = 0
+    mask: str = ""
+    n_mask: int = 0
+    q_block: int = 128
+    kv_block: int = 128
+    lists: str = ""
+    scale: float | None = None  # None: D ** -0.5 (taken from the real shapes, never a symbolic float)
+    return_lse: bool = False  # asked for, or needed by the backward
+
+    LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
+             "full_q_num_blocks", "full_q_indices")
+
+    def encode(self) -> str:
+        """The options as `name=repr(value);...` (decode reverses it, floats exactly)."""
+        return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1024)
+    def decode(text: str) -> "FlexOptions":
+        return FlexOptions(**{k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in text.split(";"))})
+
+
+def mod_captures(p, c):
+    """(the score mod's captured tensors, the mask mod's) for call c of problem p: the call's own (the registered
+    op's, custom_ops.py), else the traced mods' (ModSpec.captures)."""
+    if c.captures is not None:
+        return c.captures
+    return (p.score_mod.captures if p.score_mod else (), p.mask_mod.captures if p.mask_mod else ())
 
 
 def value_shape(value):

@@ -155,15 +155,27 @@ class ModSpec:
             self._grad = _define(src, self.kind + "-grad", hashlib.sha1(src.encode()).hexdigest()[:16])
         return self._grad
 
-    def capture_args(self):
-        """The captures as kernel arguments: per tensor its pointer, then its sizes and strides."""
-        args = []
-        for t in self.captures:
-            args += [t, *t.shape, *t.stride()]
-        return tuple(args)
-
     def gluon_fn(self):
         return _define(self.source, self.kind, self.key, gluon=True)
+
+
+def capture_args(tensors):
+    """A mod's captured tensors (ModSpec.captures, or tensors of the same dims and dtypes in their place: the
+    registered op's) as kernel arguments: per tensor its pointer, then its sizes and strides."""
+    args = []
+    for t in tensors:
+        args += [t, *t.shape, *t.stride()]
+    return tuple(args)
+
+
+def spec_of(digest):
+    """The ModSpec traced in this process whose source has this digest (ModSpec.key), as the registered op
+    names a mod (custom_ops.py)."""
+    spec = _SPECS.get(digest)
+    if spec is None:
+        raise RuntimeError(f"tileattn flex: no mod with source digest {digest} was traced in this process (the "
+                           f"registered op's mods are traced when Dynamo traces the flex_attention call)")
+    return spec
 
 
 def _define(src_fn, kind, digest, gluon=False):
@@ -419,9 +431,11 @@ def _closure_key(fn, depth=0):
     return (fn.__code__, cells, names, fn.__defaults__)
 
 
-_TRACES = collections.OrderedDict()  # closure key -> ModSpec (holds the captured tensors), least recent first
+_TRACES = collections.OrderedDict()  # closure key -> (ModSpec, the function), least recent first; holding the
+# function keeps alive the objects its key names by identity, so that no new object can take their id
 _MAX_TRACES = 256
 _FUNCTIONS = {}  # (source hash, gluon) -> the jit function (one compile per distinct mod source)
+_SPECS = {}  # source hash -> the first ModSpec of that source (spec_of; never evicted: one per distinct source)
 
 
 def _emit(gm, kind, name, grad):
@@ -447,19 +461,20 @@ def _emit(gm, kind, name, grad):
     return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures)
 
 
-def compile_mod(fn, kind):
+def compile_mod(fn, kind, fresh=False):
     """The ModSpec of a score_mod (kind "score") or mask_mod (kind "mask"), traced once per function object
-    and closure contents."""
+    and closure contents (fresh: traced again, as under torch.compile, where a recompile must see the
+    attributes of captured objects that the cache key holds by identity)."""
     if not callable(fn):
         raise TypeError(f"{kind}_mod: expected a function, got {type(fn).__name__}")
     code = getattr(fn, "__code__", None)
     if code is None:
         raise FlexCompileError(f"{kind}_mod: {fn!r} is not a plain Python function")
     key = (kind, _closure_key(fn))
-    spec = _TRACES.get(key)
-    if spec is not None:
+    hit = None if fresh else _TRACES.get(key)
+    if hit is not None:
         _TRACES.move_to_end(key)
-        return spec
+        return hit[0]
     nargs = 5 if kind == "score" else 4
     if code.co_argcount < nargs:
         raise FlexCompileError(f"{kind}_mod: takes {code.co_argcount} arguments, expected {nargs} "
@@ -473,7 +488,9 @@ def compile_mod(fn, kind):
                                f"{e}); control flow on the mod's arguments is not supported, use torch.where") from e
     src_fn, captures = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
     digest = hashlib.sha1(src_fn.encode()).hexdigest()[:16]
-    spec = _TRACES[key] = ModSpec(_define(src_fn, kind, digest), captures, src_fn, digest, kind, gm)
+    spec = ModSpec(_define(src_fn, kind, digest), captures, src_fn, digest, kind, gm)
+    _TRACES[key] = (spec, fn)
+    _SPECS.setdefault(digest, spec)
     while len(_TRACES) > _MAX_TRACES:
         _TRACES.popitem(last=False)
     return spec
