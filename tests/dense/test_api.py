@@ -110,6 +110,7 @@ def test_torch_compile_fullgraph(device):
 
 def test_opcheck(device):
     """torch.library's own consistency checks of the registration (schema, fake vs real)."""
+    from tileattn.ops.dense import custom_ops  # noqa: F401 - registers the ops (lazily imported by the package)
     q, k, v = _qkv(device, S=20)
     opts = AttnOptions(scale=0.125, window=(-1, 0), return_lse=True)
     torch.library.opcheck(torch.ops.tileattn.attn_fwd.default, (q, k, v, None, None, opts.encode()),
