@@ -287,3 +287,40 @@ def test_gpu_compiled_model_step(device):
             assert_close(name, got, ref, ref)
         model.slopes.mul_(0.5)
     assert cnt.frame_count == 1
+
+
+def make_two(a, c):
+    def two(score, b, h, q_idx, kv_idx):
+        return score + a[h] * 3.0 - c[h]
+    return two
+
+
+class _Slotted:
+    __slots__ = ("w",)
+
+    def __init__(self, w):
+        self.w = w
+
+
+def make_slotted(cfg):
+    def windowed(score, b, h, q_idx, kv_idx):
+        return torch.where(q_idx - kv_idx <= cfg.w, score, score * 0.5)
+    return windowed
+
+
+@pytest.mark.parametrize("case", ["aliased-captures", "slots-number"])
+def test_compile_guards_what_the_kernel_bakes_in(case, device):
+    """A graph compiled for one mod must not serve a mod whose kernel differs: one tensor in two cells at compile
+    time, then two tensors; a number read through a __slots__ object, then another number. Compiled equals eager
+    (a recompile where needed)."""
+    H = 2
+    q, k, v = qkv(1, H, 40, 40, 16, DT, device)
+    t1, t2 = (randn(H, dtype=torch.float32, device=device) for _ in range(2))
+    first, second = ((make_two(t1, t1), make_two(t1, t2)) if case == "aliased-captures" else
+                     (make_slotted(_Slotted(2)), make_slotted(_Slotted(20))))
+
+    def fn(q, k, v, score_mod):
+        return tileattn.flex_attention(q, k, v, score_mod=score_mod)
+    compiled, _ = counted(fn)
+    for mod in (first, second):
+        assert_equal("out", compiled(q, k, v, mod), fn(q, k, v, mod))

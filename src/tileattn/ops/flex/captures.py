@@ -5,13 +5,14 @@ it does not follow). So the host half of a mod, `mod_plan`, runs outside Dynamo'
 torch._dynamo.assume_constant_result, so Dynamo calls it once per compile with the real function object and
 takes its result as a constant:
 
-    (digest, tensor paths, scalar checks, function paths)
+    (digest, paths of each captured tensor, scalar checks, function paths)
 
 digest names the traced mod (trace.spec_of: the registered op finds it there, custom_ops.py). A path says how
 the mod reaches an object from the function: ("cell", i) the i-th closure cell, ("global", name) a global its
-code names, ("item", i) an item of a tuple / list / dict, ("attr", name) an attribute (of an nn.Module or a
-plain object) whose name its code uses. The traced half, `traced_mod`, runs inside Dynamo's trace and follows
-the paths (`follow`):
+code names, ("item", i) an item of a tuple / list / dict, ("attr", name) an attribute (of an nn.Module, a
+module or any other object: getattr, so __slots__ and properties too) whose name its code uses. A tensor
+reached by several paths keeps them all: traced_mod checks they still lead to one tensor. The traced half,
+`traced_mod`, runs inside Dynamo's trace and follows the paths (`follow`):
 - the captured tensors: Dynamo sees them as graph inputs, so their values, and the tensors themselves (a new
   document-id tensor per batch), may change between calls without a recompile;
 - the scalars the generated kernel code bakes in (numbers, strings, bools, dtypes): each is compared with its
@@ -72,11 +73,20 @@ def _children(obj, names):
                 if nm in d:
                     yield ("attr", nm), d[nm], names
                     break
-    elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.ModuleType, torch.Tensor)):
-        d = vars(obj)
+    elif isinstance(obj, types.ModuleType):  # a module's numbers and tensors the code names (cfg.WINDOW)
         for nm in sorted(names):
-            if nm in d:
-                yield ("attr", nm), d[nm], names
+            x = getattr(obj, nm, None)
+            if isinstance(x, _SCALARS + (torch.Tensor,)) and x is not None:
+                yield ("attr", nm), x, names
+    elif not isinstance(obj, (type, torch.Tensor)):
+        # any other object: the attributes the code names, through getattr (instance dicts, __slots__ and
+        # properties alike), so that every number the kernel bakes in is guarded
+        for nm in sorted(names):
+            try:
+                x = getattr(obj, nm)
+            except Exception:  # noqa: BLE001 - no such attribute, or a property that raises
+                continue
+            yield ("attr", nm), x, names
 
 
 def mod_plan(fn, kind, grad):
@@ -87,7 +97,7 @@ def mod_plan(fn, kind, grad):
     spec = compile_mod(fn, kind, fresh=True)
     if grad and kind == "score":
         spec.grad_fn()
-    found = {id(t): None for t in spec.captures}
+    found = {id(t): [] for t in spec.captures}  # every path to each captured tensor (one tensor in two cells)
     scalars, functions, seen = [], [], {id(fn)}
     level = [((), fn, set())]
     for _ in range(_MAX_DEPTH):
@@ -96,12 +106,12 @@ def mod_plan(fn, kind, grad):
             for step, child, child_names in _children(obj, names):
                 p = path + (step,)
                 if isinstance(child, torch.Tensor):
-                    if found.get(id(child), ()) is None:
-                        found[id(child)] = p
+                    if id(child) in found:
+                        found[id(child)].append(p)
                 elif isinstance(child, _SCALARS):
                     if not (isinstance(child, float) and math.isnan(child)):  # NaN != NaN: no guard to make
                         scalars.append((p, child))
-                elif isinstance(child, (types.ModuleType, type)) or id(child) in seen:
+                elif isinstance(child, type) or id(child) in seen:
                     continue
                 else:
                     seen.add(id(child))
@@ -110,13 +120,13 @@ def mod_plan(fn, kind, grad):
                     nxt.append((p, child, child_names))
         level = nxt
     for t in spec.captures:
-        if found[id(t)] is None:
+        if not found[id(t)]:
             raise FlexCompileError(
                 f"{kind}_mod {getattr(fn, '__name__', fn)}: reads a captured {t.dtype} tensor of shape "
                 f"{list(t.shape)} that tileattn cannot reach from the function under torch.compile (it follows "
                 f"closure cells, the globals the code names, tuples / lists / dicts and attributes of nn.Modules "
                 f"and plain objects held there, {_MAX_DEPTH} steps deep)")
-    return spec.key, tuple(found[id(t)] for t in spec.captures), tuple(scalars), tuple(functions)
+    return spec.key, tuple(tuple(found[id(t)]) for t in spec.captures), tuple(scalars), tuple(functions)
 
 
 # What torch._dynamo.assume_constant_result(mod_plan) sets (torch/_dynamo/decorators.py), without importing
@@ -155,4 +165,11 @@ def traced_mod(fn, kind, grad):
     for path in functions:
         if not callable(follow(fn, path)):  # the same for a called function's code
             raise AssertionError(f"{kind}_mod: {path} changed while tracing")
-    return digest, [follow(fn, path) for path in tensor_paths]
+    tensors = []
+    for paths in tensor_paths:
+        t = follow(fn, paths[0])
+        for path in paths[1:]:  # one tensor reached two ways when traced: Dynamo guards that it still is
+            if follow(fn, path) is not t:
+                raise AssertionError(f"{kind}_mod: {path} changed while tracing")
+        tensors.append(t)
+    return digest, tensors
