@@ -17,11 +17,12 @@ blocks below the unmasked range, the unmasked range, masked blocks above). Parti
     in global memory, in descending key-block order: a counter per (query head, query block) says how many
     higher key blocks have added; the writer spins until it is its turn (one lane polls), adds (the first key
     block of a query block stores instead) and passes the turn on with a release, which orders its adds
-    before the next block's. Adds are vector atomics, or with triton >= 3.9 one TMA reduce-add per half
-    (TMA_DQ). Waiting happens in the writers only: the consumers go on with the next tiles while they wait,
-    and two writers keep two query blocks in flight.
+    before the next block's. Adds are vector atomics, or with triton >= 3.9 at D=128 one TMA reduce-add per
+    half (TMA_DQ; launch_bwd_sm90.CONFIGS). Waiting happens in the writers only: the consumers go on with the
+    next tiles while they wait, and two writers keep two query blocks in flight.
     kernels_bwd.bwd_dq_convert_kernel then writes dQ = scale * sum in dQ's dtype.
-Why this order: under a causal or window rule a lower key block's walk starts at a lower query block, so it
+Why this order: under a causal rule (or a window with a right bound) a lower key block's walk starts at a
+lower query block (no rule or a left bound only: all start at block 0, the chain has no slack), so it
 reaches each query block BLOCK_N / BLOCK_M steps after the key block above it, whose add is then long done (the
 walk from the top down with ascending turns made every CTA wait for the chain of all lower key blocks on its
 first query block; the new order measured causal +6-24% on the H100). Programs wait only on programs of the
