@@ -22,28 +22,41 @@ Dynamo itself guards the mod's code. A mod must exist before the compiled call (
 in __init__ or by a factory such as tileattn.mods.alibi, or held by a BlockMask): Dynamo hands tileattn no
 function object for a mod defined inside the compiled function, and traced_mod says so.
 
-Not guarded: attributes of captured objects other than those on a path (as in eager, where the cache key holds
-such objects by identity), and a closure cell of the same function object rebound to a new value.
+Not guarded: attributes of captured objects other than those on a path, and a closure cell of the same function
+object rebound to a new value. The registry spec_of reads holds no captured tensor (trace.register).
 """
+import dis
 import math
 import types
 
 import torch
 
-from .trace import FlexCompileError, compile_mod
+from .trace import FlexCompileError, compile_mod, register
 
 _MAX_DEPTH = 6  # steps from the mod to an object it reads (compose_scores(alibi(slopes)): 3)
 _SCALARS = (bool, int, float, str, torch.dtype, type(None))
 
 
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR"})
+
+
 def _names(code):
-    """The global and attribute names a code object (and the code objects it holds: lambdas, comprehensions)
-    uses."""
-    names = set(code.co_names)
+    """(global names, attribute names) a code object (and the code objects it holds: lambdas, comprehensions)
+    loads: a global is looked up only under the first, an attribute only under the second, so that neither
+    guards an unrelated object that shares a name."""
+    gl, at = set(), set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in _GLOBAL_OPS:
+            gl.add(ins.argval)
+        elif ins.opname in _ATTR_OPS:
+            at.add(ins.argval)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names |= _names(c)
-    return names
+            g, a = _names(c)
+            gl |= g
+            at |= a
+    return gl, at
 
 
 def _children(obj, names):
@@ -51,13 +64,13 @@ def _children(obj, names):
     the items of a tuple / list / dict, the attributes in `names` (the code's names) of an nn.Module or a plain
     object. Yields (step, child, names for the child's attributes)."""
     if isinstance(obj, types.FunctionType):
-        own = _names(obj.__code__)
+        own_globals, own = _names(obj.__code__)
         for i, cell in enumerate(obj.__closure__ or ()):
             try:
                 yield ("cell", i), cell.cell_contents, own
             except ValueError:  # an empty cell
                 continue
-        for nm in sorted(own):
+        for nm in sorted(own_globals):
             if nm in obj.__globals__:
                 yield ("global", nm), obj.__globals__[nm], own
     elif isinstance(obj, (tuple, list)):
@@ -97,6 +110,7 @@ def mod_plan(fn, kind, grad):
     spec = compile_mod(fn, kind, fresh=True)
     if grad and kind == "score":
         spec.grad_fn()
+    register(spec)
     found = {id(t): [] for t in spec.captures}  # every path to each captured tensor (one tensor in two cells)
     scalars, functions, seen = [], [], {id(fn)}
     level = [((), fn, set())]

@@ -18,10 +18,14 @@ Integer // and % follow Python (floor) semantics as torch does; integers are int
 tensors' values).
 """
 import collections
+import copy
+import functools
 import hashlib
 import linecache
 import math
 import operator
+import types
+import weakref
 
 import torch
 import torch.fx
@@ -138,25 +142,55 @@ def _int_power(x, e):
 
 class ModSpec:
     """A traced mod: `fn` (the @triton.jit function, taking the mod's arguments and a tuple of captures),
-    `captures` (the tensors it reads, in argument order), `source` (the generated text) and `gm` (the fx
-    graph). `gluon_fn()` is the same function for Gluon kernels (@gluon.jit, gl.* for tl.*), `grad_fn()` its
-    derivative for the backward pass; both made on first use."""
+    `captures` (the tensors it reads, in argument order), `source` (the generated text), `gm` (the fx graph,
+    its tensors replaced by meta tensors of the same dims and dtypes) and `key` (a digest of source and graph:
+    two mods with one forward source but different derivatives, clamp and maximum, get two keys).
+    `gluon_fn()` is the same function for Gluon kernels (@gluon.jit, gl.* for tl.*), `grad_fn()` its
+    derivative for the backward pass; both made on first use.
 
-    def __init__(self, fn, captures, source, key, kind, gm):
-        self.fn, self.captures, self.source, self.key, self.kind, self.gm = fn, captures, source, key, kind, gm
+    A captured tensor that the mod's function holds itself (the objects its cache key names by identity) is
+    held weakly: the cache never keeps a user's tensor alive (compile_mod)."""
+
+    def __init__(self, fn, captures, source, kind, gm, weak_ids=()):
+        self.fn, self.source, self.kind = fn, source, kind
+        self.src_digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+        self.key = hashlib.sha1((source + "\n" + gm.code).encode()).hexdigest()[:16]
+        self._captures = tuple(weakref.ref(t) if id(t) in weak_ids else (lambda t=t: t) for t in captures)
+        self.gm = _meta_constants(gm)
         self._grad = None
+
+    @property
+    def captures(self):
+        caps = tuple(r() for r in self._captures)
+        if any(t is None for t in caps):  # compile_mod evicts a spec when one dies; a caller kept this one
+            raise RuntimeError(f"tileattn flex: a tensor captured by this {self.kind}_mod was freed")
+        return caps
 
     def grad_fn(self):
         """A score mod's @triton.jit function returning (value, d value / d score), same arguments and
         captures (made on first use; FlexCompileError names an operation it cannot differentiate)."""
         if self._grad is None:
             src, caps = _emit(self.gm, self.kind, f"{self.kind}_mod (backward)", grad=True)
-            assert len(caps) == len(self.captures)
+            assert len(caps) == len(self._captures)
             self._grad = _define(src, self.kind + "-grad", hashlib.sha1(src.encode()).hexdigest()[:16])
         return self._grad
 
     def gluon_fn(self):
-        return _define(self.source, self.kind, self.key, gluon=True)
+        return _define(self.source, self.kind, self.src_digest, gluon=True)
+
+
+def _meta_constants(gm):
+    """gm with every tensor attribute replaced by a meta tensor of the same shape and dtype (one per distinct
+    tensor, so that aliases stay aliases): what code generation reads, without holding the user's tensors."""
+    metas = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            t = getattr(gm, n.target)
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                m = metas.setdefault(id(t), (t, torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                   device="meta")))[1]
+                setattr(gm, n.target, m)
+    return gm
 
 
 def capture_args(tensors):
@@ -173,9 +207,19 @@ def spec_of(digest):
     names a mod (custom_ops.py)."""
     spec = _SPECS.get(digest)
     if spec is None:
-        raise RuntimeError(f"tileattn flex: no mod with source digest {digest} was traced in this process (the "
-                           f"registered op's mods are traced when Dynamo traces the flex_attention call)")
+        raise RuntimeError(f"tileattn flex: no mod with digest {digest} was traced in this process. The registry "
+                           f"of traced mods is per process: the registered op's mods are traced when Dynamo "
+                           f"traces the flex_attention call, so a graph exported or compiled ahead of time "
+                           f"(torch.export, AOTInductor) and loaded in another process cannot run them")
     return spec
+
+
+def register(spec):
+    """Makes spec known to spec_of (captures.mod_plan, once per compile). The registry's copy holds no captured
+    tensor: the registered op passes its own."""
+    r = copy.copy(spec)
+    r._captures = tuple((lambda: None) for _ in spec._captures)
+    _SPECS.setdefault(spec.key, r)
 
 
 def _define(src_fn, kind, digest, gluon=False):
@@ -412,30 +456,58 @@ class _Writer:
         return self.ref(out)
 
 
-def _closure_key(fn, depth=0):
+@functools.lru_cache(maxsize=1024)
+def _code_names(code):
+    """Every name a code object (and the code objects it holds) uses: globals and attributes."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):
+            names |= _code_names(c)
+    return frozenset(names)
+
+
+def _closure_key(fn, objs, depth=0):
     """What a cached trace depends on besides the code: the objects the closure and the globals it names
     hold (by identity for tensors, by value for numbers; functions it calls, such as composed mods, by their
-    own key)."""
-    def k(x):
+    own key; the attributes the code names of other objects, nn.Modules and modules by the same rules, so that
+    `self.bias = new` or `cfg.WINDOW = 64` is a new key). Appends the objects named by identity to objs."""
+    names = _code_names(fn.__code__)
+
+    def k(x, d):
         if isinstance(x, (int, float, bool, str)) or x is None:
             return (type(x).__name__, x)
-        if depth < 4 and hasattr(x, "__code__") and hasattr(x, "__closure__"):
-            return _closure_key(x, depth + 1)
-        if depth < 4 and isinstance(x, (tuple, list)):
-            return tuple(k(y) for y in x)
+        if d < 4 and hasattr(x, "__code__") and hasattr(x, "__closure__"):
+            return _closure_key(x, objs, d + 1)
+        if d < 4 and isinstance(x, (tuple, list)):
+            return tuple(k(y, d + 1) for y in x)
+        if isinstance(x, type(torch)):  # a module: its numbers and tensors the code names
+            return ("module", id(x), tuple((nm, k(v, d + 1)) for nm in sorted(names)
+                                           for v in [getattr(x, nm, None)]
+                                           if isinstance(v, (int, float, bool, str, torch.Tensor))))
+        objs.append(x)
+        if d < 4 and not isinstance(x, (torch.Tensor, type, torch.dtype)):
+            attrs = []
+            for nm in sorted(names):
+                try:
+                    v = getattr(x, nm)
+                except Exception:  # noqa: BLE001 - no such attribute, or a property that raises
+                    continue
+                if not callable(v) or isinstance(v, types.FunctionType):  # not methods: their code is fixed
+                    attrs.append((nm, k(v, d + 1)))
+            return ("id", id(x), tuple(attrs))
         return ("id", id(x))
-    cells = tuple(k(c.cell_contents) for c in (fn.__closure__ or ()))
+    cells = tuple(k(c.cell_contents, depth) for c in (fn.__closure__ or ()))
     g = getattr(fn, "__globals__", {})
-    names = tuple((nm, k(g[nm])) for nm in fn.__code__.co_names if nm in g and not callable(g[nm])
-                  and not isinstance(g[nm], type(torch)))
-    return (fn.__code__, cells, names, fn.__defaults__)
+    glob = tuple((nm, k(g[nm], depth)) for nm in fn.__code__.co_names if nm in g and not callable(g[nm]))
+    return (fn.__code__, cells, glob, fn.__defaults__)
 
 
-_TRACES = collections.OrderedDict()  # closure key -> (ModSpec, the function), least recent first; holding the
-# function keeps alive the objects its key names by identity, so that no new object can take their id
+_TRACES = collections.OrderedDict()  # closure key -> (ModSpec, pins, finalizers), least recent first. An object
+# the key names by identity is watched (weakref.finalize): the entry goes when it dies, so that no new object
+# reuses its id for a stale trace, and the cache keeps no user object alive. pins: those that take no weakref.
 _MAX_TRACES = 256
 _FUNCTIONS = {}  # (source hash, gluon) -> the jit function (one compile per distinct mod source)
-_SPECS = {}  # source hash -> the first ModSpec of that source (spec_of; never evicted: one per distinct source)
+_SPECS = {}  # ModSpec.key -> ModSpec, for the registered ops (spec_of; filled by captures.mod_plan only)
 
 
 def _emit(gm, kind, name, grad):
@@ -470,7 +542,8 @@ def compile_mod(fn, kind, fresh=False):
     code = getattr(fn, "__code__", None)
     if code is None:
         raise FlexCompileError(f"{kind}_mod: {fn!r} is not a plain Python function")
-    key = (kind, _closure_key(fn))
+    objs = []
+    key = (kind, _closure_key(fn, objs))
     hit = None if fresh else _TRACES.get(key)
     if hit is not None:
         _TRACES.move_to_end(key)
@@ -488,9 +561,27 @@ def compile_mod(fn, kind, fresh=False):
                                f"{e}); control flow on the mod's arguments is not supported, use torch.where") from e
     src_fn, captures = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
     digest = hashlib.sha1(src_fn.encode()).hexdigest()[:16]
-    spec = ModSpec(_define(src_fn, kind, digest), captures, src_fn, digest, kind, gm)
-    _TRACES[key] = (spec, fn)
-    _SPECS.setdefault(digest, spec)
-    while len(_TRACES) > _MAX_TRACES:
-        _TRACES.popitem(last=False)
+    spec = ModSpec(_define(src_fn, kind, digest), captures, src_fn, kind, gm, weak_ids={id(x) for x in objs})
+    _remember(key, spec, objs)
     return spec
+
+
+def _remember(key, spec, objs):
+    """Caches spec under key (compile_mod), watching the objects the key names by identity."""
+    _forget(key)
+    pins, finalizers = [], []
+    for x in {id(x): x for x in objs}.values():
+        try:
+            finalizers.append(weakref.finalize(x, _forget, key))
+        except TypeError:  # no weakref (a dict, a dtype): held, as before, until the entry is evicted
+            pins.append(x)
+    _TRACES[key] = (spec, pins, finalizers)
+    while len(_TRACES) > _MAX_TRACES:
+        _forget(next(iter(_TRACES)))
+
+
+def _forget(key):
+    entry = _TRACES.pop(key, None)
+    if entry is not None:
+        for f in entry[2]:
+            f.detach()
