@@ -2,6 +2,7 @@
 them, before spending device time.
 
     python scripts/compile_sm90_cpu.py [--dtype fp16|bf16|e4m3|e5m2] [--d 128] [--causal] [--lse] [--softcap X]
+                                       [--pingpong 0|1]
     python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse]
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
@@ -86,7 +87,7 @@ DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn
 
 
 # ---- variants ---------------------------------------------------------------------------------------------------
-def dense(dt, D, Dv=None, backend=None, N=1024, B=1, H=4, Hkv=2, packed_v=True, descale=False, **opts):
+def dense(dt, D, Dv=None, backend=None, N=1024, B=1, H=4, Hkv=2, packed_v=True, descale=False, config=None, **opts):
     """tileattn.attention on (B, N, H / Hkv, D / Dv) inputs; fp8: v as an Fp8V (packed) unless told otherwise."""
     import tileattn
     from tileattn import force_backend
@@ -97,7 +98,7 @@ def dense(dt, D, Dv=None, backend=None, N=1024, B=1, H=4, Hkv=2, packed_v=True, 
         v = tileattn.fp8_v_layout(v)
     if descale:
         opts.update(q_descale=torch.ones(B, Hkv), k_descale=torch.ones(B, Hkv), v_descale=torch.ones(B, Hkv))
-    with force_backend(backend):
+    with force_backend(backend, config=config):
         tileattn.attention(q, k, v, **opts)
 
 
@@ -292,6 +293,8 @@ def main():
     p.add_argument("--bwd", default=None, metavar="M,N,WARPS,STAGES",
                    help="the dense backward's dK/dV kernel with these tiles")
     p.add_argument("--bwd-sm90", action="store_true", help="the dense backward's Hopper (Gluon) kernel")
+    p.add_argument("--pingpong", type=int, default=None, choices=(0, 1),
+                   help="dense forward: the table's Sm90Config with pingpong set to this")
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
@@ -319,7 +322,14 @@ def main():
         dense(DT[a.dtype], a.d, a.dv or a.d, backend="dense.large_d_sm90", H=2, causal=a.causal, return_lse=a.lse)
         name = "attn_fwd_large_d_sm90_kernel"
     else:
-        dense(DT[a.dtype], a.d, backend="dense.sm90", H=2, causal=a.causal, softcap=a.softcap, return_lse=a.lse)
+        import dataclasses
+
+        from tileattn.ops.common.configs import sm90_config
+        cfg = None
+        if a.pingpong is not None:
+            cfg = dataclasses.replace(sm90_config(a.d, DT[a.dtype]), pingpong=bool(a.pingpong))
+        dense(DT[a.dtype], a.d, backend="dense.sm90", H=2, causal=a.causal, softcap=a.softcap, return_lse=a.lse,
+              config=cfg)
         name = "attn_fwd_sm90_kernel"
     ck = next(k for n, k in COMPILED if n == name)
     return report(ck, a.out)

@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bwd-tests] [sweep-bwd] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [ncu-fwd] (NCU_CASES: ';'-separated `profile_kernels.py fwd`
@@ -116,6 +116,13 @@ for s in $steps; do
       timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py tests/flex/test_flex_backward.py > "$OUT/bwd_tests.log" 2>&1; rc=$?
       summary+=("bwd-tests rc=$rc: $(tail -n 1 "$OUT/bwd_tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/bwd_tests.log" | head -10 ;;
+    sweep-fwd)
+      # the Hopper forward's table config against variants (FWD_ARGS: sweep.py fwd options), compiled in parallel
+      for d in 64 128; do for c in 0 1; do
+        timeout 300 python3 scripts/sweep.py fwd --warm --dims $d --causal $c ${FWD_ARGS:-} >> "$OUT/sweep_fwd_warm.log" 2>&1 &
+      done; done; wait
+      timeout ${FWD_TIMEOUT:-300} python3 scripts/sweep.py fwd ${FWD_ARGS:-} > "$OUT/sweep_fwd.log" 2>&1; rc=$?
+      summary+=("sweep-fwd rc=$rc"); grep -E "^FWD" "$OUT/sweep_fwd.log" ;;
     sweep-bwd)
       timeout 500 python3 scripts/sweep.py bwd ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
       summary+=("sweep-bwd rc=$rc"); grep -E "^(D=|FLEX)" "$OUT/sweep_bwd.log" ;;

@@ -4,6 +4,10 @@ timed; a config that fails the check, does not compile or is refused is reported
     dense   [--out sweep.json] [--heads 64,128] [--seqlens 1024,4096,16384] [--dtype fp16] [--budget-s 300]
             [--set all|ctas]: portable forward kernel (AttnConfig) vs cuDNN, B=4, H=32. A JSON line per (case,
             config), "BEST D=..." per case, the results file, a ranking per (D, causal): "  D=... <geomean> <cfg>"
+    fwd     [--dims 64,128] [--causal 0,1] [--seqlens N,..] [--dtype fp16|bf16] [--variants "pingpong=1;..."]
+            [--tag T] [--warm]: the Hopper forward (dense.sm90) with the table's Sm90Config and with each variant's
+            field overrides, vs cuDNN, B=4, H=32, outputs checked against cuDNN's: "FWD D=... N=...: cudnn: <TFLOPS> |
+            ..."; --warm: compile only
     bwd     [--quick | --seqlens N,..] [--dims 64,128] [--causal 0,1] [--warm] [--only NAME,..] [--tag T]
             [--unchecked] [--flex | --flex-only]: backward
             tiles (BwdConfig) and the Hopper backward forced on (sm90); --only: these columns (cuDNN always),
@@ -160,6 +164,60 @@ def dense(a):
                              if len(v) == nmax), reverse=True)
             for g, c in ranked[:4]:
                 print(f"  D={D} causal={int(causal)} {g:.3f} {c}")
+
+
+# ---- Hopper forward ------------------------------------------------------------------------------------------
+def sm90_variants(spec):
+    """[(name, Sm90Config overrides)] of --variants "pingpong=1;stages=3,q_slots=1": the table's entry first."""
+    out = [("table", {})]
+    for item in filter(None, (x.strip() for x in spec.split(";"))):
+        over = {}
+        for kv in item.split(","):
+            k, v = kv.split("=")
+            over[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+        out.append((item, over))
+    return out
+
+
+def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
+    """One (D, causal, N) of the dense forward: cuDNN, then the Hopper kernel with the table's config and with each
+    variant's overrides, each output checked against cuDNN's before it is timed."""
+    import dataclasses
+
+    from tileattn.bench.dense import sdpa
+    from tileattn.ops.common.configs import sm90_config
+    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(3))
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    ref = sdpa("cudnn")(qh, kh, vh, causal).transpose(1, 2)
+    ms = do_bench(lambda: sdpa("cudnn")(qh, kh, vh, causal))
+    line = [f"cudnn: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}"]
+
+    def check(out):
+        diff = max_abs(out, ref)
+        return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
+    table = sm90_config(D, dtype)
+    for name, over in variants:
+        try:
+            cfg = dataclasses.replace(table, **{f: type(getattr(table, f))(x) for f, x in over.items()})
+            with tileattn.force_backend("dense.sm90", config=cfg):
+                ms, diff = checked_ms(lambda: tileattn.attention(q, k, v, causal=causal), check)
+            line.append(f"{name}: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else
+                        f"{name}: WRONG ({diff:.2e})")
+        except Exception as e:  # noqa: BLE001
+            line.append(f"{name}: {err(e, 60)}")
+    print(f"{tag}FWD D={D} causal={int(causal)} N={N}: " + " | ".join(line), flush=True)
+
+
+def fwd(a):
+    variants = sm90_variants(a.variants)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    if a.warm:  # compile every variant of these cases at a small shape (one process per case runs them in parallel)
+        for D, causal in itertools.product(a.dims, [bool(c) for c in a.causal]):
+            fwd_case(D, causal, 512, variants, dtype, B=1, H=4, tag="WARM ")
+        return
+    for D, causal, N in itertools.product(a.dims, [bool(c) for c in a.causal], a.seqlens):
+        fwd_case(D, causal, N, variants, dtype, tag=a.tag)
+        torch.cuda.empty_cache()
 
 
 # ---- backward ------------------------------------------------------------------------------------------------
@@ -411,6 +469,16 @@ def main():
     p.add_argument("--budget-s", type=float, default=300)
     p.add_argument("--set", default="all", choices=["all", "ctas"])
     p.set_defaults(func=dense)
+    p = sub.add_parser("fwd", help="the Hopper forward's table config against variants of it, and cuDNN")
+    p.add_argument("--dims", type=ints, default="64,128", help="head dims")
+    p.add_argument("--causal", type=ints, default="0,1")
+    p.add_argument("--seqlens", type=ints, default="1024,2048,4096,16384")
+    p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    p.add_argument("--variants", default="pingpong=1",
+                   help='";"-separated Sm90Config overrides, each "field=value,...", e.g. "pingpong=1;stages=3"')
+    p.add_argument("--tag", default="", help="printed before each line")
+    p.add_argument("--warm", action="store_true", help="only compile the variants (at a small shape)")
+    p.set_defaults(func=fwd)
     p = sub.add_parser("bwd", help="backward tiles (dense; flex with --flex)")
     p.add_argument("--quick", action="store_true", help="N 1K and 4K only")
     p.add_argument("--seqlens", default="", help="comma-separated N (default 1024,2048,4096,16384)")

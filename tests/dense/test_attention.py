@@ -242,7 +242,8 @@ def test_gpu_sm90_dispatch(D, device, monkeypatch):
 def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
     """The Gluon kernel's CTAs walk many tiles of unequal length (barrier phases and Q slots carried across
     tiles; D = 256 has one Q slot): as dispatch sends them (more tiles than SMs), and forced onto the kernel with
-    1 and 7 CTAs for the whole problem (masks dispatch sends elsewhere included)."""
+    1 and 7 CTAs for the whole problem (masks dispatch sends elsewhere included); the consumers' wgmma turns
+    (Sm90Config.pingpong) both ways."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
     monkeypatch.setenv("TILEATTN_DEBUG_FILL_NAN", "1")
@@ -251,8 +252,10 @@ def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
     k = randn(3, 555, 12, D, dtype=torch.float16, device=device)
     v = randn(3, 555, 12, D, dtype=torch.float16, device=device)
     _check(q, k, v, **opts)
-    for programs in (1, 7):
-        with force_backend("dense.sm90", config=dataclasses.replace(sm90_config(D, q.dtype), max_programs=programs)):
+    table = sm90_config(D, q.dtype)
+    for programs, pingpong in ((1, table.pingpong), (7, table.pingpong), (0, not table.pingpong),
+                               (7, not table.pingpong)):
+        with force_backend("dense.sm90", config=dataclasses.replace(table, max_programs=programs, pingpong=pingpong)):
             _check(q, k, v, **opts)
     plans.clear_plans()
 

@@ -52,6 +52,7 @@ class Sm90Config:
     q_slots: int = 2  # Q tiles in flight per consumer (2: the next tile's Q loads during this one)
     serves_causal: bool = True  # False: problems with a right bound (causal) go to the portable kernel
     max_programs: int = 0  # CTAs of the grid at most (0: one per SM; tests use few CTAs walking many tiles)
+    pingpong: bool = False  # the consumers issue their wgmmas in strict turns (FA3's warp scheduler barrier)
 
 
 # Per head dim. Shared memory: 2 x q_slots Q tiles + stages x (K + V) tiles, within the 227 KB of an

@@ -4,18 +4,21 @@ flex kernel (ops/flex/gluon_sm90.py, flex_fwd_sm90_kernel, FLEX mode: key blocks
 score / mask mods).
 
 A tile is NUM_CONSUMERS * BLOCK_M query rows of one (batch, query head). The grid may be persistent: each
-CTA walks one tile per round (`_tile_of`: heaviest causal query blocks first, dealt out in a snake), and its
+CTA walks one tile per round (`tile_of`: heaviest causal query blocks first, dealt out in a snake), and its
 partitions keep their barrier phases running across tiles:
-  - a loader partition (one warp) loads a tile's Q into one of Q_SLOTS Q slots (with two, the next tile's Q
-    arrives while the current tile runs; D = 256 has room for one), then streams its K and V tiles through a
-    ring of STAGES shared-memory buffers with TMA, signalling `k_ready` / `v_ready` barriers per buffer;
+  - a loader partition (one warp; gluon_sm90_loader.py) loads a tile's Q into one of Q_SLOTS Q slots (with
+    two, the next tile's Q arrives while the current tile runs; D = 256 has room for one), then streams its K
+    and V tiles through a ring of STAGES shared-memory buffers with TMA, signalling `k_ready` / `v_ready`
+    barriers per buffer;
   - NUM_CONSUMERS consumer warpgroups (4 warps each) own BLOCK_M rows each: S = Q K^T by wgmma from shared
     memory, the online softmax in registers, O += P V with P from registers. They read the same K/V
     buffers; a buffer is handed back to the loader when every consumer has arrived on its `empty` barrier.
     O is staged for its TMA store in the tile's own Q slot, which is handed back (`q_empty`) once the store
     has read it.
-The consumers are independent warpgroups, so the softmax of one overlaps the wgmma of the other (the
-inter-warpgroup overlap FlashAttention-3 calls ping-pong), and the loader runs STAGES tiles ahead.
+The consumers are independent warpgroups, so the softmax of one overlaps the wgmma of the other, and the loader
+runs STAGES tiles ahead. PINGPONG (Sm90Config.pingpong) makes that order strict, as FlashAttention-3's warp
+scheduler barrier does: the consumers issue their wgmmas in turns (`turns` barriers, _turn_wait / _turn_pass),
+so one warpgroup's softmax always runs under the other's wgmmas instead of both softmaxes at once.
 
 Masking model and key-block ranges are those of masking.py: key j is visible to query i
 iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk. Every consumer walks the CTA's key blocks in the same
@@ -43,7 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import masking, softmax
-from .gluon_compat import tma_load, tma_store
+from .gluon_compat import tma_store
+from .gluon_sm90_loader import block_start, loader, tile_blocks, tile_of
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -52,144 +56,6 @@ LN2 = gl.constexpr(0.6931471805599453)
 _tanh = gluon.jit(softmax.tanh.fn)
 _key_range = gluon.jit(masking.key_range.fn)
 _visible = gluon.jit(masking.visible.fn)
-
-
-@gluon.jit
-def _tile_of(r, num_m, num_tiles, REVERSE_M: gl.constexpr):
-    """Tile of this CTA in round r of the persistent grid, as (valid, query block, batch * head).
-
-    Rounds deal tiles out in a snake (CTA p takes r * nprog + p in even rounds, r * nprog + nprog - 1 - p in
-    odd ones), so that with tiles in decreasing cost (REVERSE_M: the heaviest causal query blocks of a head
-    first) a CTA that got a heavy tile in one round gets a light one in the next. Heads are the slow index:
-    the CTAs of a round read few heads' K/V, which stay in L2 (on the H100, spreading a round over more heads
-    lost 10-40% at N = 1K-16K, docs/design/dense.md, 2026-11-21)."""
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    t = r * nprog + pid + (r % 2) * (nprog - 1 - 2 * pid)
-    i_m = t % num_m
-    if REVERSE_M:
-        i_m = num_m - 1 - i_m
-    return t < num_tiles, i_m, t // num_m
-
-
-@gluon.jit
-def _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
-    """(first query row, first key, key blocks) of a tile: loader and consumers must agree on the count."""
-    m0 = i_m * ROWS
-    m_last = gl.minimum(m0 + ROWS, seqlen_q) - 1
-    lo, hi, _, _ = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    return m0, lo, gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
-
-
-@gluon.jit
-def _flex_lists(fx, i_b, i_h, i_m):
-    """Flex: (partial blocks, full blocks, partial list, full list) of query block i_m of (i_b, i_h), from the
-    block mask's tensors in fx (see attn_fwd_sm90_kernel)."""
-    n_part = gl.load(fx[0] + i_b * fx[4] + i_h * fx[5] + i_m * fx[6])
-    part = fx[1] + i_b * fx[7] + i_h * fx[8] + i_m * fx[9]
-    n_full = gl.load(fx[2] + i_b * fx[10] + i_h * fx[11] + i_m * fx[12])
-    full = fx[3] + i_b * fx[13] + i_h * fx[14] + i_m * fx[15]
-    return n_part, n_full, part, full
-
-
-@gluon.jit
-def _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr,
-                 BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, FLEX: gl.constexpr):
-    """(first query row, first key, key blocks, partial blocks, partial list, full list) of a tile. Dense: the
-    window model's key range (lists unused); flex: the block mask's partial blocks, then its full ones."""
-    if FLEX:
-        n_part, n_full, part, full = _flex_lists(fx, i_b, i_h, i_m)
-        return i_m * ROWS, 0, n_part + n_full, n_part, part, full
-    else:
-        m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS, BLOCK_N, HAS_LEFT,
-                                        HAS_RIGHT)
-        return m0, n_lo, n_blocks, 0, fx[1], fx[3]
-
-
-@gluon.jit
-def _block_start(it, n_lo, lst, base, BLOCK_N: gl.constexpr, FLEX: gl.constexpr):
-    """First key of the tile's block `it`: n_lo + it * BLOCK_N, or (flex) entry it - base of a block list."""
-    if FLEX:
-        return gl.load(lst + it - base) * BLOCK_N
-    else:
-        return n_lo + it * BLOCK_N
-
-
-@gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
-            BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
-            FLEX: gl.constexpr):
-    kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
-    j = 0  # tiles started so far: Q slot and phase
-    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
-        valid, i_m, i_bh = _tile_of(r, num_m, num_tiles, REVERSE_M)
-        if valid:
-            j, kv = _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
-                               kv_empty, j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag,
-                               left, right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, V_SEQ_MAJOR,
-                               FLEX)
-
-
-@gluon.jit
-def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-               j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
-               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
-    """The loads of one tile: Q into slot j % Q_SLOTS and its K/V blocks into the ring from position kv.
-
-    With two Q slots Q goes first (its slot was freed a tile ago). With one, the slot frees only when the
-    previous tile's O is stored: the first STAGES K/V blocks go before it (their buffers are freed by the
-    previous tile's consumers, which need nothing more from the loader), so the ring is full when Q lands."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    i_b = i_bh // num_heads
-    i_h = i_bh % num_heads
-    i_hk = i_h // group_size
-    m0, n_lo, n_blocks, n_part, part, full = _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
-                                                          right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
-                                                          HAS_RIGHT, FLEX)
-    Q_SLOTS: gl.constexpr = q_ready.shape[0]
-    if Q_SLOTS == 1:
-        first = gl.minimum(n_blocks, STAGES)
-    else:
-        first = 0
-    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, 0, first, n_lo, n_part, part, full,
-             i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
-    slot = j % Q_SLOTS
-    # slots and buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh one)
-    mbarrier.wait(q_empty.index(slot), ((j // Q_SLOTS) & 1) ^ 1)
-    mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
-    for c in gl.static_range(NUM_CONSUMERS):
-        tma_load(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
-                                        q_bufs.index(slot * NUM_CONSUMERS + c))
-    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, n_part, part,
-             full, i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
-    return j + 1, kv + n_blocks
-
-
-@gluon.jit
-def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_lo, it_hi, n_lo, n_part, part,
-             full, i_b, i_hk, STAGES: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
-    """K/V blocks it_lo..it_hi - 1 of a tile (keys from n_lo; flex: the partial then the full list) into ring
-    positions kv + it."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    for it in range(it_lo, it_hi):
-        s = (kv + it) % STAGES
-        phase = ((kv + it) // STAGES) & 1
-        if it < n_part:
-            n0 = _block_start(it, n_lo, part, 0, BLOCK_N, FLEX)
-        else:
-            n0 = _block_start(it, n_lo, full, n_part, BLOCK_N, FLEX)
-        mbarrier.wait(kv_empty.index(s), phase ^ 1)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma_load(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        if V_SEQ_MAJOR:
-            tma_load(v_desc, [i_b, i_hk, 0, n0], v_ready.index(s), v_bufs.index(s))
-        else:
-            tma_load(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
 
 
 @gluon.jit
@@ -268,9 +134,27 @@ def _v_operand(v_bufs, s, V_SEQ_MAJOR: gl.constexpr):
 
 
 @gluon.jit
+def _turn_wait(turns, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """PINGPONG: wait for this warpgroup's turn t to issue wgmmas. The consumers take turns strictly (WG 0's
+    turn t, WG 1's turn t, WG 0's turn t + 1, ...): WG 0's first wait passes (parity 1 of a fresh barrier),
+    every other waits for the other warpgroup's _turn_pass. Both warpgroups take one turn per issue group
+    (prologue, each steady step, epilogue) of the same key blocks, so their counts stay equal."""
+    if PINGPONG:
+        mbarrier.wait(turns.index(WG), (t & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _turn_pass(turns, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """PINGPONG: this warpgroup's wgmmas of turn t are issued: the other warpgroup's turn. Returns t + 1."""
+    if PINGPONG:
+        mbarrier.arrive(turns.index(1 - WG))
+    return t + 1
+
+
+@gluon.jit
 def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs,
                      k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
-                     softcap_out, fm, caps_s, caps_m,
+                     softcap_out, fm, caps_s, caps_m, turns, t, WG: gl.constexpr, PINGPONG: gl.constexpr,
                      MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                      o_layout: gl.constexpr, p_layout: gl.constexpr, P_SHIFT: gl.constexpr,
@@ -278,7 +162,8 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
                      MASK_MOD: gl.constexpr):
     """Steady-state iterations b in [b_start, b_end): q.k of block b and p.v of block b - 1 go to the tensor
     cores together; the softmax of b waits only for the first. p_carry holds P of block b - 1 (_p_carry);
-    block b sits in ring buffer (kv + b) % STAGES.
+    block b sits in ring buffer (kv + b) % STAGES. PINGPONG: both wgmmas of a step are issued in this warpgroup's
+    turn t (returned advanced), so the other warpgroup's softmax runs under them.
 
     No data-dependent branch inside the loop (MASKED is a constexpr): the assembler keeps a wgmma in flight
     only across straight-line code, and waits for all of them at a join."""
@@ -292,13 +177,22 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
         s = (kv + it) % STAGES
         sp = (kv + it - 1) % STAGES
         mbarrier.wait(k_ready.index(s), ((kv + it) // STAGES) & 1)
-        qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False,
-                           is_async=True)
-        p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
-        mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+        if PINGPONG:  # both operands ready before the turn: nothing but the two issues inside it
+            p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
+            mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
+            _turn_wait(turns, t, WG, PINGPONG)
+            qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+            t = _turn_pass(turns, t, WG, PINGPONG)
+        else:  # q.k goes first, p.v once its V has landed
+            qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
+            p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
+            mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
-        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, _block_start(it, n_lo, lst, base, BLOCK_N, FLEX), o_m,
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, block_start(it, n_lo, lst, base, BLOCK_N, FLEX), o_m,
                                             o_n, MASKED, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
                                             softcap_out, fm, caps_s, caps_m, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                             P_SHIFT, FLEX, SCORE_MOD, MASK_MOD)
@@ -308,15 +202,16 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
         mbarrier.arrive(kv_empty.index(sp))
         p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
         acc = acc * gl.convert_layout(alpha, o_row)[:, None]
-    return acc, m_i, l_i, p_carry
+    return acc, m_i, l_i, p_carry, t
 
 
 @gluon.jit
 def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs, v_bufs,
                        k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
-                       softcap_out, n_part, part, full, fm, caps_s, caps_m,
-                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                       STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                       softcap_out, n_part, part, full, fm, caps_s, caps_m, turns, t, WG: gl.constexpr,
+                       PINGPONG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                       HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                       o_layout: gl.constexpr,
                        P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr,
                        SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
     """All the CTA's key blocks, software-pipelined (FlashAttention-3's intra-warpgroup overlap): block 0's
@@ -333,12 +228,14 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
     p_carry = _p_carry(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), dtype, p_layout, V_SEQ_MAJOR)
     if n_blocks > 0:
         if n_part > 0:
-            n_first = _block_start(0, n_lo, part, 0, BLOCK_N, FLEX)
+            n_first = block_start(0, n_lo, part, 0, BLOCK_N, FLEX)
         else:
-            n_first = _block_start(0, n_lo, full, 0, BLOCK_N, FLEX)
+            n_first = block_start(0, n_lo, full, 0, BLOCK_N, FLEX)
         mbarrier.wait(k_ready.index(kv % STAGES), (kv // STAGES) & 1)
+        _turn_wait(turns, t, WG, PINGPONG)
         qk = warpgroup_mma(q_smem, k_bufs.index(kv % STAGES).reshape([BLOCK_N, D]).permute((1, 0)),
                            gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        t = _turn_pass(turns, t, WG, PINGPONG)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         # block 0 is masked whichever range it is in (the rule holds trivially on a fully visible block)
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_first, o_m, o_n, True, seqlen_k, off_diag, left,
@@ -347,36 +244,36 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
     b1 = gl.maximum(b_full_lo, 1)
     b2 = gl.maximum(b_full_hi, b1)
-    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, part, 0, 1, b1, o_m, o_n, q_smem,
-                                              k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
-                                              right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, True,
-                                              HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout,
-                                              p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
-    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, full, n_part, b1, b2, o_m, o_n,
-                                              q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k,
-                                              off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm,
-                                              caps_s, caps_m, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
-                                              s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD,
-                                              MASK_MOD)
-    # (dense only: flex has b_full_hi = n_blocks)
-    acc, m_i, l_i, p_carry = _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, part, 0, b2, n_blocks, o_m, o_n,
-                                              q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k,
-                                              off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm,
-                                              caps_s, caps_m, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
-                                              s_layout, o_layout, p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD,
-                                              MASK_MOD)
+    # masked blocks [1, b1), unmasked [b1, b2), masked [b2, n_blocks) (flex: b2 = n_blocks, the full list last)
+    acc, m_i, l_i, p_carry, t = _pipelined_steps(
+        acc, m_i, l_i, p_carry, kv, n_lo, part, 0, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+        kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, turns,
+        t, WG, PINGPONG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
+        V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
+    acc, m_i, l_i, p_carry, t = _pipelined_steps(
+        acc, m_i, l_i, p_carry, kv, n_lo, full, n_part, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+        kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, turns,
+        t, WG, PINGPONG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
+        V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
+    acc, m_i, l_i, p_carry, t = _pipelined_steps(
+        acc, m_i, l_i, p_carry, kv, n_lo, part, 0, b2, n_blocks, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
+        v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s,
+        caps_m, turns, t, WG, PINGPONG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout,
+        p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
     if n_blocks > 0:
         sp = (kv + n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(_p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR),
-                            _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+        p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
+        _turn_wait(turns, t, WG, PINGPONG)
+        acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+        t = _turn_pass(turns, t, WG, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(sp))
-    return acc, m_i, l_i
+    return acc, m_i, l_i, t
 
 
 @gluon.jit
-def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
               stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
               stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
               right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
@@ -384,11 +281,12 @@ def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr,
               V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
-              MASK_MOD: gl.constexpr):
+              MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr):
     j = 0  # tiles done so far: Q slot and phase
     kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
+    t = 0  # wgmma turns taken so far (PINGPONG)
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
-        valid, i_m, i_bh = _tile_of(r, num_m, num_tiles, REVERSE_M)
+        valid, i_m, i_bh = tile_of(r, num_m, num_tiles, REVERSE_M)
         if valid:
             i_b = i_bh // num_heads
             i_hk = (i_bh % num_heads) // group_size
@@ -406,24 +304,26 @@ def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
                     tile_cap_scale = softcap_scale * qk_descale
                 else:
                     tile_scale = sm_scale * qk_descale
-            j, kv = _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
-                                  kv_empty, lse_ptr, stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q,
-                                  seqlen_k, off_diag, left, right, tile_scale, tile_cap_scale, softcap_out,
-                                  tile_out_scale, fx, flex_scale, caps_s, caps_m, WG, BLOCK_M, STAGES,
-                                  NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, P_SHIFT, V_SEQ_MAJOR,
-                                  SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)
+            j, kv, t = _consume_tile(
+                o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
+                stride_lb, stride_lh, j, kv, t, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
+                tile_scale, tile_cap_scale, softcap_out, tile_out_scale, fx, flex_scale, caps_s, caps_m, WG, BLOCK_M,
+                STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, P_SHIFT, V_SEQ_MAJOR, SEPARATE_O,
+                FLEX, SCORE_MOD, MASK_MOD, PINGPONG)
 
 
 @gluon.jit
-def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
-                  stride_lb, stride_lh, j, kv, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
-                  sm_scale, softcap_scale, softcap_out, out_scale, fx, flex_scale, caps_s, caps_m,
+def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
+                  lse_ptr, stride_lb, stride_lh, j, kv, t, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left,
+                  right, sm_scale, softcap_scale, softcap_out, out_scale, fx, flex_scale, caps_s, caps_m,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                   RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
-                  SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
-    """This warpgroup's rows of one tile: Q from slot j % Q_SLOTS, K/V blocks from ring position kv. O is stored
-    through the Q slot (then handed back to the loader), or through this warpgroup's O buffer (SEPARATE_O)."""
+                  SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
+                  PINGPONG: gl.constexpr):
+    """This warpgroup's rows of one tile: Q from slot j % Q_SLOTS, K/V blocks from ring position kv, wgmma turns
+    from t (PINGPONG). O is stored through the Q slot (then handed back to the loader), or through this
+    warpgroup's O buffer (SEPARATE_O). Returns the three counts advanced."""
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
     DV: gl.constexpr = o_desc.block_type.shape[3]
@@ -440,7 +340,7 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
-    m0_cta, n_lo, n_blocks, n_part, part, full = _tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
+    m0_cta, n_lo, n_blocks, n_part, part, full = tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
                                                               right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
                                                               HAS_RIGHT, FLEX)
     m0 = m0_cta + WG * BLOCK_M
@@ -467,10 +367,11 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
     acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
     mbarrier.wait(q_ready.index(slot), (j // Q_SLOTS) & 1)
-    acc, m_i, l_i = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
-                                       k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
-                                       right, sm_scale, softcap_scale, softcap_out, n_part, part, full,
-                                       (i_b, i_h, flex_scale), caps_s, caps_m, HAS_LEFT, HAS_RIGHT,
+    acc, m_i, l_i, t = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
+                                          k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
+                                          right, sm_scale, softcap_scale, softcap_out, n_part, part, full,
+                                          (i_b, i_h, flex_scale), caps_s, caps_m, turns, t, WG, PINGPONG,
+                                          HAS_LEFT, HAS_RIGHT,
                                        HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, V_SEQ_MAJOR, FLEX,
                                        SCORE_MOD, MASK_MOD)
 
@@ -494,7 +395,7 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     tma.store_wait(pendings=0)  # the store has read the buffer: it may be written again
     if not SEPARATE_O:
         mbarrier.arrive(q_empty.index(slot))
-    return j + 1, kv + n_blocks
+    return j + 1, kv + n_blocks, t
 
 
 @gluon.jit
@@ -507,7 +408,7 @@ def attn_fwd_pipeline(
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
     HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
-    FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
+    FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr,
 ):
     """The whole forward: shared memory, barriers, and the loader and two consumer partitions. The dense and
     flex kernels' docstrings say what their arguments hold; fx, caps_s / caps_m, SCORE_MOD / MASK_MOD are the
@@ -535,6 +436,7 @@ def attn_fwd_pipeline(
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())  # PINGPONG
     for s in gl.static_range(Q_SLOTS):
         mbarrier.init(q_ready.index(s), count=1)
         mbarrier.init(q_empty.index(s), count=NUM_CONSUMERS)
@@ -542,23 +444,28 @@ def attn_fwd_pipeline(
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
+    if PINGPONG:
+        for w in gl.static_range(NUM_CONSUMERS):
+            mbarrier.init(turns.index(w), count=1)
 
     gl.warp_specialize([
-        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
+                     lse_ptr,
                      stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
                      stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
                      off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
                      0, BLOCK_M, STAGES,
                      NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)),
-        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, lse_ptr,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)),
+        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
+                     lse_ptr,
                      stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
                      stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
                      off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
                      1, BLOCK_M, STAGES,
                      NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD)),
-        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)),
+        (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                    num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
                    right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -13,7 +13,7 @@ def flex_fwd_sm90_kernel(
     seqlen_q, seqlen_k, num_heads, group_size, num_bh, out_scale, fx, caps_s, caps_m,
     BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     RETURN_LSE: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
-    SEPARATE_O: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
+    SEPARATE_O: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr,
 ):
     """Flex attention (ops/flex): the dense kernel's schedule over a block mask. As attn_fwd_sm90_kernel, plus
     fx = (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, their (batch, head, query block)
@@ -25,4 +25,4 @@ def flex_fwd_sm90_kernel(
         stride_kdb, stride_kdh, stride_vdb, stride_vdh, seqlen_q, seqlen_k, num_heads, group_size, num_bh,
         1.4426950408889634, 1.0, 1.0, out_scale, 0, 0, fx, caps_s, caps_m, BLOCK_M, Q_SLOTS, STAGES, CONSUMER_REGS,
         False, False, False, False, RETURN_LSE, False, HAS_DESCALE, P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, True, SCORE_MOD,
-        MASK_MOD)
+        MASK_MOD, PINGPONG)

@@ -1,0 +1,150 @@
+"""The loader side of the Hopper forward pipeline (gluon_attn_sm90.py): which tile a CTA takes in each round of
+the persistent grid, which key blocks a tile reads (dense: the masking model's range; flex: the block mask's
+lists), and the loader partition that streams Q and K/V tiles into shared memory with TMA. The consumers use the
+same tile and block functions, so both sides agree on every count."""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from . import masking
+from .gluon_compat import tma_load
+
+_key_range = gluon.jit(masking.key_range.fn)
+
+
+@gluon.jit
+def tile_of(r, num_m, num_tiles, REVERSE_M: gl.constexpr):
+    """Tile of this CTA in round r of the persistent grid, as (valid, query block, batch * head).
+
+    Rounds deal tiles out in a snake (CTA p takes r * nprog + p in even rounds, r * nprog + nprog - 1 - p in
+    odd ones), so that with tiles in decreasing cost (REVERSE_M: the heaviest causal query blocks of a head
+    first) a CTA that got a heavy tile in one round gets a light one in the next. Heads are the slow index:
+    the CTAs of a round read few heads' K/V, which stay in L2 (on the H100, spreading a round over more heads
+    lost 10-40% at N = 1K-16K, docs/design/dense.md, 2026-11-21)."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    t = r * nprog + pid + (r % 2) * (nprog - 1 - 2 * pid)
+    i_m = t % num_m
+    if REVERSE_M:
+        i_m = num_m - 1 - i_m
+    return t < num_tiles, i_m, t // num_m
+
+
+@gluon.jit
+def _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """(first query row, first key, key blocks) of a tile: loader and consumers must agree on the count."""
+    m0 = i_m * ROWS
+    m_last = gl.minimum(m0 + ROWS, seqlen_q) - 1
+    lo, hi, _, _ = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    return m0, lo, gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+
+
+@gluon.jit
+def _flex_lists(fx, i_b, i_h, i_m):
+    """Flex: (partial blocks, full blocks, partial list, full list) of query block i_m of (i_b, i_h), from the
+    block mask's tensors in fx (see attn_fwd_sm90_kernel)."""
+    n_part = gl.load(fx[0] + i_b * fx[4] + i_h * fx[5] + i_m * fx[6])
+    part = fx[1] + i_b * fx[7] + i_h * fx[8] + i_m * fx[9]
+    n_full = gl.load(fx[2] + i_b * fx[10] + i_h * fx[11] + i_m * fx[12])
+    full = fx[3] + i_b * fx[13] + i_h * fx[14] + i_m * fx[15]
+    return n_part, n_full, part, full
+
+
+@gluon.jit
+def tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, FLEX: gl.constexpr):
+    """(first query row, first key, key blocks, partial blocks, partial list, full list) of a tile. Dense: the
+    window model's key range (lists unused); flex: the block mask's partial blocks, then its full ones."""
+    if FLEX:
+        n_part, n_full, part, full = _flex_lists(fx, i_b, i_h, i_m)
+        return i_m * ROWS, 0, n_part + n_full, n_part, part, full
+    else:
+        m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS, BLOCK_N, HAS_LEFT,
+                                        HAS_RIGHT)
+        return m0, n_lo, n_blocks, 0, fx[1], fx[3]
+
+
+@gluon.jit
+def block_start(it, n_lo, lst, base, BLOCK_N: gl.constexpr, FLEX: gl.constexpr):
+    """First key of the tile's block `it`: n_lo + it * BLOCK_N, or (flex) entry it - base of a block list."""
+    if FLEX:
+        return gl.load(lst + it - base) * BLOCK_N
+    else:
+        return n_lo + it * BLOCK_N
+
+
+@gluon.jit
+def loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
+            BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+            FLEX: gl.constexpr):
+    kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
+    j = 0  # tiles started so far: Q slot and phase
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        valid, i_m, i_bh = tile_of(r, num_m, num_tiles, REVERSE_M)
+        if valid:
+            j, kv = _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                               kv_empty, j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag,
+                               left, right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, V_SEQ_MAJOR,
+                               FLEX)
+
+
+@gluon.jit
+def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+               j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
+               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
+    """The loads of one tile: Q into slot j % Q_SLOTS and its K/V blocks into the ring from position kv.
+
+    With two Q slots Q goes first (its slot was freed a tile ago). With one, the slot frees only when the
+    previous tile's O is stored: the first STAGES K/V blocks go before it (their buffers are freed by the
+    previous tile's consumers, which need nothing more from the loader), so the ring is full when Q lands."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    i_b = i_bh // num_heads
+    i_h = i_bh % num_heads
+    i_hk = i_h // group_size
+    m0, n_lo, n_blocks, n_part, part, full = tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
+                                                          right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
+                                                          HAS_RIGHT, FLEX)
+    Q_SLOTS: gl.constexpr = q_ready.shape[0]
+    if Q_SLOTS == 1:
+        first = gl.minimum(n_blocks, STAGES)
+    else:
+        first = 0
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, 0, first, n_lo, n_part, part, full,
+             i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
+    slot = j % Q_SLOTS
+    # slots and buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh one)
+    mbarrier.wait(q_empty.index(slot), ((j // Q_SLOTS) & 1) ^ 1)
+    mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(NUM_CONSUMERS):
+        tma_load(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
+                                        q_bufs.index(slot * NUM_CONSUMERS + c))
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, n_part, part,
+             full, i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
+    return j + 1, kv + n_blocks
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_lo, it_hi, n_lo, n_part, part,
+             full, i_b, i_hk, STAGES: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
+    """K/V blocks it_lo..it_hi - 1 of a tile (keys from n_lo; flex: the partial then the full list) into ring
+    positions kv + it."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    for it in range(it_lo, it_hi):
+        s = (kv + it) % STAGES
+        phase = ((kv + it) // STAGES) & 1
+        if it < n_part:
+            n0 = block_start(it, n_lo, part, 0, BLOCK_N, FLEX)
+        else:
+            n0 = block_start(it, n_lo, full, n_part, BLOCK_N, FLEX)
+        mbarrier.wait(kv_empty.index(s), phase ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma_load(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        if V_SEQ_MAJOR:
+            tma_load(v_desc, [i_b, i_hk, 0, n0], v_ready.index(s), v_bufs.index(s))
+        else:
+            tma_load(v_desc, [i_b, n0, i_hk, 0], v_ready.index(s), v_bufs.index(s))
