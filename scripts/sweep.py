@@ -4,7 +4,7 @@ timed; a config that fails the check, does not compile or is refused is reported
     dense   [--out sweep.json] [--heads 64,128] [--seqlens 1024,4096,16384] [--dtype fp16] [--budget-s 300]
             [--set all|ctas]: portable forward kernel (AttnConfig) vs cuDNN, B=4, H=32. A JSON line per (case,
             config), "BEST D=..." per case, the results file, a ranking per (D, causal): "  D=... <geomean> <cfg>"
-    fwd     [--dims 64,128] [--causal 0,1] [--seqlens N,..] [--dtype fp16|bf16] [--variants "pingpong=1;..."]
+    fwd     [--dims 64,128] [--causal 0,1] [--seqlens N,..] [--dtype fp16|bf16|e4m3] [--variants "pingpong=1;..."]
             [--tag T] [--warm]: the Hopper forward (dense.sm90) with the table's Sm90Config and with each variant's
             field overrides, vs cuDNN, B=4, H=32, outputs checked against cuDNN's: "FWD D=... N=...: cudnn: <TFLOPS> |
             ..."; --warm: compile only
@@ -180,19 +180,32 @@ def sm90_variants(spec):
 
 
 def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
-    """One (D, causal, N) of the dense forward: cuDNN, then the Hopper kernel with the table's config and with each
-    variant's overrides, each output checked against cuDNN's before it is timed."""
+    """One (D, causal, N) of the dense forward: cuDNN (fp16 for an fp8 dtype), then the Hopper kernel with the
+    table's config and with each variant's overrides, each output checked before it is timed: against cuDNN's
+    (16-bit), or by the fp8 bench's tolerance rule on a slice (e4m3: tileattn/bench/fp8.py)."""
     import dataclasses
 
     from tileattn.bench.dense import sdpa
     from tileattn.ops.common.configs import sm90_config
-    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(3))
+    fp8 = dtype.itemsize == 1
+    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16 if fp8 else dtype) for _ in range(3))
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
     ref = sdpa("cudnn")(qh, kh, vh, causal).transpose(1, 2)
     ms = do_bench(lambda: sdpa("cudnn")(qh, kh, vh, causal))
-    line = [f"cudnn: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}"]
+    line = [f"cudnn{'-fp16' if fp8 else ''}: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}"]
+    if fp8:
+        from tileattn.bench import fp8 as fp8_bench
+        (q, qd), (k, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=dtype) for t in (q, k, v))
+        ref, tol = fp8_bench._reference(q, k, v8, qd, kd, vd, causal)
+        v = tileattn.fp8_v_layout(v8)
+        opts = dict(causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        opts = dict(causal=causal)
 
     def check(out):
+        if fp8:
+            ok, info = fp8_bench._check(lambda: out, ref, tol)
+            return ok, info.get("err_vs_fp32", float("nan"))
         diff = max_abs(out, ref)
         return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
     table = sm90_config(D, dtype)
@@ -200,7 +213,7 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
         try:
             cfg = dataclasses.replace(table, **{f: type(getattr(table, f))(x) for f, x in over.items()})
             with tileattn.force_backend("dense.sm90", config=cfg):
-                ms, diff = checked_ms(lambda: tileattn.attention(q, k, v, causal=causal), check)
+                ms, diff = checked_ms(lambda: tileattn.attention(q, k, v, **opts), check)
             line.append(f"{name}: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else
                         f"{name}: WRONG ({diff:.2e})")
         except Exception as e:  # noqa: BLE001
@@ -210,7 +223,7 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
 
 def fwd(a):
     variants = sm90_variants(a.variants)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[a.dtype]
     if a.warm:  # compile every variant of these cases at a small shape (one process per case runs them in parallel)
         for D, causal in itertools.product(a.dims, [bool(c) for c in a.causal]):
             fwd_case(D, causal, 512, variants, dtype, B=1, H=4, tag="WARM ")
@@ -473,7 +486,7 @@ def main():
     p.add_argument("--dims", type=ints, default="64,128", help="head dims")
     p.add_argument("--causal", type=ints, default="0,1")
     p.add_argument("--seqlens", type=ints, default="1024,2048,4096,16384")
-    p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "e4m3"))
     p.add_argument("--variants", default="pingpong=1",
                    help='";"-separated Sm90Config overrides, each "field=value,...", e.g. "pingpong=1;stages=3"')
     p.add_argument("--tag", default="", help="printed before each line")

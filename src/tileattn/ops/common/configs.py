@@ -64,9 +64,14 @@ class Sm90Config:
 # The persistent grid (one CTA per SM, the next tile's Q loaded during the current one) against one CTA per
 # tile, same run (2026-11-21, docs/design/dense.md): geomean over the dense grid 0.922 vs 0.867 of cuDNN; N=1K
 # rows +4-20% (D=64 causal 205 -> 246 TFLOPS), N=16K within -4..+1%.
+# D=128: one Q slot and three K/V stages (225 KB) against two and two (193 KB), same run on the H100
+# (2026-11-24, scripts/sweep.py fwd, fp16 B=4 H=32; docs/design/dense.md): non-causal N 1K/2K/4K/16K 440/478/508/535
+# -> 519/567/555/623 TFLOPS, causal 326/430/469/508 -> 344/454/516/541. With two stages the consumers waited for K
+# (Nsight Compute: k_ready waits ~7% of their time), as a stage frees only when both warpgroups' p.v of it is done.
+# pingpong (strict wgmma turns) measured -5..+5% with either ring, D=64 -9..+1%: off.
 SM90 = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
-    128: Sm90Config(block_m=64, block_n=128, stages=2, consumer_regs=240),
+    128: Sm90Config(block_m=64, block_n=128, stages=3, consumer_regs=240, q_slots=1),
     # D = 256: one Q slot (64 KB) and two stages of 64-key K/V tiles (128 KB); a 64 x 256 float32 accumulator
     # is 128 registers per thread. Against the portable kernel on the H100 (2026-11-21, tileattn bench dense
     # with TILEATTN_SM90=1/0): non-causal +4-6% (B=1, H=48, N=8K: 509 vs 481 TFLOPS; B=1, H=8, N=16K: 508 vs
