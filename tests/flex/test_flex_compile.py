@@ -13,7 +13,6 @@ import tileattn
 from tileattn import mods
 from tileattn.ops.flex import captures
 from tileattn.ops.flex.problem import FlexOptions
-from tileattn.ops.flex.trace import compile_mod
 
 from tests.flex.test_flex import DT, qkv
 from tests.helpers import assert_close, randn
@@ -233,7 +232,8 @@ def test_opcheck(device):
     slopes = mods.alibi_slopes(H, device=device)
     bm = block_mask(mods.causal, B, H, S, device)
     lists = [getattr(bm, name) for name in FlexOptions.LISTS[:4]]
-    opts = FlexOptions(score=compile_mod(make_alibi(slopes), "score").key, n_score=1, q_block=16, kv_block=32,
+    digest = captures.mod_plan(make_alibi(slopes), "score", False)[0]  # traced and registered, as under Dynamo
+    opts = FlexOptions(score=digest, n_score=1, q_block=16, kv_block=32,
                        lists="1111", scale=0.3, return_lse=True)
     torch.library.opcheck(torch.ops.tileattn.flex_fwd.default, (q, k, v, [slopes, *lists], opts.encode()),
                           test_utils=("test_schema", "test_faketensor"))
