@@ -8,6 +8,8 @@ timed; a config that fails the check, does not compile or is refused is reported
             [--tag T] [--warm]: the Hopper forward (dense.sm90) with the table's Sm90Config and with each variant's
             field overrides, vs cuDNN, B=4, H=32, outputs checked against cuDNN's: "FWD D=... N=...: cudnn: <TFLOPS> |
             ..."; --warm: compile only
+    flex-fwd [--n 8192] [--variants ...] [--tag T]: the flex forward (flex.sm90) on the flex bench's six mods,
+            per Sm90Config variant, checked on one head against torch's eager flex: "FLEXFWD <mod> N=... ms: ..."
     bwd     [--quick | --seqlens N,..] [--dims 64,128] [--causal 0,1] [--warm] [--only NAME,..] [--tag T]
             [--unchecked] [--flex | --flex-only]: backward
             tiles (BwdConfig) and the Hopper backward forced on (sm90); --only: these columns (cuDNN always),
@@ -231,6 +233,40 @@ def fwd(a):
     for D, causal, N in itertools.product(a.dims, [bool(c) for c in a.causal], a.seqlens):
         fwd_case(D, causal, N, variants, dtype, tag=a.tag)
         torch.cuda.empty_cache()
+
+
+def flex_fwd(a):
+    """The flex bench's mods at one N (B=4, H=16, D=128, bf16): tileattn's flex forward per Sm90Config variant,
+    each output checked on (batch 0, head 0) against torch's eager flex_attention in float32."""
+    import dataclasses
+
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+    from tileattn.bench import flex as fx
+    from tileattn.ops.common.configs import sm90_config
+    B, H, D, N = fx.B, fx.H, fx.D, a.n
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    table = sm90_config(D, torch.bfloat16)
+    for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
+        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")
+        ref = torch_flex(*(t[:1, :1].float() for t in (q, k, v)), score_mod=score_mod,
+                         block_mask=create_block_mask(mask_mod, None, None, N, N, device="cuda"))
+
+        def check(out):
+            diff = max_abs(out[:1, :1], ref)
+            return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
+        line = []
+        for vname, over in sm90_variants(a.variants):
+            cfg = dataclasses.replace(table, **{f: type(getattr(table, f))(x) for f, x in over.items()})
+            try:
+                with tileattn.force_backend("flex.sm90", config=cfg):
+                    ms, diff = checked_ms(lambda: tileattn.flex_attention(q, k, v, score_mod=score_mod,
+                                                                          block_mask=bm), check)
+                line.append(f"{vname}: {ms:.3f}" if ms else f"{vname}: WRONG ({diff:.2e})")
+            except Exception as e:  # noqa: BLE001
+                line.append(f"{vname}: {err(e, 60)}")
+        print(f"{a.tag}FLEXFWD {name} N={N} ms: " + " | ".join(line), flush=True)
 
 
 # ---- backward ------------------------------------------------------------------------------------------------
@@ -492,6 +528,11 @@ def main():
     p.add_argument("--tag", default="", help="printed before each line")
     p.add_argument("--warm", action="store_true", help="only compile the variants (at a small shape)")
     p.set_defaults(func=fwd)
+    p = sub.add_parser("flex-fwd", help="the flex forward (Hopper kernel) on the flex bench's mods, per variant")
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--variants", default="", help="as fwd's")
+    p.add_argument("--tag", default="", help="printed before each line")
+    p.set_defaults(func=flex_fwd)
     p = sub.add_parser("bwd", help="backward tiles (dense; flex with --flex)")
     p.add_argument("--quick", action="store_true", help="N 1K and 4K only")
     p.add_argument("--seqlens", default="", help="comma-separated N (default 1024,2048,4096,16384)")
