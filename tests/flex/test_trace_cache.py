@@ -45,7 +45,7 @@ def test_cache_keeps_no_captured_tensor_alive():
     del m
     gc.collect()
     assert all(r() is None for r in refs)
-    assert len(trace._TRACES) == n0
+    assert len(trace._TRACES) <= n0  # ours went with their objects (and gc may take earlier tests' entries too)
 
 
 def test_new_object_with_a_freed_ones_id_is_traced_again():
