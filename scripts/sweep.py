@@ -34,6 +34,7 @@ the backward's own threads see it too).
 """
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -169,24 +170,24 @@ def dense(a):
 
 
 # ---- Hopper forward ------------------------------------------------------------------------------------------
-def sm90_variants(spec):
-    """[(name, Sm90Config overrides)] of --variants "pingpong=1;stages=3,q_slots=1": the table's entry first."""
-    out = [("table", {})]
+def sm90_variants(spec, table):
+    """[(name, Sm90Config)] of --variants "pingpong=1;stages=3,q_slots=1": the table's entry first, then the
+    entry with each item's fields overridden."""
+    out = [("table", table)]
     for item in filter(None, (x.strip() for x in spec.split(";"))):
         over = {}
         for kv in item.split(","):
-            k, v = kv.split("=")
-            over[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
-        out.append((item, over))
+            k, v = (x.strip() for x in kv.split("="))
+            over[k] = type(getattr(table, k))(int(v) if v.lstrip("-").isdigit() else v)
+        out.append((item, dataclasses.replace(table, **over)))
     return out
 
 
 def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
     """One (D, causal, N) of the dense forward: cuDNN (fp16 for an fp8 dtype), then the Hopper kernel with the
-    table's config and with each variant's overrides, each output checked before it is timed: against cuDNN's
-    (16-bit), or by the fp8 bench's tolerance rule on a slice (e4m3: tileattn/bench/fp8.py)."""
-    import dataclasses
-
+    table's config and with each variant's overrides (variants: the --variants text), each output checked
+    before it is timed: against cuDNN's (16-bit), or by the fp8 bench's tolerance rule on a slice (e4m3:
+    tileattn/bench/fp8.py)."""
     from tileattn.bench.dense import sdpa
     from tileattn.ops.common.configs import sm90_config
     fp8 = dtype.itemsize == 1
@@ -210,10 +211,8 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
             return ok, info.get("err_vs_fp32", float("nan"))
         diff = max_abs(out, ref)
         return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
-    table = sm90_config(D, dtype)
-    for name, over in variants:
+    for name, cfg in sm90_variants(variants, sm90_config(D, dtype)):
         try:
-            cfg = dataclasses.replace(table, **{f: type(getattr(table, f))(x) for f, x in over.items()})
             with tileattn.force_backend("dense.sm90", config=cfg):
                 ms, diff = checked_ms(lambda: tileattn.attention(q, k, v, **opts), check)
             line.append(f"{name}: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else
@@ -224,22 +223,19 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
 
 
 def fwd(a):
-    variants = sm90_variants(a.variants)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[a.dtype]
     if a.warm:  # compile every variant of these cases at a small shape (one process per case runs them in parallel)
         for D, causal in itertools.product(a.dims, [bool(c) for c in a.causal]):
-            fwd_case(D, causal, 512, variants, dtype, B=1, H=4, tag="WARM ")
+            fwd_case(D, causal, 512, a.variants, dtype, B=1, H=4, tag="WARM ")
         return
     for D, causal, N in itertools.product(a.dims, [bool(c) for c in a.causal], a.seqlens):
-        fwd_case(D, causal, N, variants, dtype, tag=a.tag)
+        fwd_case(D, causal, N, a.variants, dtype, tag=a.tag)
         torch.cuda.empty_cache()
 
 
 def flex_fwd(a):
     """The flex bench's mods at one N (B=4, H=16, D=128, bf16): tileattn's flex forward per Sm90Config variant,
     each output checked on (batch 0, head 0) against torch's eager flex_attention in float32."""
-    import dataclasses
-
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
@@ -247,18 +243,16 @@ def flex_fwd(a):
     from tileattn.ops.common.configs import sm90_config
     B, H, D, N = fx.B, fx.H, fx.D, a.n
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    table = sm90_config(D, torch.bfloat16)
+    variants = sm90_variants(a.variants, sm90_config(D, torch.bfloat16))
     for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
-        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")
-        ref = torch_flex(*(t[:1, :1].float() for t in (q, k, v)), score_mod=score_mod,
-                         block_mask=create_block_mask(mask_mod, None, None, N, N, device="cuda"))
+        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")  # broadcast: fits the slice too
+        ref = torch_flex(*(t[:1, :1].float() for t in (q, k, v)), score_mod=score_mod, block_mask=bm)
 
         def check(out):
             diff = max_abs(out[:1, :1], ref)
             return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
         line = []
-        for vname, over in sm90_variants(a.variants):
-            cfg = dataclasses.replace(table, **{f: type(getattr(table, f))(x) for f, x in over.items()})
+        for vname, cfg in variants:
             try:
                 with tileattn.force_backend("flex.sm90", config=cfg):
                     ms, diff = checked_ms(lambda: tileattn.flex_attention(q, k, v, score_mod=score_mod,

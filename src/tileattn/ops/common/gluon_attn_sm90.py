@@ -177,20 +177,13 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
         s = (kv + it) % STAGES
         sp = (kv + it - 1) % STAGES
         mbarrier.wait(k_ready.index(s), ((kv + it) // STAGES) & 1)
-        if PINGPONG:  # both operands ready before the turn: nothing but the two issues inside it
-            p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
-            mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
-            _turn_wait(turns, t, WG, PINGPONG)
-            qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
-                               use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
-            t = _turn_pass(turns, t, WG, PINGPONG)
-        else:  # q.k goes first, p.v once its V has landed
-            qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
-                               use_acc=False, is_async=True)
-            p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
-            mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
-            acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+        _turn_wait(turns, t, WG, PINGPONG)
+        qk = warpgroup_mma(q_smem, k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)
+        p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
+        mbarrier.wait(v_ready.index(sp), ((kv + it - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
+        t = _turn_pass(turns, t, WG, PINGPONG)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, block_start(it, n_lo, lst, base, BLOCK_N, FLEX), o_m,
                                             o_n, MASKED, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,

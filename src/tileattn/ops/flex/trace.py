@@ -151,9 +151,10 @@ class ModSpec:
     A captured tensor that the mod's function holds itself (the objects its cache key names by identity) is
     held weakly: the cache never keeps a user's tensor alive (compile_mod)."""
 
-    def __init__(self, fn, captures, source, kind, gm, weak_ids=()):
-        self.fn, self.source, self.kind = fn, source, kind
+    def __init__(self, captures, source, kind, gm, weak_ids=()):
+        self.source, self.kind = source, kind
         self.src_digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+        self.fn = _define(source, kind, self.src_digest)
         self.key = hashlib.sha1((source + "\n" + gm.code).encode()).hexdigest()[:16]
         self._captures = tuple(weakref.ref(t) if id(t) in weak_ids else (lambda t=t: t) for t in captures)
         self.gm = _meta_constants(gm)
@@ -178,11 +179,17 @@ class ModSpec:
     def gluon_fn(self):
         return _define(self.source, self.kind, self.src_digest, gluon=True)
 
+    def detached(self):
+        """A copy that holds no captured tensor (for the registry: the registered op passes its own)."""
+        r = copy.copy(self)
+        r._captures = tuple((lambda: None) for _ in self._captures)
+        return r
+
 
 def _meta_constants(gm):
     """gm with every tensor attribute replaced by a meta tensor of the same shape and dtype (one per distinct
     tensor, so that aliases stay aliases): what code generation reads, without holding the user's tensors."""
-    metas = {}
+    metas = {}  # id -> (the tensor, kept so that its id stays its own while we replace, its meta copy)
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             t = getattr(gm, n.target)
@@ -217,9 +224,7 @@ def spec_of(digest):
 def register(spec):
     """Makes spec known to spec_of (captures.mod_plan, once per compile). The registry's copy holds no captured
     tensor: the registered op passes its own."""
-    r = copy.copy(spec)
-    r._captures = tuple((lambda: None) for _ in spec._captures)
-    _SPECS.setdefault(spec.key, r)
+    _SPECS.setdefault(spec.key, spec.detached())
 
 
 def _define(src_fn, kind, digest, gluon=False):
@@ -560,8 +565,7 @@ def compile_mod(fn, kind, fresh=False):
         raise FlexCompileError(f"{kind}_mod {getattr(fn, '__name__', fn)}: cannot be traced ({type(e).__name__}: "
                                f"{e}); control flow on the mod's arguments is not supported, use torch.where") from e
     src_fn, captures = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
-    digest = hashlib.sha1(src_fn.encode()).hexdigest()[:16]
-    spec = ModSpec(_define(src_fn, kind, digest), captures, src_fn, kind, gm, weak_ids={id(x) for x in objs})
+    spec = ModSpec(captures, src_fn, kind, gm, weak_ids={id(x) for x in objs})
     _remember(key, spec, objs)
     return spec
 
