@@ -5,6 +5,7 @@
 #                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
+#                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
 #                                                        [ncu-fwd] (NCU_CASES: ';'-separated `profile_kernels.py fwd`
 #                                                                   argument lists)
 # Maintainer tools it runs: scripts/sweep.py (config sweeps), scripts/profile_kernels.py (Nsight Compute targets),
@@ -181,6 +182,19 @@ for s in $steps; do
         summary+=("ncu-bwd case $i ($c) rc=$rc")
         grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Issue Slots Busy|Executed Ipc Active|Shared|Bank|Stall|Warp Cycles|Tensor|Pipe" "$OUT/ncu_bwd_$i.txt" | cut -c1-170 | head -60
       done ;;
+    cp-tests)
+      # ring_attention over NCCL, one rank per GPU, against the whole-sequence reference (needs 2+ GPUs)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/distributed > "$OUT/cp_tests.log" 2>&1; rc=$?
+      summary+=("cp-tests rc=$rc: $(tail -n 1 "$OUT/cp_tests.log")")
+      grep -E "^(FAILED|ERROR)|SKIPPED" "$OUT/cp_tests.log" | head -10 ;;
+    bench-cp)
+      timeout ${CP_TIMEOUT:-500} python3 -m tileattn bench cp --out "$OUT/cp.json" ${CP_ARGS:-} > "$OUT/bench_cp.log" 2>&1; rc=$?
+      summary+=("bench-cp rc=$rc: $(grep '^summary' "$OUT/bench_cp.log")")
+      grep -v Warn "$OUT/bench_cp.log" | tail -n 30 ;;
+    bench-cp-sim)
+      timeout 400 python3 -m tileattn bench cp --simulate --out "$OUT/cp_sim.json" > "$OUT/bench_cp_sim.log" 2>&1; rc=$?
+      summary+=("bench-cp-sim rc=$rc: $(grep '^summary' "$OUT/bench_cp_sim.log")")
+      grep -v Warn "$OUT/bench_cp_sim.log" | tail -n 20 ;;
     bench-bwd)
       timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")

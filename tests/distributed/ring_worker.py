@@ -1,9 +1,9 @@
 """One rank of the multi-process ring tests (test_ring.py starts W of these with the spawn method).
 
 Every rank makes the same whole-sequence inputs of a case (a generator seeded by the case), takes its shards,
-runs ring_attention forward and backward over a gloo group (kernels through the Triton interpreter), and saves
-its outputs and gradients to out_dir/rank<r>.pt; a failure is saved as its traceback in out_dir/error<r>.txt
-(the test reports it) before the process exits non-zero.
+runs ring_attention forward and backward (device "cpu": a gloo group, kernels through the Triton interpreter;
+"cuda": GPU `rank` over NCCL), and saves its outputs and gradients (on the CPU) to out_dir/rank<r>.pt; a failure
+is saved as its traceback in out_dir/error<r>.txt (the test reports it) before the process exits non-zero.
 """
 import datetime
 import os
@@ -39,9 +39,9 @@ def make_inputs(c):
     return q, k, v, dout, dlse
 
 
-def _run_case(c, rank, world):
+def _run_case(c, rank, world, device):
     import tileattn
-    q, k, v, dout, dlse = make_inputs(c)
+    q, k, v, dout, dlse = (t.to(device) for t in make_inputs(c))
     shard = dict(rank=rank, world_size=world, layout=c["layout"])
     ql, kl, vl = (tileattn.shard_sequence(x, **shard).requires_grad_() for x in (q, k, v))
     dout_l, dlse_l = tileattn.shard_sequence(dout, **shard), tileattn.shard_sequence(dlse, seq_dim=2, **shard)
@@ -54,21 +54,24 @@ def _run_case(c, rank, world):
     return {"out": out.detach(), "lse": lse.detach(), "dq": dq, "dk": dk, "dv": dv}
 
 
-def run_rank(rank, world, rendezvous, cases, out_dir):
-    """The process body: init the gloo group, run every case of this world size, save the results."""
+def run_rank(rank, world, rendezvous, cases, out_dir, device="cpu"):
+    """The process body: init the group (gloo on the CPU, NCCL on GPU `rank`), run every case of this world
+    size, save the results."""
     out_dir = pathlib.Path(out_dir)
     try:
         torch.set_num_threads(1)  # W processes share the machine's cores
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{rendezvous}",
+                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
         results = {}
         for c in cases:
-            res = _run_case(c, rank, world)
+            res = _run_case(c, rank, world, device)
             if c.get("repeat"):  # the same call again: bit-identical outputs and gradients
-                again = _run_case(c, rank, world)
+                again = _run_case(c, rank, world, device)
                 res["identical"] = {name: bool(torch.equal(res[name], again[name])) for name in again}
-            results[case_id(c)] = res
+            results[case_id(c)] = {name: t.cpu() if isinstance(t, torch.Tensor) else t for name, t in res.items()}
         dist.barrier()  # nobody tears the group down while a peer still talks to it
         dist.destroy_process_group()
         torch.save(results, out_dir / f"rank{rank}.pt")

@@ -1,7 +1,8 @@
 """ring_attention over 2 and 4 processes (gloo, kernels through the Triton interpreter) against the float32
 reference on the whole sequence: outputs, lse and gradients under the tolerance rule (the input-precision error
 is the same reference computed in float16), causal and not, zigzag and contiguous, GQA / MQA, Sq != Sk and
-Dv != D (not causal), the lse in the loss, and bit-identical repeats.
+Dv != D (not causal), the lse in the loss, and bit-identical repeats. On a machine with two or more GPUs the
+same cases, and larger ones that take the GPU kernels, run over NCCL (test_ring_attention_gpu_matches_reference).
 
 All cases of one world size run in one set of processes (tests/distributed/ring_worker.py), which saves each
 rank's shards; this process compares. A child that fails is reported with its traceback; one that hangs is
@@ -20,9 +21,10 @@ from tileattn.ops.dense.reference import attention_ref
 from tests.distributed.ring_worker import CHILD_ENV, case_id, make_inputs, run_rank
 from tests.helpers import assert_close
 
-# the ranks run CPU tensors over gloo through the interpreter (the CI path); on a GPU machine the ring runs under
-# `tileattn bench cp` (its check compares it with single-GPU attention)
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU multi-process tests (gloo, interpreter)")
+# the CPU ranks run CPU tensors over gloo through the interpreter (the CI path); the GPU test runs one rank per
+# GPU over NCCL
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU multi-process tests (gloo, interpreter)")
+GPU_COUNT = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 JOIN_TIMEOUT_S = 240
 
@@ -42,14 +44,24 @@ CASES = {
         _case(4, "zigzag", False, 7, S=48, Hq=2, Hkv=2)],
 }
 
+# the GPU test adds shapes the Hopper kernels serve (D 64 / 128, blocks of 128 and more, ragged shards)
+GPU_CASES = {
+    w: [_case(w, "zigzag", True, 10 + w, B=2, S=1024 * w, Hq=8, Hkv=2, D=128, Dv=128, lse_grad=True, repeat=True),
+        _case(w, "contiguous", True, 20 + w, S=768 * w, Hq=4, Hkv=4, D=64, Dv=64),
+        _case(w, "zigzag", False, 30 + w, S=512 * w, Sk=640 * w, Hq=8, Hkv=1, D=128, Dv=128, scale=0.1),
+        _case(w, "contiguous", False, 40 + w, S=200 * w, Sk=1000 * w, Hq=4, Hkv=2, D=128, Dv=64)]
+    for w in (2, 4)
+}
 
-def _spawn(world, cases, tmp_path):
+
+def _spawn(world, cases, tmp_path, device="cpu"):
     """Run run_rank on `world` processes; returns each rank's results, or fails with the children's errors."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=run_rank, args=(r, world, str(tmp_path / "rendezvous"), cases, str(tmp_path)),
-                         daemon=True) for r in range(world)]
-    saved = {k: os.environ.get(k) for k in CHILD_ENV}
-    os.environ.update(CHILD_ENV)
+    procs = [ctx.Process(target=run_rank, args=(r, world, str(tmp_path / "rendezvous"), cases, str(tmp_path),
+                                                device), daemon=True) for r in range(world)]
+    child_env = CHILD_ENV if device == "cpu" else {}
+    saved = {k: os.environ.get(k) for k in child_env}
+    os.environ.update(child_env)
     try:
         for p in procs:
             p.start()
@@ -76,22 +88,22 @@ def _spawn(world, cases, tmp_path):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
-def _reference(c, dtype):
+def _reference(c, dtype, device):
     """(out, lse, (dq, dk, dv)) of the whole sequence through attention_ref in `dtype`, same loss as the ranks."""
-    q, k, v, dout, dlse = make_inputs(c)
+    q, k, v, dout, dlse = (t.to(device) for t in make_inputs(c))
     x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
     out, lse = attention_ref(*x, causal=c["causal"], scale=c.get("scale"), dtype=dtype)
     loss = (out.float() * dout).sum()
     if c.get("lse_grad"):
         loss = loss + (lse.float() * dlse).sum()
-    return out.detach(), lse.detach(), torch.autograd.grad(loss, x)
+    return out.detach().cpu(), lse.detach().cpu(), [t.cpu() for t in torch.autograd.grad(loss, x)]
 
 
-def _check_case(c, ranks):
+def _check_case(c, ranks, device="cpu"):
     got = {name: tileattn.unshard_sequence([r[case_id(c)][name] for r in ranks], layout=c["layout"],
                                            seq_dim=2 if name == "lse" else 1)
            for name in ("out", "lse", "dq", "dk", "dv")}
-    ref, ref_lp = _reference(c, torch.float32), _reference(c, torch.float16)
+    ref, ref_lp = _reference(c, torch.float32, device), _reference(c, torch.float16, device)
     for name, r, rl in (("out", ref[0], ref_lp[0]), ("lse", ref[1], ref_lp[1]),
                         *zip(("dq", "dk", "dv"), ref[2], ref_lp[2])):
         assert got[name].shape == r.shape, f"{name}: shape {tuple(got[name].shape)} != {tuple(r.shape)}"
@@ -103,13 +115,26 @@ def _check_case(c, ranks):
             assert not differ, f"rank {rank}: a second identical call gave different {differ}"
 
 
-@pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"W{w}")
-def test_ring_attention_matches_reference(world, tmp_path):
-    ranks = _spawn(world, CASES[world], tmp_path)
+def _run_and_check(world, cases, tmp_path, device):
+    ranks = _spawn(world, cases, tmp_path, device)
     failures = []
-    for c in CASES[world]:
+    for c in cases:
         try:
-            _check_case(c, ranks)
+            _check_case(c, ranks, device)
         except AssertionError as e:
             failures.append(f"{case_id(c)}: {e}")
     assert not failures, "\n".join(failures)
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"W{w}")
+def test_ring_attention_matches_reference(world, tmp_path):
+    _run_and_check(world, CASES[world], tmp_path, "cpu")
+
+
+@pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"W{w}")
+def test_ring_attention_gpu_matches_reference(world, tmp_path):
+    """One rank per GPU over NCCL: the CPU cases and the GPU_CASES (Hopper-kernel shapes)."""
+    if GPU_COUNT < world:
+        pytest.skip(f"needs {world} GPUs (this machine: {GPU_COUNT})")
+    _run_and_check(world, CASES[world] + GPU_CASES[world], tmp_path, "cuda")
