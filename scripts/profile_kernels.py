@@ -7,6 +7,12 @@
     profile_kernels.py bwd-one [--provider tileattn|cudnn] [--B 1] [--H 32] [--N 4096] [--D 128] [--causal]
         one dense backward (autograd.grad of a forward made before) between cudaProfilerStart/Stop, for Nsight
         Compute; fp16, inputs as for fwd.
+    profile_kernels.py small [--N 1024,2048] [--D 64,128]
+        the short rows of the dense grids (fp16, B=4, H=32, causal and not), forward and backward, tileattn
+        (backward on the Triton kernels and on the Hopper one, TILEATTN_SM90_BWD=0 / 1) and cuDNN: "SMALL ..."
+        lines with the timed ms per call (common.do_bench, as the suites), the GPU kernels' sum per call
+        (torch.profiler) and the host us to issue one call: where time = kernels, the GPU is the limit; where
+        it is near host, the host is.
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -89,6 +95,47 @@ def host_us(fn, reps=20):
     return sorted(times)[reps // 2]
 
 
+def small(a):
+    import os
+
+    import tileattn
+    from tileattn.bench.common import do_bench
+    from tileattn.bench.dense import sdpa
+    from tileattn.ops.dense import plans
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 2.0:  # clocks up before the first timing
+        x @ x
+    torch.cuda.synchronize()
+    for n in (int(x) for x in a.N.split(",")):
+        for d in (int(x) for x in a.D.split(",")):
+            for causal in (False, True):
+                q, k, v = (torch.randn(4, n, 32, d, device="cuda", dtype=torch.float16).requires_grad_()
+                           for _ in range(3))
+                dout = torch.randn_like(q)
+                qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+                cases = {"fwd tileattn": lambda: tileattn.attention(q, k, v, causal=causal),
+                         "fwd cudnn": lambda: sdpa("cudnn")(qt, kt, vt, causal)}
+                o_c = sdpa("cudnn")(qt, kt, vt, causal)
+                cases["bwd cudnn"] = lambda: torch.autograd.grad(o_c, (qt, kt, vt), dout.transpose(1, 2),
+                                                                 retain_graph=True)
+                for setting in ("0", "1"):
+                    o_t = tileattn.attention(q, k, v, causal=causal)
+                    cases[f"bwd tileattn sm90={setting}"] = \
+                        lambda o_t=o_t: torch.autograd.grad(o_t, (q, k, v), dout, retain_graph=True)
+                flops = 4.0 * 4 * 32 * n * n * d * (0.5 if causal else 1.0)
+                for name, fn in cases.items():
+                    os.environ["TILEATTN_SM90_BWD"] = name[-1] if "sm90=" in name else ""
+                    plans.clear_plans()  # the switch is read when a plan is made
+                    ms = do_bench(fn)
+                    kern = sum(t for t, _ in kernel_times(fn))
+                    f = flops * (2.5 if name.startswith("bwd") else 1.0)
+                    print(f"SMALL N={n} D={d} causal={int(causal)} {name:>22}: timed {ms * 1e3:7.1f} us "
+                          f"({f / ms / 1e9:5.0f} TFLOPS), kernels {kern * 1e3:7.1f} us, host {host_us(fn):6.1f} us",
+                          flush=True)
+                os.environ.pop("TILEATTN_SM90_BWD", None)
+
+
 def bwd(a, N=8192):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -135,6 +182,10 @@ def main():
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--causal", action="store_true")
     p.set_defaults(func=bwd_one)
+    p = sub.add_parser("small", help="timed vs kernel vs host time of the grids' short rows")
+    p.add_argument("--N", default="1024,2048")
+    p.add_argument("--D", default="64,128")
+    p.set_defaults(func=small)
     p = sub.add_parser("bwd", help="per-kernel GPU time of the flex and dense backward (torch.profiler)")
     p.set_defaults(func=bwd)
     a = ap.parse_args()
