@@ -13,6 +13,12 @@
         lines with the timed ms per call (common.do_bench, as the suites), the GPU kernels' sum per call
         (torch.profiler) and the host us to issue one call: where time = kernels, the GPU is the limit; where
         it is near host, the host is.
+    profile_kernels.py host [--N 1024] [--D 64] [--causal]
+        where a call's host time goes, in the benchmarks' conditions (fp16, B=4, H=32): forward without grad,
+        forward with grad, backward (autograd.grad of a retained graph), cuDNN beside each. "HOST ..." lines:
+        do_bench's ms, the host's issue time per call (50 calls back to back, no sync: the GPU is behind), whether
+        every cached launcher replays directly, then cProfile's top entries of 50 backward calls. No profiler
+        runs before these (torch.profiler may leave launch hooks installed, which send launches the slow way).
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -136,6 +142,50 @@ def small(a):
                 os.environ.pop("TILEATTN_SM90_BWD", None)
 
 
+def host(a):
+    import cProfile
+    import pstats
+
+    import tileattn
+    from tileattn import launcher
+    from tileattn.bench.common import do_bench
+    from tileattn.bench.dense import sdpa
+    q, k, v = (torch.randn(4, a.N, 32, a.D, device="cuda", dtype=torch.float16) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    o_t, o_c = tileattn.attention(qg, kg, vg, causal=a.causal), sdpa("cudnn")(qt, kt, vt, a.causal)
+    cases = {"fwd tileattn": lambda: tileattn.attention(q, k, v, causal=a.causal),
+             "fwd cudnn": lambda: sdpa("cudnn")(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), a.causal),
+             "fwd+graph tileattn": lambda: tileattn.attention(qg, kg, vg, causal=a.causal),
+             "fwd+graph cudnn": lambda: sdpa("cudnn")(qt, kt, vt, a.causal),
+             "bwd tileattn": lambda: torch.autograd.grad(o_t, (qg, kg, vg), dout, retain_graph=True),
+             "bwd cudnn": lambda: torch.autograd.grad(o_c, (qt, kt, vt), dout.transpose(1, 2), retain_graph=True)}
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    for name, fn in cases.items():
+        fn()
+        torch.cuda.synchronize()
+        ms = do_bench(fn)
+        for _ in range(3):  # a long kernel first: the GPU stays behind the host while it issues the calls
+            x @ x
+        t0 = time.perf_counter()
+        for _ in range(50):
+            fn()
+        issue = (time.perf_counter() - t0) / 50 * 1e6
+        torch.cuda.synchronize()
+        print(f"HOST N={a.N} D={a.D} causal={int(a.causal)} {name:>20}: timed {ms * 1e3:7.1f} us, host issue "
+              f"{issue:6.1f} us per call", flush=True)
+    direct = [lc._direct is not None for lc in launcher._CACHED.values()]
+    print(f"HOST launchers: {sum(direct)} of {len(direct)} direct; hooks installed: {launcher._hooks_installed()}")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(50):
+        cases["bwd tileattn"]()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
 def bwd(a, N=8192):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -186,6 +236,11 @@ def main():
     p.add_argument("--N", default="1024,2048")
     p.add_argument("--D", default="64,128")
     p.set_defaults(func=small)
+    p = sub.add_parser("host", help="where a call's host time goes (forward, backward, cuDNN beside)")
+    p.add_argument("--N", type=int, default=1024)
+    p.add_argument("--D", type=int, default=64)
+    p.add_argument("--causal", action="store_true")
+    p.set_defaults(func=host)
     p = sub.add_parser("bwd", help="per-kernel GPU time of the flex and dense backward (torch.profiler)")
     p.set_defaults(func=bwd)
     a = ap.parse_args()
