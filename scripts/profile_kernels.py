@@ -161,6 +161,29 @@ def host(a):
              "fwd+graph cudnn": lambda: sdpa("cudnn")(qt, kt, vt, a.causal),
              "bwd tileattn": lambda: torch.autograd.grad(o_t, (qg, kg, vg), dout, retain_graph=True),
              "bwd cudnn": lambda: torch.autograd.grad(o_c, (qt, kt, vt), dout.transpose(1, 2), retain_graph=True)}
+    from tileattn.ops.dense import custom_ops
+
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    @torch.library.custom_op("profile_kernels::ident", mutates_args=())
+    def ident(t: torch.Tensor) -> torch.Tensor:
+        return t.clone()
+
+    ident.register_fake(lambda t: torch.empty_like(t))
+    ident.register_autograd(lambda ctx, g: g)
+    o_i, o_l = Identity.apply(qg), ident(qg)
+    node = o_t.grad_fn
+    saved, opts = list(node.saved_tensors), node.options
+    cases.update({"floor autograd.Function": lambda: torch.autograd.grad(o_i, qg, dout, retain_graph=True),
+                  "floor custom_op": lambda: torch.autograd.grad(o_l, qg, dout, retain_graph=True),
+                  "bwd tileattn direct": lambda: custom_ops._attn_bwd(dout, None, saved, opts)})
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
     for name, fn in cases.items():
         fn()
@@ -173,7 +196,7 @@ def host(a):
             fn()
         issue = (time.perf_counter() - t0) / 50 * 1e6
         torch.cuda.synchronize()
-        print(f"HOST N={a.N} D={a.D} causal={int(a.causal)} {name:>20}: timed {ms * 1e3:7.1f} us, host issue "
+        print(f"HOST N={a.N} D={a.D} causal={int(a.causal)} {name:>23}: timed {ms * 1e3:7.1f} us, host issue "
               f"{issue:6.1f} us per call", flush=True)
     direct = [lc._direct is not None for lc in launcher._CACHED.values()]
     print(f"HOST launchers: {sum(direct)} of {len(direct)} direct; hooks installed: {launcher._hooks_installed()}")
