@@ -137,6 +137,26 @@ def test_sdpa_backward_and_checkpoint(causal, device):
     check_grads(fn, ref, q, k, v)
 
 
+def test_eager_path_and_registered_op_agree(device):
+    """Plain eager tensors take custom_ops.EagerAttn, a Parameter (a tensor subclass) the registered op: both
+    record their own backward node and give bit-identical outputs, lse and gradients (the same kernels)."""
+    q, k, v = (randn(2, 40, 4, 32, dtype=DT, device=device) for _ in range(3))
+    k, v = k[:, :, :2], v[:, :, :2]  # GQA, strided K/V views
+    w = torch.randn(2, 40, 4, 32, device=device)
+    w_lse = torch.randn(2, 4, 40, device=device)
+    results = {}
+    for kind, make in (("eager", lambda t: t.clone().requires_grad_()),
+                       ("op", lambda t: torch.nn.Parameter(t.clone()))):
+        x = [make(t) for t in (q, k, v)]
+        out, lse = tileattn.attention(*x, causal=True, window=(20, -1), return_lse=True)
+        results[kind] = (type(out.grad_fn).__name__, out, lse,
+                         *torch.autograd.grad((out.float() * w).sum() + (lse * w_lse).sum(), x))
+    assert "EagerAttn" in results["eager"][0] and "EagerAttn" not in results["op"][0], \
+        (results["eager"][0], results["op"][0])
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), results["eager"][1:], results["op"][1:]):
+        assert torch.equal(a, b), name
+
+
 def test_fp8_has_no_backward(device):
     q, k, v = (randn(1, 16, 2, 32, dtype=DT, device=device) for _ in range(3))
     q8, k8, v8 = (x.to(torch.float8_e4m3fn).requires_grad_() for x in (q, k, v))

@@ -2,8 +2,8 @@
 
 Backward only: the forward runs once outside the timed region and each timed call is
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); providers are timed interleaved over two rounds,
-the best median kept (common.bench_rounds). FLOPs 2.5x the forward's (targets.md). Before
-timing, tileattn's gradients of (batch 0, head 0) are checked against autograd through the float32 reference
+the best median kept (common.bench_rounds), after a second of matmuls (common.warm_up_gpu). FLOPs 2.5x the
+forward's (targets.md). Before timing, tileattn's gradients of (batch 0, head 0) are checked against autograd through the float32 reference
 (tolerance rule; autograd through the same reference in the inputs' dtype is the input-precision error).
 Flex rows: the flex grid's six mods at N=8192 (B=4, H=16, D=128, bf16; bench/flex.py's functions and torch
 BlockMasks), tileattn.flex_attention's backward against torch's compiled flex_attention backward; gradients
@@ -14,7 +14,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
-from .common import Progress, attn_tflops, bench_rounds, finish, fmt, geomean, results_header
+from .common import Progress, attn_tflops, bench_rounds, finish, fmt, geomean, results_header, warm_up_gpu
 from .dense import sdpa
 
 PROVIDERS = ("tileattn", "cudnn", "fa2")
@@ -102,6 +102,7 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     doc = results_header("bwd")
     rows, failures = [], 0
+    warm_up_gpu(dt)
     progress = Progress(len(head_dims) * 2 * len(seqlens))
     log(f"{'D':>4} {'causal':>6} {'N':>6} " + " ".join(f"{p:>9}" for p in PROVIDERS) + "   TFLOPS (2.5x fwd)")
     for D in head_dims:

@@ -14,6 +14,18 @@ def do_bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def warm_up_gpu(dtype=torch.float16, seconds=1.0):
+    """Matmuls for about `seconds`: a freshly started GPU's first timings run slow (clocks, first-touch
+    allocations) and would bias whichever row of a grid comes first."""
+    import time
+    x = torch.randn(4096, 4096, device="cuda", dtype=dtype)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            x @ x
+        torch.cuda.synchronize()
+
+
 def read_bandwidth():
     """GB/s of a read-only reduction over 1 GiB (the ceiling a memory-bound kernel can approach)."""
     x = torch.ones(1 << 29, dtype=torch.float16, device="cuda")

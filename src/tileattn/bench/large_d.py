@@ -13,7 +13,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error, rounding_floor
-from .common import Progress, attn_tflops, bench_rounds, do_bench, finish, fmt, max_abs, results_header
+from .common import Progress, attn_tflops, bench_rounds, finish, fmt, max_abs, results_header, warm_up_gpu
 from .dense import DTYPES, sdpa
 
 SHAPES = ((1, 48, 8192), (1, 8, 16384))
@@ -40,10 +40,7 @@ def run(dtype="fp16", shapes=SHAPES, head_dims=HEAD_DIMS, out_json=None, plot=No
     dt = DTYPES[dtype]
     doc = results_header("large_d")
     rows, failures = [], []
-    # a first timing on a freshly started GPU runs slow: warm the clocks up before the grid
-    x = torch.randn(4096, 4096, device="cuda", dtype=dt)
-    do_bench(lambda: x @ x)
-    x = None  # frees the GPU memory now
+    warm_up_gpu(dt)
     progress = Progress(len(shapes) * len(head_dims) * 2)
     for B, H, N in shapes:
         for D in head_dims:

@@ -108,3 +108,21 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttn(torch.autograd.Function):
+    """attn_fwd with its autograd formula for plain eager tensors that track a gradient (api.py picks it; what
+    torch.compile traces, tensor subclasses and torch.func transforms take the registered op). Same forward,
+    same backward, without the registered op's dispatch and autograd wrapper: those cost ~90 us of host time
+    per forward on the H100's host (scripts/profile_kernels.py host, 2026-11-24: 118 us to issue a forward
+    that tracks a gradient against 26 us for one that does not), more than the kernel at N = 1K."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
+        out, lse = plans.attn_fwd(q, k, v, _cu(cu_seqlens_q, cu_seqlens_k), None, AttnOptions.decode(options))
+        _setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, options), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _backward(ctx, grad_out, grad_lse)
