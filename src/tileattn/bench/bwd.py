@@ -3,8 +3,9 @@
 Backward only: the forward runs once outside the timed region and each timed call is
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); providers are timed interleaved over two rounds,
 the best median kept (common.bench_rounds), after a second of matmuls (common.warm_up_gpu). FLOPs 2.5x the
-forward's (targets.md). Before timing, tileattn's gradients of (batch 0, head 0) are checked against autograd through the float32 reference
-(tolerance rule; autograd through the same reference in the inputs' dtype is the input-precision error).
+forward's (targets.md). Before timing, tileattn's gradients of (batch 0, head 0) are checked against autograd
+through the float32 reference (tolerance rule; autograd through the same reference in the inputs' dtype is the
+input-precision error).
 Flex rows: the flex grid's six mods at N=8192 (B=4, H=16, D=128, bf16; bench/flex.py's functions and torch
 BlockMasks), tileattn.flex_attention's backward against torch's compiled flex_attention backward; gradients
 of (batch 0, head 0) checked first against autograd through the materialised reference (ops/flex/reference.py)
