@@ -15,10 +15,12 @@
         it is near host, the host is.
     profile_kernels.py host [--N 1024] [--D 64] [--causal]
         where a call's host time goes, in the benchmarks' conditions (fp16, B=4, H=32): forward without grad,
-        forward with grad, backward (autograd.grad of a retained graph), cuDNN beside each. "HOST ..." lines:
-        do_bench's ms, the host's issue time per call (50 calls back to back, no sync: the GPU is behind), whether
-        every cached launcher replays directly, then cProfile's top entries of 50 backward calls. No profiler
-        runs before these (torch.profiler may leave launch hooks installed, which send launches the slow way).
+        forward with grad, backward (autograd.grad of a retained graph), cuDNN beside each; the tracked calls
+        also with Parameter inputs (which take the registered op instead of the eager autograd Function); all
+        twice. "HOST ..." lines: do_bench's ms, the host's issue time per call (50 calls back to back, no sync:
+        the GPU is behind), whether every cached launcher replays directly, then cProfile's top entries of 50
+        backward calls. No profiler runs before these (torch.profiler may leave launch hooks installed, which
+        send launches the slow way).
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -181,11 +183,15 @@ def host(a):
     o_i, o_l = Identity.apply(qg), ident(qg)
     node = o_t.grad_fn
     saved, opts = list(node.saved_tensors), node.options
+    qp, kp, vp = (torch.nn.Parameter(t.clone()) for t in (q, k, v))  # a tensor subclass: the registered op
+    o_p = tileattn.attention(qp, kp, vp, causal=a.causal)
+    cases.update({"fwd+graph tileattn op": lambda: tileattn.attention(qp, kp, vp, causal=a.causal),
+                  "bwd tileattn op": lambda: torch.autograd.grad(o_p, (qp, kp, vp), dout, retain_graph=True)})
     cases.update({"floor autograd.Function": lambda: torch.autograd.grad(o_i, qg, dout, retain_graph=True),
                   "floor custom_op": lambda: torch.autograd.grad(o_l, qg, dout, retain_graph=True),
                   "bwd tileattn direct": lambda: custom_ops._attn_bwd(dout, None, saved, opts)})
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-    for name, fn in cases.items():
+    for name, fn in [*cases.items(), *cases.items()]:  # twice: the host's noise shows in the pairs
         fn()
         torch.cuda.synchronize()
         ms = do_bench(fn)
