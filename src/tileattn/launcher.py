@@ -254,7 +254,9 @@ def launch_cached(kernel, grid, args, kwargs):
     """`kernel[grid](*args, **kwargs)` through a KernelLauncher kept per specialization: every tensor and
     host tensor descriptor argument varies (a descriptor by its base tensor), every other argument (and the
     tensors' dtypes, the descriptors' shapes, strides, boxes and layouts, the launch options, the device) keys
-    the cache. For kernels called with positional tensors, descriptors and plain scalars (no tuples)."""
+    the cache. For kernels called with positional tensors, descriptors and plain scalars (no tuples).
+    Returns (the launcher, the tensors it varies: tensor arguments and descriptor bases, in argument order),
+    so that a caller's own plan can replay `launcher(grid, *tensors)` with the same frozen arguments."""
     pos, tensors, frozen = [], [], []
     for i, a in enumerate(args):  # one pass, plain scalars first: this runs per launch (host time)
         if type(a) in _PLAIN:
@@ -279,6 +281,7 @@ def launch_cached(kernel, grid, args, kwargs):
     while len(_CACHED) > _CACHED_MAX:
         _CACHED.pop(next(iter(_CACHED)))
     launcher(grid, *tensors)
+    return launcher, tensors
 
 
 _PLAIN = (int, float, bool, type(None), str)

@@ -157,6 +157,35 @@ def test_eager_path_and_registered_op_agree(device):
         assert torch.equal(a, b), name
 
 
+def test_backward_plan_replay(device):
+    """A repeated backward replays its launch plan (bwd.attn_bwd_planned): bit-identical to the call that made
+    the plan, new data of the same layout gives the new gradients (checked against the reference), another
+    layout (strided K/V views) or other options get their own plan."""
+    from tileattn.ops.dense import bwd, plans
+    plans.clear_plans()
+    w = torch.randn(2, 48, 4, 32, device=device)
+
+    def fn(*a):
+        return tileattn.attention(*a, causal=True)
+    results = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        q, k, v = (leaf(2, 48, 4, 32, dtype=DT, device=device) for _ in range(3))
+        first = grads(fn, (q, k, v), [w])  # seed 1: makes the plan; seed 2: replays it
+        again = grads(fn, (q, k, v), [w])  # replays
+        assert len(bwd._plans) == 1
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), name
+        check_grads(fn, lambda *a: attention_ref(*a[:3], causal=True, dtype=a[3])[0], q, k, v)
+        results.append(again)
+    assert not torch.equal(results[0][0], results[1][0])  # new data, new gradients
+    kv = leaf(2, 48, 8, 32, dtype=DT, device=device)
+    q = leaf(2, 48, 4, 32, dtype=DT, device=device)
+    grads(fn, (q, kv[:, :, :4], kv[:, :, 4:]), [w])
+    grads(lambda *a: tileattn.attention(*a, window=(5, 5)), (q, kv[:, :, :4], kv[:, :, 4:]), [w])
+    assert len(bwd._plans) == 3
+
+
 def test_fp8_has_no_backward(device):
     q, k, v = (randn(1, 16, 2, 32, dtype=DT, device=device) for _ in range(3))
     q8, k8, v8 = (x.to(torch.float8_e4m3fn).requires_grad_() for x in (q, k, v))

@@ -5,18 +5,48 @@ Inputs: the forward's problem and call (its tensors, its output and its log-sum-
 Gradients come in the dtypes and layouts of q, k, v; deterministic (no atomics: see kernels_bwd.py). Tiles:
 ops/common/configs.py (BwdConfig, forced with tileattn.force_backend(config=BwdConfig(...))).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from ... import hw
+from ... import hw, knobs
 from ...launcher import launch_cached
+from ..common.backend import forced_key
 from ..common.bwd_kernels import bwd_preprocess_kernel
 from ..common.configs import bwd_config
 from ..common.softmax import LOG2E
 from . import launch_bwd_sm90
 from .kernels_bwd import bwd_dkdv_kernel, bwd_dq_kernel
 from .launch_triton import MAX_GRID_Y
+from .problem import AttnOptions, AttnProblem, Call
+
+
+def _alloc_grads(varlen, q, k, v):
+    # varlen: rows past cu_seqlens[-1] (padding) belong to no sequence and get zero gradients
+    alloc = torch.zeros_like if varlen else torch.empty_like
+    return alloc(q), alloc(k), alloc(v)
+
+
+def _alloc_delta(lse, q):
+    # float64 for float64 inputs (the CPU suite's gradcheck calls attn_bwd directly)
+    return torch.empty_like(lse, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+class Launches:
+    """How attn_bwd launches its kernels: straight through launch_cached. A _Recorder (below) also keeps
+    what a launch plan replays."""
+
+    def buffers(self, tensors, alloc_sums=None):
+        """Buffers the call allocated, reported before a launch uses them: dq, dk, dv and delta, then on the
+        Hopper path the dQ sums and turn counters, which alloc_sums() allocates again."""
+
+    def __call__(self, kernel, grid, args, kwargs):
+        launch_cached(kernel, grid, args, kwargs)
+
+
+NOW = Launches()
 
 
 def _grid(blocks, bh):
@@ -29,9 +59,10 @@ def _strides(t, varlen):
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
-def attn_bwd(p, c, do, dlse):
+def attn_bwd(p, c, do, dlse, launch=NOW):
     """(dq, dk, dv) of problem p (problem.AttnProblem) for the forward call c (problem.Call: q, k, v, out, lse,
-    cu_seqlens), the output gradient do and the lse's gradient dlse (or None)."""
+    cu_seqlens), the output gradient do and the lse's gradient dlse (or None). launch: a Launches (a
+    _Recorder while a plan is made)."""
     q, k, v, out, lse, cu_q = c.q, c.k, c.v, c.out, c.lse, c.cu_q
     # bfloat16 under the interpreter (wrong dots): the forward refuses it already, but tileattn::attn_bwd can be
     # called on its own
@@ -41,9 +72,7 @@ def attn_bwd(p, c, do, dlse):
     batch, sq, sk, hq, hkv, d, dv = p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v
     left, right = p.opts.window
     scale, softcap = p.opts.scale, p.opts.softcap
-    # varlen: rows past cu_seqlens[-1] (padding) belong to no sequence and get zero gradients
-    alloc = torch.zeros_like if varlen else torch.empty_like
-    dq, dk, dvv = alloc(q), alloc(k), alloc(v)
+    dq, dk, dvv = _alloc_grads(varlen, q, k, v)
     if q.numel() == 0 or k.numel() == 0 or batch == 0:
         return dq.zero_(), dk.zero_(), dvv.zero_()
     if not do.stride(-1) == 1:
@@ -57,7 +86,8 @@ def attn_bwd(p, c, do, dlse):
     # float64 (the CPU suite's gradcheck calls attn_bwd directly; the public API takes 16-bit inputs):
     # float64 accumulation and delta
     acc = tl.float64 if q.dtype == torch.float64 else tl.float32
-    delta = torch.empty_like(lse, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+    delta = _alloc_delta(lse, q)
+    launch.buffers((dq, dk, dvv, delta))
     ls = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     gls = ((0, dlse.stride(0)) if varlen else (dlse.stride(0), dlse.stride(1))) if dlse is not None else (0, 0)
     cu_k_arg = c.cu_k if varlen else lse
@@ -66,7 +96,7 @@ def attn_bwd(p, c, do, dlse):
     cfg = bwd_config(max(d, dv))
     (km, kn, kw, ks), (qm, qn, qw, qs) = cfg.dkdv, cfg.dq
     pm = 64 if bdv <= 128 else 32
-    launch_cached(bwd_preprocess_kernel, _grid(triton.cdiv(sq, pm), batch * hq), (
+    launch(bwd_preprocess_kernel, _grid(triton.cdiv(sq, pm), batch * hq), (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
         *gls, cu_q_arg, sq, hq, batch * hq), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
                                                   HAS_DLSE=dlse is not None, ACC=acc, num_warps=4))
@@ -84,15 +114,99 @@ def attn_bwd(p, c, do, dlse):
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
     if not launch_bwd_sm90.reason(p, q, k, v, do):
-        launch_bwd_sm90.attn_bwd_sm90(p, c, do, delta, (dq, dk, dvv), tail)
+        alloc_sums = functools.partial(launch_bwd_sm90.alloc_sums, p, left, right, q.device)
+        sums = alloc_sums()
+        launch.buffers(sums, alloc_sums)
+        launch_bwd_sm90.attn_bwd_sm90(p, c, do, delta, (dq, dk, dvv), sums, tail, launch)
         return dq, dk, dvv
     # launch_cached: the normal kernel[grid](...) path costs ~100 us of host time per launch, more than the
     # whole backward of small problems (the GPU would wait on the host)
-    launch_cached(bwd_dkdv_kernel, _grid(triton.cdiv(sk, kn), batch * hkv), (
+    launch(bwd_dkdv_kernel, _grid(triton.cdiv(sk, kn), batch * hkv), (
         q, k, v, do, lse, delta, dk, dvv, *qkv_strides, *_strides(dk, varlen), *_strides(dvv, varlen), *ls,
         cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, batch * hkv, *tail),
         dict(BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks, **common))
-    launch_cached(bwd_dq_kernel, _grid(triton.cdiv(sq, qm), batch * hq), (
+    launch(bwd_dq_kernel, _grid(triton.cdiv(sq, qm), batch * hq), (
         q, k, v, do, lse, delta, dq, *qkv_strides, *_strides(dq, varlen), *ls, cu_q_arg, cu_k_arg, sq, sk, hq,
         hq // hkv, batch * hq, *tail), dict(BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common))
     return dq, dk, dvv
+
+
+# ---------------------------------------------------------------------------------------------------------
+# launch plans: the eager backward's fast path
+# ---------------------------------------------------------------------------------------------------------
+# The backward of a batched problem costs ~130 us of host time on the H100 host when planned per call (Call and
+# AttnProblem, the config, three launch_cached key builds of ~40 arguments; docs/design/backward.md, "The N = 1K
+# rows are host-bound"), more than its kernels at N = 1K. A plan made on a key's first call keeps the
+# launchers and which of the call's tensors each one takes; a repeated call allocates the buffers and replays.
+_MAX_PLANS = 1024
+_plans = {}
+
+
+def clear_plans():
+    """Forget every backward launch plan (plans.clear_plans calls this too)."""
+    _plans.clear()
+
+
+class _Recorder(Launches):
+    """Launches through launch_cached and keeps each launcher with the positions of its tensor arguments in
+    the call's tensor list (inputs, then the buffers attn_bwd reports). A tensor argument that is none of
+    them (a copy attn_bwd made) makes the call unplannable."""
+
+    def __init__(self, tensors):
+        self.tensors, self.launches, self.alloc_sums, self.ok = list(tensors), [], None, True
+
+    def buffers(self, tensors, alloc_sums=None):
+        self.tensors.extend(tensors)
+        if alloc_sums is not None:
+            self.alloc_sums = alloc_sums
+
+    def __call__(self, kernel, grid, args, kwargs):
+        launcher, tensors = launch_cached(kernel, grid, args, kwargs)
+        slots = []
+        for t in tensors:
+            i = next((i for i, x in enumerate(self.tensors) if x is t), None)
+            if i is None:
+                self.ok = False
+            slots.append(i)
+        self.launches.append((launcher, grid, tuple(slots)))
+
+
+class _Plan:
+    __slots__ = ("launches", "alloc_sums")
+
+    def __init__(self, recorder):
+        self.launches, self.alloc_sums = tuple(recorder.launches), recorder.alloc_sums
+
+    def run(self, q, k, v, out, lse, do, dlse):
+        dq, dk, dv = _alloc_grads(False, q, k, v)
+        t = [q, k, v, out, lse, do, dlse, dq, dk, dv, _alloc_delta(lse, q)]
+        if self.alloc_sums is not None:
+            t.extend(self.alloc_sums())
+        for launcher, grid, slots in self.launches:
+            launcher(grid, *[t[i] for i in slots])
+        return dq, dk, dv
+
+
+def attn_bwd_planned(q, k, v, out, lse, do, dlse, options):
+    """attn_bwd of a batched forward call (the registered op's saved q, k, v, out, lse and its encoded
+    options; do with a contiguous last dim) through a launch plan kept per key: the options, every tensor's
+    shape, strides, dtype and 16-byte alignment, the device, and the switches the routing reads."""
+    if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
+        dlse = dlse.contiguous()
+    key = (options, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
+           v.dtype, out.shape, out.stride(), out.dtype, lse.shape, lse.stride(), lse.dtype, do.shape, do.stride(),
+           do.dtype, None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype, dlse.data_ptr() % 16),
+           q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16, lse.data_ptr() % 16,
+           do.data_ptr() % 16, knobs.sm90_bwd(), forced_key(), hw.interpreter_enabled())
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan.run(q, k, v, out, lse, do, dlse)
+    opts = AttnOptions.decode(options)
+    c = Call(q, k, v, out, lse, None, None, None, opts.scale, opts.softcap, 1.0)
+    rec = _Recorder((q, k, v, out, lse, do, dlse))
+    grads = attn_bwd(AttnProblem.of(c, opts), c, do, dlse, rec)
+    if rec.ok and rec.launches:  # (an empty problem launches nothing: its zero gradients are made per call)
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = _Plan(rec)
+    return grads

@@ -59,8 +59,11 @@ attn_fwd_fp8.register_autograd(_fp8_backward)
 
 
 def _attn_bwd(grad_out, grad_lse, saved, options):
-    """saved: the forward's q, k, v, out, lse (and cu_seqlens_q, cu_seqlens_k for varlen)."""
+    """saved: the forward's q, k, v, out, lse (and cu_seqlens_q, cu_seqlens_k for varlen). Batched calls go
+    through the backward's launch plans (bwd.attn_bwd_planned)."""
     q, k, v, out, lse, *cu = saved
+    if not cu and grad_out.stride(-1) == 1:
+        return bwd.attn_bwd_planned(q, k, v, out, lse, grad_out, grad_lse, options)
     opts = AttnOptions.decode(options)
     c = Call(q, k, v, out, lse, cu[0] if cu else None, cu[1] if cu else None, None, opts.scale, opts.softcap, 1.0)
     return bwd.attn_bwd(AttnProblem.of(c, opts), c, grad_out, grad_lse)

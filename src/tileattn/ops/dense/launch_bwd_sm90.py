@@ -9,7 +9,6 @@ import torch
 import triton
 
 from ... import knobs
-from ...launcher import launch_cached
 from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
 from .kernels_bwd import bwd_dq_convert_kernel
 
@@ -55,38 +54,46 @@ def reason(p, q, k, v, do):
     return ""
 
 
-def attn_bwd_sm90(p, c, do, delta, grads, tail):
-    """Launches the kernel: gradients into grads = (dq, dk, dv) (tail: scale, qk_scale, softcap_scale,
-    softcap_out, left, right as bwd.py computes them, the window bounds clamped)."""
+def alloc_sums(p, left, right, device):
+    """(acc, turns): the float32 dQ sums [B * Hq * query blocks * BLOCK_M, D] and the per-(head, query block)
+    turn counters of problem p (left, right: its window bounds as bwd.py clamps them)."""
+    mb = triton.cdiv(p.seqlen_q, BLOCK_M)
+    # query blocks that no key block sees get no dQ part: their sums must start at zero
+    off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
+    empty_blocks = left >= 0 or (right >= 0 and off + right < 0)
+    acc = (torch.zeros if empty_blocks else torch.empty)(p.batch * p.heads_q * mb * BLOCK_M, p.head_dim,
+                                                          dtype=torch.float32, device=device)
+    return acc, torch.zeros(p.batch * p.heads_q * mb, dtype=torch.int32, device=device)
+
+
+def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
+    """Launches the kernel: gradients into grads = (dq, dk, dv), through the sums = alloc_sums(...) (tail:
+    scale, qk_scale, softcap_scale, softcap_out, left, right as bwd.py computes them, the window bounds
+    clamped; launch: bwd.Launches)."""
     from ..common.gluon_compat import TMA_REDUCE
     from .gluon_bwd_sm90 import attn_bwd_sm90_kernel
     q, k, v, lse = c.q, c.k, c.v, c.lse
     dq, dk, dv = grads
+    acc, turns = sums
     scale, qk_scale, softcap_scale, softcap_out, left, right = tail
     d = p.head_dim
     stages, dq_bufs, regs, worker_regs, rows, tma_dq = CONFIGS[d]
     tma_dq = bool(tma_dq) and TMA_REDUCE
     mb = triton.cdiv(p.seqlen_q, BLOCK_M)
-    # query blocks that no key block sees get no dQ part: their sums must start at zero
-    off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
-    empty_blocks = left >= 0 or (right >= 0 and off + right < 0)
-    acc = (torch.zeros if empty_blocks else torch.empty)(p.batch * p.heads_q * mb * BLOCK_M * d, dtype=torch.float32,
-                                                          device=q.device)
-    turns = torch.zeros(p.batch * p.heads_q * mb, dtype=torch.int32, device=q.device)
     # no masked step at all where no tile can need one (no window or causal rule, whole tiles)
     needs_mask = left >= 0 or right >= 0 or p.seqlen_q % BLOCK_M or p.seqlen_k % BLOCK_N
     grid = (triton.cdiv(p.seqlen_k, BLOCK_N), p.batch * p.heads_kv)
     # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~40 arguments per call (~100 us of
     # host time, more than the whole backward at N=1K)
-    launch_cached(attn_bwd_sm90_kernel, grid, (
+    launch(attn_bwd_sm90_kernel, grid, (
         gluon_desc(q, [1, BLOCK_M, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
         gluon_desc(do, [1, BLOCK_M, 1, d]), lse, delta, dk, dv,
-        gluon_desc(acc.view(-1, d), [BLOCK_M, d // 2]) if tma_dq else acc, turns, lse.stride(0), lse.stride(1),
+        gluon_desc(acc, [BLOCK_M, d // 2]) if tma_dq else acc, turns, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
         p.heads_kv, p.heads_q // p.heads_kv, mb, scale, qk_scale, softcap_scale, softcap_out, left, right),
         dict(STAGES=stages, DQ_BUFS=dq_bufs, CONSUMER_REGS=regs, WORKER_REGS=worker_regs, WRITER_ROWS=rows,
              HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
              HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), TMA_DQ=tma_dq, num_warps=4))
-    launch_cached(bwd_dq_convert_kernel, (triton.cdiv(p.seqlen_q, 64), p.batch * p.heads_q), (
+    launch(bwd_dq_convert_kernel, (triton.cdiv(p.seqlen_q, 64), p.batch * p.heads_q), (
         acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), p.seqlen_q, p.heads_q, mb * BLOCK_M, scale),
         dict(D=d, BLOCK_M=64, num_warps=4))

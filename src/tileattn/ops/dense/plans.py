@@ -18,7 +18,7 @@ import torch
 from ... import knobs
 from ..common.backend import forced_key
 from ..common.fp8 import is_fp8
-from . import dispatch
+from . import bwd, dispatch
 from .problem import (
     AttnOptions,
     AttnProblem,
@@ -39,8 +39,9 @@ _caching = [True]
 
 
 def clear_plans():
-    """Forget every launch plan (the next call of each problem is planned again)."""
+    """Forget every launch plan, the backward's too (the next call of each problem is planned again)."""
     _entries.clear()
+    bwd.clear_plans()
 
 
 @contextlib.contextmanager
