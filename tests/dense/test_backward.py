@@ -296,7 +296,7 @@ def test_gpu_backward_sm90(case, dtype, device, monkeypatch):
     """The Hopper backward kernel (ops/dense/gluon_bwd_sm90.py) against autograd through the reference, on the
     shapes and rules its schedule special-cases; the test checks that the kernel actually ran."""
     from tileattn.ops.common.tma import gluon_sm90_reason
-    from tileattn.ops.dense import launch_bwd_sm90
+    from tileattn.ops.dense import launch_bwd_sm90, plans
     B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, with_lse = case
     q, k = leaf(B, Sq, Hq, D, dtype=dtype, device=device), leaf(B, Sk, Hkv, D, dtype=dtype, device=device)
     v = leaf(B, Sk, Hkv, D, dtype=dtype, device=device)
@@ -304,10 +304,14 @@ def test_gpu_backward_sm90(case, dtype, device, monkeypatch):
     if why:
         pytest.skip(f"the Hopper backward does not run here: {why}")
     monkeypatch.setenv("TILEATTN_SM90_BWD", "1")
+    plans.clear_plans()  # a kept backward plan would replay without passing through attn_bwd_sm90
     ran = []
-    real = launch_bwd_sm90.launch_cached
-    monkeypatch.setattr(launch_bwd_sm90, "launch_cached",
-                        lambda kernel, grid, args, kw: ran.append(kw) or real(kernel, grid, args, kw))
+    real = launch_bwd_sm90.attn_bwd_sm90
+
+    def spy(p, c, do, delta, grads, sums, tail, launch):
+        return real(p, c, do, delta, grads, sums, tail,
+                    lambda kernel, grid, args, kw: ran.append(kw) or launch(kernel, grid, args, kw))
+    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
     opts = dict(causal=causal, window=window, softcap=softcap)
 
     def ref(q, k, v, dt):
