@@ -184,6 +184,14 @@ def test_backward_plan_replay(device):
     grads(fn, (q, kv[:, :, :4], kv[:, :, 4:]), [w])
     grads(lambda *a: tileattn.attention(*a, window=(5, 5)), (q, kv[:, :, :4], kv[:, :, 4:]), [w])
     assert len(bwd._plans) == 3
+    # one tensor as q, k and v (self-attention on x) planned first, then three tensors of that layout: their
+    # own plan (the first one's launches take x in every place)
+    bwd.clear_plans()
+    x = leaf(2, 48, 4, 32, dtype=DT, device=device)
+    grads(fn, (x, x, x), [w])
+    q, k, v = (leaf(2, 48, 4, 32, dtype=DT, device=device) for _ in range(3))
+    check_grads(fn, lambda *a: attention_ref(*a[:3], causal=True, dtype=a[3])[0], q, k, v)
+    assert len(bwd._plans) == 2
 
 
 def test_fp8_has_no_backward(device):
