@@ -190,15 +190,17 @@ class _Plan:
 def attn_bwd_planned(q, k, v, out, lse, do, dlse, options):
     """attn_bwd of a batched forward call (the registered op's saved q, k, v, out, lse and its encoded
     options; do with a contiguous last dim) through a launch plan kept per key: the options, every tensor's
-    shape, strides, dtype and 16-byte alignment, the device, which of q, k, v are one tensor (a plan maps its
-    launches' arguments to the call's tensors by identity), and the switches the routing reads."""
+    shape, strides, dtype and 16-byte alignment, the device, which tensors are one (q, k, v; the output and its
+    gradient; lse and its gradient: a plan maps its launches' arguments to the call's tensors by identity),
+    and the switches the routing reads."""
     if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
         dlse = dlse.contiguous()
     key = (options, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
            v.dtype, out.shape, out.stride(), out.dtype, lse.shape, lse.stride(), lse.dtype, do.shape, do.stride(),
            do.dtype, None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype, dlse.data_ptr() % 16),
            q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16, lse.data_ptr() % 16,
-           do.data_ptr() % 16, k is q, v is q, v is k, knobs.sm90_bwd(), forced_key(), hw.interpreter_enabled())
+           do.data_ptr() % 16, k is q, v is q, v is k, do is out, dlse is lse, knobs.sm90_bwd(), forced_key(),
+           hw.interpreter_enabled())
     plan = _plans.get(key)
     if plan is not None:
         return plan.run(q, k, v, out, lse, do, dlse)
