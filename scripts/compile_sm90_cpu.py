@@ -7,7 +7,8 @@ them, before spending device time.
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
     python scripts/compile_sm90_cpu.py --bwd-sm90 [--d 128] [--causal]   (the Hopper backward, TILEATTN_SM90_BWD=1)
-    python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json]
+    python scripts/compile_sm90_cpu.py --bwd-large-d [--d 512] [--causal]   (the backward's D > 256 kernels)
+    python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json] [--only NAME_PREFIX]
 
 The first three compile one routed Gluon kernel through the public API (dispatch chooses it, as on an H100)
 and print its registers, spills, shared memory, instruction counts and ptxas's verdict on the wgmma pipeline
@@ -222,6 +223,8 @@ def variants():
         for c in (False, True):
             out[f"bwd-f16-D{D}-c{c}"] = lambda D=D, c=c: backward(f16, D, c)
     out["bwd-bf16-D128-varlen"] = lambda: backward(bf16, 128, True, varlen=True)
+    out["bwd-f16-D320-cTrue"] = lambda: backward(f16, 320, True)
+    out["bwd-bf16-D512-cFalse"] = lambda: backward(bf16, 512, False)
     out["bwdsm90-f16-D128-c"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, f16, 128, True)
     out["bwdsm90-bf16-D64"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, bf16, 64, False)
     for which in ("alibi", "softcap", "causal"):
@@ -234,9 +237,11 @@ def variants():
     return out
 
 
-def fingerprint(path, compare, tmp):
+def fingerprint(path, compare, tmp, only=None):
     res, failures = {}, 0
     for name, fn in variants().items():
+        if only and not name.startswith(only):
+            continue
         COMPILED.clear()
         try:
             fn()
@@ -256,7 +261,7 @@ def fingerprint(path, compare, tmp):
         json.dump(res, f, indent=0)
     if compare:
         old = json.load(open(compare))
-        diff = [n for n in old if old[n] != res.get(n)]
+        diff = [n for n in old if (not only or n.startswith(only)) and old[n] != res.get(n)]
         print(f"COMPARE {len(old)} variants against {compare}: {len(diff)} differ" + (f": {diff}" if diff else ""))
         failures += len(diff)
     return 1 if failures else 0
@@ -299,11 +304,17 @@ def main():
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
     p.add_argument("--compare", default=None, help="with --fingerprint: an earlier file that must be equal")
+    p.add_argument("--only", default=None, help="with --fingerprint: the variants whose names start so")
+    p.add_argument("--bwd-large-d", action="store_true", help="the dense backward's large-D kernels (D > 256)")
     p.add_argument("--out", default="/tmp")
     a = p.parse_args()
     _setup()
     if a.fingerprint:
-        return fingerprint(a.fingerprint, a.compare, a.out)
+        return fingerprint(a.fingerprint, a.compare, a.out, a.only)
+    if a.bwd_large_d:
+        backward(DT[a.dtype], a.d, a.causal)
+        return max(report(next(k for n, k in COMPILED if n == name), a.out)
+                   for name in ("bwd_dkdv_large_d_kernel", "bwd_dq_large_d_kernel"))
     if a.bwd_sm90:
         os.environ["TILEATTN_SM90_BWD"] = "1"
         backward(DT[a.dtype], a.d, a.causal)

@@ -52,6 +52,11 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap)
     (1, 100, 100, 2, 1, 32, 32, False, (40, 20), 0.0),
     (2, 64, 48, 2, 2, 32, 32, False, (-1, -1), 0.0),
     (1, 96, 64, 2, 2, 32, 32, True, (-1, -1), 2.0),
+    # head dims above 256: kernels_bwd_large_d.py (chunks of the head dim, one gradient slice per program)
+    (1, 37, 37, 2, 1, 320, 320, True, (-1, -1), 0.0),
+    (2, 40, 70, 2, 2, 512, 384, False, (9, 3), 0.0),
+    (1, 50, 30, 4, 2, 296, 512, True, (-1, -1), 5.0),
+    (1, 48, 48, 2, 2, 320, 320, False, (-1, -1), 0.0),  # whole 16-row tiles, not whole 32-row ones
 ]
 
 
@@ -77,15 +82,17 @@ def test_backward_through_lse(device):
                 with_lse=True)
 
 
-@pytest.mark.parametrize("lse_in_loss", [False, True])
-def test_varlen_backward(lse_in_loss, device):
-    """Empty sequences, Dv != D, rows past cu_seqlens[-1] (padding: zero gradients), lse in the loss."""
+@pytest.mark.parametrize("lse_in_loss,d,dv", [(False, 32, 48), (True, 32, 48), (True, 320, 264)],
+                         ids=["out", "lse", "large-d"])
+def test_varlen_backward(lse_in_loss, d, dv, device):
+    """Empty sequences, Dv != D, rows past cu_seqlens[-1] (padding: zero gradients), lse in the loss; head dims
+    above 256 too (kernels_bwd_large_d.py)."""
     lens_q, lens_k = [5, 0, 40, 17], [9, 3, 40, 30]
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device=device)
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device=device)
-    q = leaf(sum(lens_q) + 3, 4, 32, dtype=DT, device=device)
-    k, v = leaf(sum(lens_k) + 2, 2, 32, dtype=DT, device=device), leaf(sum(lens_k) + 2, 2, 48, dtype=DT,
-                                                                      device=device)
+    q = leaf(sum(lens_q) + 3, 4, d, dtype=DT, device=device)
+    k, v = leaf(sum(lens_k) + 2, 2, d, dtype=DT, device=device), leaf(sum(lens_k) + 2, 2, dv, dtype=DT,
+                                                                     device=device)
 
     def fn(q, k, v):
         return tileattn.varlen_attention(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
@@ -93,12 +100,12 @@ def test_varlen_backward(lse_in_loss, device):
 
     def ref(q, k, v, dtype):
         res = varlen_attention_ref(q, k, v, cu_q, cu_k, dtype=dtype, causal=True, window=(20, -1))
-        out = torch.cat([res[0], torch.zeros(3, 4, 48, dtype=dtype, device=q.device)])
+        out = torch.cat([res[0], torch.zeros(3, 4, dv, dtype=dtype, device=q.device)])
         lse = torch.cat([res[1], torch.zeros(4, 3, dtype=dtype, device=q.device)], dim=1)
         return (out, lse) if lse_in_loss else out
     check_grads(fn, ref, q, k, v, with_lse=lse_in_loss)
-    dq, dk, dv = grads(fn, (q, k, v), [torch.ones(q.shape[0], 4, 48, device=device)])
-    assert dq[-3:].abs().max() == 0 and dk[-2:].abs().max() == 0 and dv[-2:].abs().max() == 0
+    dq, dk, dv_ = grads(fn, (q, k, v), [torch.ones(q.shape[0], 4, dv, device=device)])
+    assert dq[-3:].abs().max() == 0 and dk[-2:].abs().max() == 0 and dv_[-2:].abs().max() == 0
 
 
 def test_lse_gradient_layouts(device):
@@ -192,6 +199,26 @@ def test_backward_plan_replay(device):
     q, k, v = (leaf(2, 48, 4, 32, dtype=DT, device=device) for _ in range(3))
     check_grads(fn, lambda *a: attention_ref(*a[:3], causal=True, dtype=a[3])[0], q, k, v)
     assert len(bwd._plans) == 2
+    # an output gradient that is q itself, planned first, then a separate one
+    bwd.clear_plans()
+    out = fn(q, k, v)
+    torch.autograd.grad(out, (q, k, v), q, retain_graph=True)
+    check_grads(fn, lambda *a: attention_ref(*a[:3], causal=True, dtype=a[3])[0], q, k, v)
+
+
+def test_eager_path_keeps_dispatch_modes_and_refuses_double_backward(device):
+    """Under a dispatch mode (FlopCounterMode) the call takes the registered op, which the mode sees; a double
+    backward through the eager path raises instead of treating the gradient as a constant."""
+    from torch.utils.flop_counter import FlopCounterMode
+    q, k, v = (leaf(1, 16, 2, 32, dtype=DT, device=device) for _ in range(3))
+    with FlopCounterMode(display=False):
+        out = tileattn.attention(q, k, v, causal=True)
+    assert "EagerAttn" not in type(out.grad_fn).__name__
+    out = tileattn.attention(q, k, v, causal=True)
+    assert "EagerAttn" in type(out.grad_fn).__name__
+    g = torch.autograd.grad(out.float().square().sum(), q, create_graph=True)[0]
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.float().sum().backward()
 
 
 def test_fp8_has_no_backward(device):
@@ -204,7 +231,7 @@ def test_fp8_has_no_backward(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 128, 256, 320, 512])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_backward(D, causal, dtype, device):
     q = leaf(2, 1000, 8, D, dtype=dtype, device=device)

@@ -32,7 +32,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | fp8.Fp8V, *, c
             float8_e5m2, one dtype, one device. Any strides with a contiguous last dim (no copies are made;
             fp8 v may instead have a contiguous sequence dim, or be an `Fp8V`, see below). D and Dv:
             multiples of 8 in [32, 1024], Dv may differ from D. Above 256 (float16/bfloat16 only) a kernel
-            that tiles the head dim serves the call (launch_large_d.py); gradients take D, Dv <= 256.
+            that tiles the head dim serves the call (launch_large_d.py); gradients take D, Dv <= 512.
         causal: query i sees key j iff j <= i + Sk - Sq (aligned bottom-right, as FlashAttention >= 2.1;
             with Sq > Sk the first Sq - Sk query rows see nothing).
         scale: multiplier of q.k; default D ** -0.5.
@@ -126,11 +126,13 @@ def _plain_eager(q, k, v):
 def _plain_tracked(q, k, v, cu_q, cu_k):
     """An eager 16-bit call on plain tensors that tracks a gradient: it takes custom_ops.EagerAttn (the same
     forward and backward as the registered op, ~90 us less host time per call). Compiling, tensor subclasses
-    (FakeTensor, Parameter, DTensor), torch.func transforms and fp8 (whose op raises on backward) take the op."""
+    (FakeTensor, Parameter, DTensor), torch.func transforms, dispatch modes (FlopCounterMode, make_fx: they
+    see the op) and fp8 (whose op raises on backward) take the op. (torch._C's checks: torch >= 2.4.)"""
     T = torch.Tensor
     return (type(q) is T and type(k) is T and type(v) is T and (cu_q is None or type(cu_q) is T)
             and (cu_k is None or type(cu_k) is T) and q.dtype not in fp8.FP8_DTYPES
-            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active())
+            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
+            and torch._C._len_torch_dispatch_stack() == 0)
 
 
 def _scale(q, scale):

@@ -19,6 +19,7 @@ from ..common.configs import bwd_config
 from ..common.softmax import LOG2E
 from . import launch_bwd_sm90
 from .kernels_bwd import bwd_dkdv_kernel, bwd_dq_kernel
+from .kernels_bwd_large_d import bwd_dkdv_large_d_kernel, bwd_dq_large_d_kernel
 from .launch_triton import MAX_GRID_Y
 from .problem import AttnOptions, AttnProblem, Call
 
@@ -47,6 +48,19 @@ class Launches:
 
 
 NOW = Launches()
+
+
+# Head dims above this take kernels_bwd_large_d.py (chunks of the head dim for the products, one slice of the
+# gradients' head dim per program); kernels_bwd.py holds whole rows of every operand.
+MAX_WHOLE_HEAD_DIM = 256
+# Their tiles: (BLOCK_M, BLOCK_N, BLOCK_K: head-dim columns per product step, BLOCK_S: gradient columns per
+# program, num_warps, num_stages). NOT chosen by a measurement yet (the kernels have not run on a GPU): 64 x 64
+# score tiles as the whole-row kernels' D <= 128 table, the large-D forward's chunk width, and 128-column slices
+# (two float32 [64, 128] accumulators: 64 registers per thread at 8 warps). A slice recomputes S and dP over the
+# whole head dim, so at D = 512 the four slices cost ~2.5x the ideal FLOPs of the dK/dV kernel and ~3x of the
+# dQ kernel (docs/design/backward.md, "Head dims above 256").
+LARGE_D_TILES = (64, 64, 64, 128, 8, 1)
+LARGE_D_TILES_INTERPRETER = (32, 16, 32, 64, 4, 1)  # (M != N: the tests see both tile sizes)
 
 
 def _grid(blocks, bh):
@@ -113,6 +127,20 @@ def attn_bwd(p, c, do, dlse, launch=NOW):
                   NEEDS_MASK=needs_mask, ACC=acc)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
+    if max(d, dv) > MAX_WHOLE_HEAD_DIM:  # the head dim cut into chunks and slices (kernels_bwd_large_d.py)
+        bm, bn, bk, bs, warps, stages = LARGE_D_TILES_INTERPRETER if hw.interpreter_enabled() else LARGE_D_TILES
+        large = dict(common, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_S=bs, num_warps=warps, num_stages=stages,
+                     NEEDS_MASK=bool(left >= 0 or right >= 0 or varlen or sq % bm or sk % bn))  # these tiles
+        for name in ("BLOCK_D", "BLOCK_DV"):
+            del large[name]
+        ns_kv, ns_q = triton.cdiv(max(d, dv), bs), triton.cdiv(d, bs)
+        launch(bwd_dkdv_large_d_kernel, _grid(triton.cdiv(sk, bn) * ns_kv, batch * hkv), (
+            q, k, v, do, lse, delta, dk, dvv, *qkv_strides, *_strides(dk, varlen), *_strides(dvv, varlen), *ls,
+            cu_q_arg, cu_k_arg, sq, sk, hkv, hq // hkv, batch * hkv, *tail), dict(NUM_SLICES=ns_kv, **large))
+        launch(bwd_dq_large_d_kernel, _grid(triton.cdiv(sq, bm) * ns_q, batch * hq), (
+            q, k, v, do, lse, delta, dq, *qkv_strides, *_strides(dq, varlen), *ls, cu_q_arg, cu_k_arg, sq, sk, hq,
+            hq // hkv, batch * hq, *tail), dict(NUM_SLICES=ns_q, **large))
+        return dq, dk, dvv
     if not launch_bwd_sm90.reason(p, q, k, v, do):
         alloc_sums = functools.partial(launch_bwd_sm90.alloc_sums, p, left, right, q.device)
         sums = alloc_sums()
@@ -187,19 +215,25 @@ class _Plan:
         return dq, dk, dv
 
 
+def _aliasing(tensors):
+    """For each tensor, the index of the first one that is the same object: a plan maps its launches'
+    arguments to the call's tensors by identity, so calls that alias differently (attention(x, x, x), an
+    output gradient that is q) need their own plans."""
+    return tuple(next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors))
+
+
 def attn_bwd_planned(q, k, v, out, lse, do, dlse, options):
     """attn_bwd of a batched forward call (the registered op's saved q, k, v, out, lse and its encoded
     options; do with a contiguous last dim) through a launch plan kept per key: the options, every tensor's
-    shape, strides, dtype and 16-byte alignment, the device, which tensors are one (q, k, v; the output and its
-    gradient; lse and its gradient: a plan maps its launches' arguments to the call's tensors by identity),
-    and the switches the routing reads."""
+    shape, strides, dtype and 16-byte alignment, the device, which of them are one tensor (_aliasing), and
+    the switches the routing reads."""
     if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
         dlse = dlse.contiguous()
     key = (options, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
            v.dtype, out.shape, out.stride(), out.dtype, lse.shape, lse.stride(), lse.dtype, do.shape, do.stride(),
            do.dtype, None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype, dlse.data_ptr() % 16),
            q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16, lse.data_ptr() % 16,
-           do.data_ptr() % 16, k is q, v is q, v is k, do is out, dlse is lse, knobs.sm90_bwd(), forced_key(),
+           do.data_ptr() % 16, _aliasing((q, k, v, out, lse, do, dlse)), knobs.sm90_bwd(), forced_key(),
            hw.interpreter_enabled())
     plan = _plans.get(key)
     if plan is not None:

@@ -127,5 +127,6 @@ class EagerAttn(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no double backward: a clear error, as the op gives
     def backward(ctx, grad_out, grad_lse):
         return _backward(ctx, grad_out, grad_lse)

@@ -25,6 +25,16 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def dscores_of(p, t, dp, delta, HAS_SOFTCAP: tl.constexpr, TRANS: tl.constexpr):
+    """dZ' = P * (dP - delta) (* (1 - tanh^2) with a softcap) from dP = dO V^T (TRANS: of a transposed tile,
+    [keys, queries])."""
+    dz = p * (dp - q_axis(delta, TRANS))
+    if HAS_SOFTCAP:
+        dz = dz * (1.0 - t * t)
+    return dz
+
+
+@triton.jit
 def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr, TRANS: tl.constexpr, ACC: tl.constexpr):
     """dZ' = P * (dO V^T - delta) (* (1 - tanh^2) with a softcap): the gradient of the raw scores / scale
     (TRANS: of a transposed tile, [keys, queries])."""
@@ -32,10 +42,7 @@ def _dscores(p, t, do, v, delta, HAS_SOFTCAP: tl.constexpr, TRANS: tl.constexpr,
         dp = tl.dot(v, tl.trans(do), out_dtype=ACC)
     else:
         dp = tl.dot(do, tl.trans(v), out_dtype=ACC)
-    dz = p * (dp - q_axis(delta, TRANS))
-    if HAS_SOFTCAP:
-        dz = dz * (1.0 - t * t)
-    return dz
+    return dscores_of(p, t, dp, delta, HAS_SOFTCAP, TRANS)
 
 
 @triton.jit
@@ -50,6 +57,15 @@ def _probs(q, k, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale,
         s = tl.dot(k, tl.trans(q), out_dtype=ACC)
     else:
         s = tl.dot(q, tl.trans(k), out_dtype=ACC)
+    return probs_of(s, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                    HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, TRANS)
+
+
+@triton.jit
+def probs_of(s, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
+             TRANS: tl.constexpr):
+    """_probs from the raw scores s = Q K^T (TRANS: K Q^T)."""
     if HAS_SOFTCAP:
         t = tanh(s * softcap_scale)
         z2 = t * softcap_out

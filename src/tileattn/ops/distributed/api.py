@@ -29,7 +29,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: "di
             the sequence in `layout` (`shard_sequence` makes them). float16 or bfloat16 (bfloat16 needs a GPU:
             the Triton interpreter's bfloat16 dots are wrong), one dtype, one device: CUDA tensors over NCCL
             (the current device, torch.cuda.set_device), CPU tensors over gloo through the Triton
-            interpreter (tests). Head dims as `tileattn.attention` (gradients: D, Dv <= 256). Any strides with
+            interpreter (tests). Head dims as `tileattn.attention` (gradients: D, Dv <= 512). Any strides with
             a contiguous last dim.
         group: the process group (None: the default group). Its ranks, in group-rank order, hold the shards.
         causal: over global positions: the query at global position i sees the key at global position j iff

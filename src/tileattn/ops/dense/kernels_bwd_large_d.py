@@ -1,0 +1,240 @@
+"""Triton kernels of dense attention backward for large head dims (D or Dv above 256, up to 512).
+
+kernels_bwd.py's algorithm and schedule (FlashAttention-2's, deterministic, no atomics) with the head dim cut
+as the large-D forward cuts it (kernels_large_d.py), so that no tile grows with the head dim:
+  - the scores S = Q K^T and dP = dO V^T of a [BLOCK_M, BLOCK_N] tile are summed over chunks of BLOCK_K
+    head-dim columns (Q, K, dO and V chunks are loaded per step, mostly from L2);
+  - the gradients' head dim is cut into slices of BLOCK_S columns, one slice per program: a dK/dV program
+    holds dK[:, slice] and dV[:, slice] (a slice past D or Dv stores nothing of that one), a dQ program holds
+    dQ[:, slice]. Grid axis 0 enumerates (block, slice) with the slices of one block adjacent: they read the
+    same rows from L2 at about the same time. Every slice recomputes S and dP: n slices cost n - 1 extra
+    pairs of products over the whole head dim.
+Masking, GQA and varlen are kernels_bwd.py's (its helpers compute the probabilities and dZ from the scores).
+"""
+import triton
+import triton.language as tl
+
+from ..common.bwd_kernels import load_rows, row_stats, seq_rows
+from ..common.masking import key_range, query_range
+from .kernels_bwd import dscores_of, probs_of
+
+
+@triton.jit
+def batch_bases(i_b, q0, stride_qb, stride_kb, stride_vb, stride_db, stride_lb, IS_VARLEN: tl.constexpr):
+    """int64 element offsets of batch i_b in q, k, v, dO and lse / delta (varlen: 0, the rows carry the
+    sequence; lse / delta: the sequence's first row q0)."""
+    if IS_VARLEN:
+        return 0, 0, 0, 0, q0.to(tl.int64)
+    b64 = i_b.to(tl.int64)
+    return b64 * stride_qb, b64 * stride_kb, b64 * stride_vb, b64 * stride_db, b64 * stride_lb
+
+
+@triton.jit
+def batch_base(i_b, stride_b, IS_VARLEN: tl.constexpr):
+    """int64 element offset of batch i_b in a gradient (varlen: 0)."""
+    if IS_VARLEN:
+        return 0
+    return i_b.to(tl.int64) * stride_b
+
+
+@triton.jit
+def query_steps(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, NEEDS_MASK: tl.constexpr):
+    """The query blocks key block n0 walks: (m_lo, f_lo, f_hi, n_before, n_masked): unmasked blocks
+    [f_lo, f_hi), then n_masked masked ones, the first n_before of them from m_lo (masked_step gives each)."""
+    m_lo, f_lo, f_hi, m_hi = query_range(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                         HAS_RIGHT, NEEDS_MASK)
+    n_before = tl.cdiv(f_lo - m_lo, BLOCK_M)  # f_lo: a block start or m_hi
+    return m_lo, f_lo, f_hi, n_before, n_before + tl.cdiv(m_hi - f_hi, BLOCK_M)
+
+
+@triton.jit
+def key_steps(m0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, NEEDS_MASK: tl.constexpr):
+    """The key blocks query block m0 walks: (lo, full_lo, full_hi, n_before, n_masked), as query_steps."""
+    lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                         HAS_RIGHT)
+    if not NEEDS_MASK:
+        full_lo, full_hi = lo, hi
+    elif m0 + BLOCK_M > seqlen_q:  # a partial query block: rows past the sequence are masked everywhere
+        full_lo, full_hi = hi, hi
+    n_before = tl.cdiv(full_lo - lo, BLOCK_N)  # full_lo: a block start or hi
+    return lo, full_lo, full_hi, n_before, n_before + tl.cdiv(hi - full_hi, BLOCK_N)
+
+
+@triton.jit
+def masked_step(i, lo, full_hi, n_before, BLOCK: tl.constexpr):
+    """Start of masked step i: below the unmasked range for the first n_before, above it after."""
+    return tl.where(i < n_before, lo + i * BLOCK, full_hi + (i - n_before) * BLOCK)
+
+
+
+@triton.jit
+def _chunked_dot(a_base, a_rows, a_stride, a_ok, b_base, b_rows, b_stride, b_ok, ncols: tl.constexpr,
+                 BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr):
+    """A B^T [BLOCK_A, BLOCK_B] float32 for row-major A and B of ncols columns, summed over BLOCK_K chunks."""
+    o_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
+    for c0 in range(0, ncols, BLOCK_K):
+        a = load_rows(a_base, a_rows, a_stride, a_ok, c0 + o_k, ncols)
+        b = load_rows(b_base, b_rows, b_stride, b_ok, c0 + o_k, ncols)
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=ACC)
+    return acc
+
+
+@triton.jit
+def _dkdv_step(dk, dv, hk, hv, krows, n_ok, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, stride_ks,
+               stride_vs, o_n, o_s, s0, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+               softcap_out, D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+               MASKED: tl.constexpr, ACC: tl.constexpr):
+    """(dK, dV)[:, slice] plus query block m0's contribution."""
+    o_m = m0 + tl.arange(0, BLOCK_M)
+    m_ok = o_m < seqlen_q
+    qrows = (q0 + o_m).to(tl.int64)
+    lse, delta = row_stats(LSE, DELTA, hl, o_m, m_ok)
+    st = _chunked_dot(hk, krows, stride_ks, n_ok, hq, qrows, stride_qs, m_ok, D, BLOCK_N, BLOCK_M, BLOCK_K, ACC)
+    pt, t = probs_of(st, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, True)
+    dpt = _chunked_dot(hv, krows, stride_vs, n_ok, hdo, qrows, stride_ds, m_ok, DV_, BLOCK_N, BLOCK_M, BLOCK_K, ACC)
+    dzt = dscores_of(pt, t, dpt, delta, HAS_SOFTCAP, True)
+    do_s = load_rows(hdo, qrows, stride_ds, m_ok, s0 + o_s, DV_)
+    q_s = load_rows(hq, qrows, stride_qs, m_ok, s0 + o_s, D)
+    dv = tl.dot(pt.to(do_s.dtype), do_s, dv, out_dtype=ACC)
+    dk = tl.dot(dzt.to(q_s.dtype), q_s, dk, out_dtype=ACC)
+    return dk, dv
+
+
+@triton.jit
+def bwd_dkdv_large_d_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+    stride_lb, stride_lh, cu_q, cu_k, seqlen_q, seqlen_k, num_kv_heads, group_size, num_bh,
+    scale, qk_scale, softcap_scale, softcap_out, left, right,
+    D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr, NUM_SLICES: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    ALIGN_BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, NEEDS_MASK: tl.constexpr,
+    ACC: tl.constexpr = tl.float32,
+):
+    """Grid (key blocks * NUM_SLICES, B * Hkv folded over y and z). dK and dV columns [s0, s0 + BLOCK_S) of one
+    key block, summed over the kv head's query heads (kernels_bwd.bwd_dkdv_kernel's schedule)."""
+    i_n = tl.program_id(0) // NUM_SLICES
+    s0 = (tl.program_id(0) % NUM_SLICES) * BLOCK_S
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
+    i_b = i_bh // num_kv_heads
+    i_hk = (i_bh % num_kv_heads).to(tl.int64)
+    q0, k0, seqlen_q, seqlen_k = seq_rows(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
+    n0 = i_n * BLOCK_N
+    if n0 >= seqlen_k:
+        return
+    qb, kb, vb, db, lb = batch_bases(i_b, q0, stride_qb, stride_kb, stride_vb, stride_db, stride_lb, IS_VARLEN)
+    dkb, dvb = batch_base(i_b, stride_dkb, IS_VARLEN), batch_base(i_b, stride_dvb, IS_VARLEN)
+    off_diag = 0
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    o_s = tl.arange(0, BLOCK_S)
+    n_ok = o_n < seqlen_k
+    krows = (k0 + o_n).to(tl.int64)
+    hk, hv = K + kb + i_hk * stride_kh, V + vb + i_hk * stride_vh
+    dk = tl.zeros([BLOCK_N, BLOCK_S], ACC)
+    dv = tl.zeros([BLOCK_N, BLOCK_S], ACC)
+    m_lo, f_lo, f_hi, n_before, n_masked = query_steps(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
+                                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK)
+    for g in range(0, group_size):
+        i_h = i_hk * group_size + g
+        hq, hdo, hl = Q + qb + i_h * stride_qh, DO + db + i_h * stride_dh, lb + i_h * stride_lh
+        for m0 in range(f_lo, f_hi, BLOCK_M):
+            dk, dv = _dkdv_step(dk, dv, hk, hv, krows, n_ok, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds,
+                                stride_ks, stride_vs, o_n, o_s, s0, seqlen_q, seqlen_k, off_diag, left, right,
+                                qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_M, BLOCK_N, BLOCK_K, HAS_LEFT,
+                                HAS_RIGHT, HAS_SOFTCAP, False, ACC)
+        if NEEDS_MASK:
+            for i in range(0, n_masked):
+                m0 = masked_step(i, m_lo, f_hi, n_before, BLOCK_M)
+                dk, dv = _dkdv_step(dk, dv, hk, hv, krows, n_ok, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs,
+                                    stride_ds, stride_ks, stride_vs, o_n, o_s, s0, seqlen_q, seqlen_k, off_diag, left,
+                                    right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_M, BLOCK_N, BLOCK_K,
+                                    HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True, ACC)
+    cols = s0 + o_s
+    tl.store(DK + dkb + i_hk * stride_dkh + krows[:, None] * stride_dks + cols[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (cols < D)[None, :])
+    tl.store(DV + dvb + i_hk * stride_dvh + krows[:, None] * stride_dvs + cols[None, :],
+             dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & (cols < DV_)[None, :])
+
+
+@triton.jit
+def _dq_step(dq, hq, qrows, m_ok, hdo, lse, delta, n0, k0, hk, hv, stride_qs, stride_ds, stride_ks, stride_vs, o_m,
+             o_s, s0, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D: tl.constexpr,
+             DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
+             ACC: tl.constexpr):
+    """dQ[:, slice] plus key block n0's contribution."""
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = o_n < seqlen_k
+    krows = (k0 + o_n).to(tl.int64)
+    s = _chunked_dot(hq, qrows, stride_qs, m_ok, hk, krows, stride_ks, n_ok, D, BLOCK_M, BLOCK_N, BLOCK_K, ACC)
+    p, t = probs_of(s, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                    HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, MASKED, False)
+    dp = _chunked_dot(hdo, qrows, stride_ds, m_ok, hv, krows, stride_vs, n_ok, DV_, BLOCK_M, BLOCK_N, BLOCK_K, ACC)
+    k_s = load_rows(hk, krows, stride_ks, n_ok, s0 + o_s, D)
+    return tl.dot(dscores_of(p, t, dp, delta, HAS_SOFTCAP, False).to(k_s.dtype), k_s, dq, out_dtype=ACC)
+
+
+@triton.jit
+def bwd_dq_large_d_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh, cu_q, cu_k, seqlen_q, seqlen_k, num_heads, group_size, num_bh,
+    scale, qk_scale, softcap_scale, softcap_out, left, right,
+    D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr, NUM_SLICES: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    ALIGN_BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_VARLEN: tl.constexpr, NEEDS_MASK: tl.constexpr,
+    ACC: tl.constexpr = tl.float32,
+):
+    """Grid (query blocks * NUM_SLICES, B * Hq folded over y and z). dQ columns [s0, s0 + BLOCK_S) of one query
+    block (kernels_bwd.bwd_dq_kernel's schedule)."""
+    i_m = tl.program_id(0) // NUM_SLICES
+    s0 = (tl.program_id(0) % NUM_SLICES) * BLOCK_S
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
+    i_b = i_bh // num_heads
+    i_h = (i_bh % num_heads).to(tl.int64)
+    i_hk = i_h // group_size
+    q0, k0, seqlen_q, seqlen_k = seq_rows(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = i_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    qb, kb, vb, db, lb = batch_bases(i_b, q0, stride_qb, stride_kb, stride_vb, stride_db, stride_lb, IS_VARLEN)
+    dqb = batch_base(i_b, stride_dqb, IS_VARLEN)
+    off_diag = 0
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    o_m = m0 + tl.arange(0, BLOCK_M)
+    o_s = tl.arange(0, BLOCK_S)
+    m_ok = o_m < seqlen_q
+    qrows = (q0 + o_m).to(tl.int64)
+    hq, hdo = Q + qb + i_h * stride_qh, DO + db + i_h * stride_dh
+    lse, delta = row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
+    lo, full_lo, full_hi, n_before, n_masked = key_steps(m0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
+                                                         BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK)
+    hk, hv = K + kb + i_hk * stride_kh, V + vb + i_hk * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_S], ACC)
+    for n0 in range(full_lo, full_hi, BLOCK_N):
+        dq = _dq_step(dq, hq, qrows, m_ok, hdo, lse, delta, n0, k0, hk, hv, stride_qs, stride_ds, stride_ks,
+                      stride_vs, o_m, o_s, s0, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                      D, DV_, BLOCK_M, BLOCK_N, BLOCK_K, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, False, ACC)
+    if NEEDS_MASK:
+        for i in range(0, n_masked):
+            n0 = masked_step(i, lo, full_hi, n_before, BLOCK_N)
+            dq = _dq_step(dq, hq, qrows, m_ok, hdo, lse, delta, n0, k0, hk, hv, stride_qs, stride_ds, stride_ks,
+                          stride_vs, o_m, o_s, s0, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                          softcap_out, D, DV_, BLOCK_M, BLOCK_N, BLOCK_K, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True, ACC)
+    cols = s0 + o_s
+    tl.store(DQ + dqb + i_h * stride_dqh + qrows[:, None] * stride_dqs + cols[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (cols < D)[None, :])
