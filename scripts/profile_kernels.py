@@ -12,7 +12,8 @@
         (backward on the Triton kernels and on the Hopper one, TILEATTN_SM90_BWD=0 / 1) and cuDNN: "SMALL ..."
         lines with the timed ms per call (common.do_bench, as the suites), the GPU kernels' sum per call
         (torch.profiler) and the host us to issue one call: where time = kernels, the GPU is the limit; where
-        it is near host, the host is.
+        it is near host, the host is. Inputs require grad (the "fwd" rows time a tracked forward), and the
+        profiler runs between cases (it may leave launch hooks installed): `host` is the cleaner host figure.
     profile_kernels.py host [--N 1024] [--D 64] [--causal]
         where a call's host time goes, in the benchmarks' conditions (fp16, B=4, H=32): forward without grad,
         forward with grad, backward (autograd.grad of a retained graph), cuDNN beside each; the tracked calls

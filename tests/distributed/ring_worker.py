@@ -17,7 +17,7 @@ import torch
 # (set here at import, they took the GPU from every pytest process that collected test_ring)
 CHILD_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 
-GLOO_TIMEOUT_S = 90  # a rank whose peer died stops waiting after this (the test's join timeout is longer)
+GROUP_TIMEOUT_S = 90  # gloo / NCCL: a rank whose peer died stops waiting after this (the test's join timeout is longer)
 
 
 def case_id(c):
@@ -64,7 +64,7 @@ def run_rank(rank, world, rendezvous, cases, out_dir, device="cpu"):
         if device == "cuda":
             torch.cuda.set_device(rank)
         dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{rendezvous}",
-                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
         results = {}
         for c in cases:
             res = _run_case(c, rank, world, device)
