@@ -10,6 +10,9 @@ Flex rows: the flex grid's six mods at N=8192 (B=4, H=16, D=128, bf16; bench/fle
 BlockMasks), tileattn.flex_attention's backward against torch's compiled flex_attention backward; gradients
 of (batch 0, head 0) checked first against autograd through the materialised reference (ops/flex/reference.py)
 in float32, the same in bf16 as the input-precision error. FLOPs: 2.5x the forward's visible pairs.
+D = 256 rows (D256_ROWS: N 4K / 8K, against cuDNN where it runs them; summary d256_min_vs_cudnn) and large
+head dims (LARGE_D_ROWS: D 320 / 512, N 4K / 8K, B=1, H=16, against the fastest torch SDPA backend whose
+backward runs, EFFICIENT or MATH; summary large_d_min_vs_best_torch), checked like the grid.
 """
 import torch
 
@@ -95,52 +98,85 @@ def _flex_rows(rows, log, N=8192):
 
 
 BATCH, HEADS = 4, 32  # the grid's B and H
+DEVICE = "cuda"  # (a CPU smoke test of the suite's code paths sets "cpu")
+# D = 256 rows (against cuDNN, where it runs them) and the large head dims (against the fastest torch SDPA
+# backend that runs their backward: EFFICIENT or MATH); B and H of the large-D rows keep MATH's float32 score
+# matrices (B H N^2 x 4 bytes, a few of them) within the GPU's memory at N = 8K
+D256_ROWS = dict(B=BATCH, H=HEADS, D=(256,), N=(4096, 8192), providers=("cudnn", "fa2"))
+LARGE_D_ROWS = dict(B=1, H=16, D=(320, 512), N=(4096, 8192), providers=("efficient", "math"))
+
+
+def _case_rows(B, H, N, D, causal, dt, providers, rows, log):
+    """One case: tileattn's gradients checked, then tileattn and the torch providers (SDPA backends) timed.
+    Appends rows; returns ({provider: ms}, check passed)."""
+    import tileattn
+    case = {"B": B, "H": H, "N": N, "D": D, "causal": causal, "dtype": str(dt).split(".")[-1]}
+    q, k, v = (torch.randn(B, N, H, D, device=DEVICE, dtype=dt).requires_grad_() for _ in range(3))
+    dout = torch.randn(B, N, H, D, device=DEVICE, dtype=dt)
+    out = tileattn.attention(q, k, v, causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    ok, info = _check(grads, q, k, v, dout, causal)
+    grads = None  # frees the GPU memory now
+    if not ok:
+        log(f"CHECK FAILED {case}: {info}")
+    qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    douth = dout.transpose(1, 2)
+    outs = {"tileattn": (out, (q, k, v), dout)} if ok else {}
+    for p in providers:
+        try:
+            outs[p] = (sdpa(p)(qh, kh, vh, causal), (qh, kh, vh), douth)
+            torch.autograd.grad(outs[p][0], outs[p][1], douth, retain_graph=True)  # runs its backward too
+        except Exception as e:  # noqa: BLE001 - a peer that refuses a shape (or its backward) is reported
+            outs.pop(p, None)
+            log(f"{p} refused {case}: {type(e).__name__}: {str(e)[:100]}")
+    ms = bench_rounds({p: (lambda o=o, x=x, g=g: torch.autograd.grad(o, x, g, retain_graph=True))
+                       for p, (o, x, g) in outs.items()})
+    for p in outs:
+        rows.append({"case": case, "provider": p, "ms": ms[p], "gbps": None,
+                     "tflops": 2.5 * attn_tflops(B, H, N, N, D, D, causal, ms[p]),
+                     **({"check": info} if p == "tileattn" else {})})
+    return ms, ok
 
 
 def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 16384), out_json=None, plot=None,
-        log=print, flex=True):
-    import tileattn
+        log=print, flex=True, extra_rows=True):
+    """The grid (head_dims x causal x seqlens, B=BATCH, H=HEADS, against cuDNN and FA2), then (extra_rows) the
+    D = 256 and large-D rows, then (flex) the flex rows."""
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     doc = results_header("bwd")
     rows, failures = [], 0
     warm_up_gpu(dt)
     progress = Progress(len(head_dims) * 2 * len(seqlens))
     log(f"{'D':>4} {'causal':>6} {'N':>6} " + " ".join(f"{p:>9}" for p in PROVIDERS) + "   TFLOPS (2.5x fwd)")
+
+    def tflops_line(B, H, N, D, causal, ms, providers):
+        return f"{D:4d} {str(causal):>6} {N:6d} " + " ".join(
+            f"{p}={fmt(2.5 * attn_tflops(B, H, N, N, D, D, causal, ms[p]) if p in ms else None)}"
+            for p in ("tileattn", *providers))
+
     for D in head_dims:
         for causal in (False, True):
             for N in seqlens:
-                B, H = BATCH, HEADS
-                case = {"B": B, "H": H, "N": N, "D": D, "causal": causal, "dtype": str(dt).split(".")[-1]}
-                q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=dt).requires_grad_() for _ in range(3))
-                dout = torch.randn(B, N, H, D, device="cuda", dtype=dt)
-                out = tileattn.attention(q, k, v, causal=causal)
-                grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-                ok, info = _check(grads, q, k, v, dout, causal)
-                grads = None  # frees the GPU memory now
-                if not ok:
-                    failures += 1
-                    log(f"CHECK FAILED {case}: {info}")
-                qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
-                douth = dout.transpose(1, 2)
-                outs = {"tileattn": (out, (q, k, v), dout)}
-                for p in ("cudnn", "fa2"):
-                    try:
-                        outs[p] = (sdpa(p)(qh, kh, vh, causal), (qh, kh, vh), douth)
-                    except Exception as e:  # noqa: BLE001 - a peer that refuses a shape is reported
-                        log(f"{p} refused {case}: {type(e).__name__}: {str(e)[:100]}")
-                if not ok:
-                    del outs["tileattn"]
-                ms = bench_rounds({p: (lambda o=o, x=x, g=g: torch.autograd.grad(o, x, g, retain_graph=True))
-                                   for p, (o, x, g) in outs.items()})
-                for p in outs:
-                    rows.append({"case": case, "provider": p, "ms": ms[p], "gbps": None,
-                                 "tflops": 2.5 * attn_tflops(B, H, N, N, D, D, causal, ms[p]),
-                                 **({"check": info} if p == "tileattn" else {})})
-                log(progress() + f"{D:4d} {str(causal):>6} {N:6d} " + " ".join(
-                    f"{fmt(2.5 * attn_tflops(B, H, N, N, D, D, causal, ms[p]) if p in ms else None):>9}"
-                    for p in PROVIDERS))
-                q = k = v = dout = out = outs = qh = kh = vh = None  # frees the GPU memory now
+                ms, ok = _case_rows(BATCH, HEADS, N, D, causal, dt, ("cudnn", "fa2"), rows, log)
+                failures += not ok
+                log(progress() + tflops_line(BATCH, HEADS, N, D, causal, ms, ("cudnn", "fa2")))
                 torch.cuda.empty_cache()
+    extra = {"d256": [], "large_d": []}
+    if extra_rows:
+        for key, spec in (("d256", D256_ROWS), ("large_d", LARGE_D_ROWS)):
+            for D in spec["D"]:
+                for causal in (False, True):
+                    for N in spec["N"]:
+                        ms, ok = _case_rows(spec["B"], spec["H"], N, D, causal, dt, spec["providers"], rows, log)
+                        failures += not ok
+                        log(tflops_line(spec["B"], spec["H"], N, D, causal, ms, spec["providers"]))
+                        torch.cuda.empty_cache()
+                        peers = [ms[p] for p in spec["providers"] if p in ms]
+                        if "tileattn" in ms and peers:
+                            # d256: against cuDNN; large D: against the fastest torch backend that ran
+                            peer = ms.get("cudnn") if key == "d256" else min(peers)
+                            if peer is not None:
+                                extra[key].append(peer / ms["tileattn"])
     vs = {p: [] for p in ("cudnn", "fa2")}
     for r in rows:
         if r["provider"] == "tileattn":
@@ -159,5 +195,7 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                       "min_vs_cudnn": min(vs["cudnn"]) if vs["cudnn"] else None,
                       "flex_geomean_vs_torch_flex": geomean(flex_ratios) if flex_ratios and len(flex_ratios) == 6
                       else None,
+                      "d256_min_vs_cudnn": min(extra["d256"]) if extra["d256"] else None,
+                      "large_d_min_vs_best_torch": min(extra["large_d"]) if extra["large_d"] else None,
                       "check_failures": failures}
     return finish(doc, out_json, log, plot)

@@ -20,10 +20,11 @@ DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat1
 
 
 def sdpa(backend):
-    """fn(q, k, v, causal) running torch's SDPA on one backend ("cudnn", "fa2", "efficient"), [B, H, S, D]."""
+    """fn(q, k, v, causal) running torch's SDPA on one backend ("cudnn", "fa2", "efficient", "math"),
+    [B, H, S, D]."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION,
-          "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
 
     def fn(q, k, v, causal):
         with sdpa_kernel(be):
