@@ -106,10 +106,11 @@ D256_ROWS = dict(B=BATCH, H=HEADS, D=(256,), N=(4096, 8192), providers=("cudnn",
 LARGE_D_ROWS = dict(B=1, H=16, D=(320, 512), N=(4096, 8192), providers=("efficient", "math"))
 
 
-def _case_rows(B, H, N, D, causal, dt, providers, rows, log):
-    """One case: tileattn's gradients checked, then tileattn and the torch providers (SDPA backends) timed.
-    Appends rows; returns ({provider: ms}, check passed)."""
+def _case_rows(shape, dt, providers, rows, log):
+    """One case, shape = (B, H, N, D, causal): tileattn's gradients checked, then tileattn and the torch
+    providers (SDPA backends) timed. Appends rows; returns ({provider: ms}, check passed)."""
     import tileattn
+    B, H, N, D, causal = shape
     case = {"B": B, "H": H, "N": N, "D": D, "causal": causal, "dtype": str(dt).split(".")[-1]}
     q, k, v = (torch.randn(B, N, H, D, device=DEVICE, dtype=dt).requires_grad_() for _ in range(3))
     dout = torch.randn(B, N, H, D, device=DEVICE, dtype=dt)
@@ -157,7 +158,7 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
     for D in head_dims:
         for causal in (False, True):
             for N in seqlens:
-                ms, ok = _case_rows(BATCH, HEADS, N, D, causal, dt, ("cudnn", "fa2"), rows, log)
+                ms, ok = _case_rows((BATCH, HEADS, N, D, causal), dt, ("cudnn", "fa2"), rows, log)
                 failures += not ok
                 log(progress() + tflops_line(BATCH, HEADS, N, D, causal, ms, ("cudnn", "fa2")))
                 torch.cuda.empty_cache()
@@ -167,7 +168,8 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
             for D in spec["D"]:
                 for causal in (False, True):
                     for N in spec["N"]:
-                        ms, ok = _case_rows(spec["B"], spec["H"], N, D, causal, dt, spec["providers"], rows, log)
+                        ms, ok = _case_rows((spec["B"], spec["H"], N, D, causal), dt, spec["providers"], rows,
+                                            log)
                         failures += not ok
                         log(tflops_line(spec["B"], spec["H"], N, D, causal, ms, spec["providers"]))
                         torch.cuda.empty_cache()
