@@ -9,7 +9,9 @@ input-precision error).
 Flex rows: the flex grid's six mods at N=8192 (B=4, H=16, D=128, bf16; bench/flex.py's functions and torch
 BlockMasks), tileattn.flex_attention's backward against torch's compiled flex_attention backward; gradients
 of (batch 0, head 0) checked first against autograd through the materialised reference (ops/flex/reference.py)
-in float32, the same in bf16 as the input-precision error. FLOPs: 2.5x the forward's visible pairs.
+in float32, the same in bf16 as the input-precision error. FLOPs: 2.5x the forward's visible pairs. The same
+functions are timed forward + backward too (rows with case mode "fwdbwd", 3.5x the forward's FLOPs; summary
+flex_fwdbwd_geomean_vs_torch_flex).
 D = 256 rows (D256_ROWS: N 4K / 8K, against cuDNN where it runs them; summary d256_min_vs_cudnn) and large
 head dims (LARGE_D_ROWS: D 320 / 512, N 4K / 8K, B=1, H=16, against the fastest torch SDPA backend whose
 backward runs, EFFICIENT or MATH; summary large_d_min_vs_best_torch), checked like the grid.
@@ -40,61 +42,6 @@ def _check(grads, q, k, v, dout, causal):
         info[name] = {"err": err, "tol": tol}
         ok = ok and err <= tol and bool(torch.isfinite(g).all())
     return ok, info
-
-
-def _flex_rows(rows, log, N=8192):
-    """Backward of the flex grid's mods at N: appends rows, returns (ratios torch / tileattn, failures)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    import tileattn
-
-    from ..ops.flex.reference import flex_ref
-    from . import flex as fx
-    B, H, D, dt = fx.B, fx.H, fx.D, torch.bfloat16
-    flex_c = fx._torch_flex()
-    g = torch.Generator(device="cuda").manual_seed(N)
-    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt, generator=g).requires_grad_() for _ in range(3))
-    dout = torch.randn(B, H, N, D, device="cuda", dtype=dt, generator=g)
-    ratios, failures = [], 0
-    log(f"flex backward, N={N}: {'mod':>15} {'tileattn':>9} {'torch flex':>10} {'ratio':>6}   ms")
-    for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
-        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda") if mask_mod else None
-        density = fx._density(mask_mod, N) if mask_mod else 1.0
-        flops = 2.5 * 4.0 * B * H * N * N * D * density
-        case = {"B": B, "H": H, "N": N, "D": D, "mod": name, "dtype": "bfloat16", "density": density}
-        out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
-        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-
-        def ref_grads(dtype):
-            x = [t[:1, :1].detach().to(dtype).requires_grad_() for t in (q, k, v)]
-            o = flex_ref(*x, score_mod=score_mod, mask_mod=mask_mod, dtype=dtype)[0]
-            return torch.autograd.grad(o, x, dout[:1, :1].to(dtype))
-        ref, ref_lp = ref_grads(torch.float32), ref_grads(dt)
-        info, ok = {}, True
-        for gname, gr, r, rl in zip(("dq", "dk", "dv"), grads, ref, ref_lp):
-            err = (gr[:1, :1].float() - r).abs().max().item()
-            tol = allowed_error((rl.float() - r).abs().max().item(), r, dt)
-            info[gname] = {"err": err, "tol": tol}
-            ok = ok and err <= tol and bool(torch.isfinite(gr).all())
-        grads = ref = ref_lp = None  # frees the GPU memory now
-        if not ok:
-            failures += 1
-            log(f"CHECK FAILED flex {case}: {info}")
-        out_t = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
-        outs = {"tileattn": out, "flex": out_t} if ok else {"flex": out_t}
-        ms = bench_rounds({p: (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
-                           for p, o in outs.items()})
-        for p in outs:
-            rows.append({"case": case, "provider": p, "ms": ms[p], "gbps": None,
-                         "tflops": flops / (ms[p] * 1e-3) / 1e12, **({"check": info} if p == "tileattn" else {})})
-        if "tileattn" in ms:
-            ratios.append(ms["flex"] / ms["tileattn"])
-        t = ms.get("tileattn")
-        log(f"{'':>23}{name:>15} {fmt(t, '{:.3f}'):>9} {ms['flex']:10.3f} "
-            f"{fmt(ms['flex'] / t if t else None, '{:.2f}'):>6}")
-        out = out_t = bm = None  # frees the GPU memory now
-        torch.cuda.empty_cache()
-    return ratios, failures
 
 
 BATCH, HEADS = 4, 32  # the grid's B and H
@@ -186,9 +133,10 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                 other = [x for x in rows if x["case"] == r["case"] and x["provider"] == p]
                 if other:
                     vs[p].append(other[0]["ms"] / r["ms"])
-    flex_ratios = None
+    flex_ratios = flex_fb = None
     if flex:
-        flex_ratios, flex_failures = _flex_rows(rows, log)
+        from .flex import flex_rows
+        flex_ratios, flex_fb, flex_failures = flex_rows(rows, log)
         failures += flex_failures
     doc.update(rows=rows)
     doc["summary"] = {"geomean_vs_fa2": geomean(vs["fa2"]) if vs["fa2"] else None,
@@ -196,6 +144,8 @@ def run(dtype="fp16", head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 1638
                       "min_vs_fa2": min(vs["fa2"]) if vs["fa2"] else None,
                       "min_vs_cudnn": min(vs["cudnn"]) if vs["cudnn"] else None,
                       "flex_geomean_vs_torch_flex": geomean(flex_ratios) if flex_ratios and len(flex_ratios) == 6
+                      else None,
+                      "flex_fwdbwd_geomean_vs_torch_flex": geomean(flex_fb) if flex_fb and len(flex_fb) == 6
                       else None,
                       "d256_min_vs_cudnn": min(extra["d256"]) if extra["d256"] else None,
                       "large_d_min_vs_best_torch": min(extra["large_d"]) if extra["large_d"] else None,

@@ -6,13 +6,15 @@ torch BlockMask go to tileattn.flex_attention and to torch's flex_attention unde
 also runs through SDPA's cuDNN backend and tileattn.attention's causal path. Every tileattn output is checked
 against torch's flex in float32 (tolerance rule, torch's bf16 output as the input-precision error) before it is
 timed. FLOPs count only the visible (query, key) pairs (the block mask's density times N^2, D and Dv each 2
-FLOPs per pair).
+FLOPs per pair). With fwdbwd (default) the six mods at the largest N also run backward and forward + backward
+against torch's compiled flex (flex_rows, also in `bench bwd`: gradients checked first; summary
+fwdbwd_geomean_vs_torch_flex, fwdbwd_min_vs_torch_flex).
 """
 import torch
 
 from ..ops.flex import mods
 from ..tolerance import allowed_error
-from .common import do_bench, finish, fmt, geomean, results_header
+from .common import bench_rounds, do_bench, finish, fmt, geomean, results_header
 
 B, H, D = 4, 16, 128
 MODS = ("causal", "sliding_window", "document", "prefix_lm", "alibi_causal", "softcap_causal")
@@ -48,7 +50,7 @@ def _torch_flex():
     return _compiled
 
 
-def run(out_json=None, plot=None, log=print, seqlens=(2048, 8192)):
+def run(out_json=None, plot=None, log=print, seqlens=(2048, 8192), fwdbwd=True):
     from torch.nn.attention.flex_attention import create_block_mask
 
     import tileattn
@@ -117,14 +119,87 @@ def run(out_json=None, plot=None, log=print, seqlens=(2048, 8192)):
         dense_ratio = ms_of("tileattn_dense", nmax, "causal") / ms_of("tileattn", nmax, "causal")
     vs_bf16 = [ms_of("tileattn", nmax, m) / ms_of("tileattn_fp8", nmax, m) for m in MODS
                if ms_of("tileattn", nmax, m) and ms_of("tileattn_fp8", nmax, m)]
+    fb = None
+    if fwdbwd:  # forward + backward at the largest N (bwd.flex_rows: gradients checked, then timed)
+        _, fb, fb_failures = flex_rows(rows, log, N=nmax)
+        failures += fb_failures
     doc.update(rows=rows)
     doc["summary"] = {
         "geomean_vs_torch_flex": geomean(vs_flex) if len(vs_flex) == len(MODS) else None,
+        "min_vs_torch_flex": min(vs_flex) if len(vs_flex) == len(MODS) else None,
+        "fwdbwd_geomean_vs_torch_flex": geomean(fb) if fb and len(fb) == len(MODS) else None,
+        "fwdbwd_min_vs_torch_flex": min(fb) if fb and len(fb) == len(MODS) else None,
         "fp8_vs_bf16_geomean": geomean(vs_bf16) if len(vs_bf16) == len(MODS) else None,
         "causal_vs_tileattn_causal": dense_ratio,
         "check_failures": failures,
     }
     return finish(doc, out_json, log, plot)
+
+
+def flex_rows(rows, log, N=8192):
+    """Backward, and forward + backward, of the flex grid's mods at N: appends rows, returns (backward ratios
+    torch / tileattn, forward + backward ratios, failures)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    import tileattn
+
+    from ..ops.flex.reference import flex_ref
+    dt = torch.bfloat16
+    flex_c = _torch_flex()
+    g = torch.Generator(device="cuda").manual_seed(N)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt, generator=g).requires_grad_() for _ in range(3))
+    dout = torch.randn(B, H, N, D, device="cuda", dtype=dt, generator=g)
+    ratios, fb_ratios, failures = [], [], 0
+    log(f"flex backward, N={N}: {'mod':>15} {'tileattn':>9} {'torch flex':>10} {'ratio':>6}   ms"
+        "   (forward + backward: tileattn, torch flex, ratio)")
+    for name, (score_mod, mask_mod) in make_mods(N, q.device).items():
+        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda") if mask_mod else None
+        density = _density(mask_mod, N) if mask_mod else 1.0
+        flops = 2.5 * 4.0 * B * H * N * N * D * density
+        case = {"B": B, "H": H, "N": N, "D": D, "mod": name, "dtype": "bfloat16", "density": density}
+        out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+        def ref_grads(dtype):
+            x = [t[:1, :1].detach().to(dtype).requires_grad_() for t in (q, k, v)]
+            o = flex_ref(*x, score_mod=score_mod, mask_mod=mask_mod, dtype=dtype)[0]
+            return torch.autograd.grad(o, x, dout[:1, :1].to(dtype))
+        ref, ref_lp = ref_grads(torch.float32), ref_grads(dt)
+        info, ok = {}, True
+        for gname, gr, r, rl in zip(("dq", "dk", "dv"), grads, ref, ref_lp):
+            err = (gr[:1, :1].float() - r).abs().max().item()
+            tol = allowed_error((rl.float() - r).abs().max().item(), r, dt)
+            info[gname] = {"err": err, "tol": tol}
+            ok = ok and err <= tol and bool(torch.isfinite(gr).all())
+        grads = ref = ref_lp = None  # frees the GPU memory now
+        if not ok:
+            failures += 1
+            log(f"CHECK FAILED flex {case}: {info}")
+        out_t = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
+        outs = {"tileattn": out, "flex": out_t} if ok else {"flex": out_t}
+        ms = bench_rounds({p: (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+                           for p, o in outs.items()})
+        for p in outs:  # (case "mode" tells these rows from the forward rows of `bench flex`)
+            rows.append({"case": {**case, "mode": "bwd"}, "provider": p, "ms": ms[p], "gbps": None,
+                         "tflops": flops / (ms[p] * 1e-3) / 1e12, **({"check": info} if p == "tileattn" else {})})
+        if "tileattn" in ms:
+            ratios.append(ms["flex"] / ms["tileattn"])
+        # forward + backward (what a training step pays): the same checked functions, the forward inside
+        fns = {"tileattn": lambda: tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm),
+               "flex": lambda: flex_c(q, k, v, score_mod=score_mod, block_mask=bm)}
+        fb = bench_rounds({p: (lambda f=fns[p]: torch.autograd.grad(f(), (q, k, v), dout)) for p in outs})
+        for p in outs:
+            rows.append({"case": {**case, "mode": "fwdbwd"}, "provider": p, "ms": fb[p], "gbps": None,
+                         "tflops": 3.5 / 2.5 * flops / (fb[p] * 1e-3) / 1e12})
+        if "tileattn" in fb:
+            fb_ratios.append(fb["flex"] / fb["tileattn"])
+        t, tf = ms.get("tileattn"), fb.get("tileattn")
+        log(f"{'':>23}{name:>15} {fmt(t, '{:.3f}'):>9} {ms['flex']:10.3f} "
+            f"{fmt(ms['flex'] / t if t else None, '{:.2f}'):>6}   {fmt(tf, '{:.3f}')} {fb['flex']:.3f} "
+            f"{fmt(fb['flex'] / tf if tf else None, '{:.2f}')}")
+        out = out_t = bm = None  # frees the GPU memory now
+        torch.cuda.empty_cache()
+    return ratios, fb_ratios, failures
 
 
 def _fp8_row(qkv, mods, case, flops, rows, log):
