@@ -110,7 +110,7 @@ for s in $steps; do
       summary+=("flex-tests rc=$rc: $(tail -n 1 "$OUT/flex_tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/flex_tests.log" | head -10 ;;
     bench-flex)
-      timeout 500 python3 -m tileattn bench flex --out "$OUT/flex.json" > "$OUT/bench_flex.log" 2>&1; rc=$?
+      timeout ${FLEX_TIMEOUT:-580} python3 -m tileattn bench flex --out "$OUT/flex.json" > "$OUT/bench_flex.log" 2>&1; rc=$?
       summary+=("bench-flex rc=$rc: $(grep '^summary' "$OUT/bench_flex.log")")
       grep -v Warn "$OUT/bench_flex.log" | head -30 ;;
     bwd-tests)
