@@ -243,13 +243,14 @@ def test_gpu_backward(D, causal, dtype, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sm90_bwd", ["0", "1"], ids=["triton", "sm90"])
-def test_gpu_backward_deterministic(sm90_bwd, device, monkeypatch):
+@pytest.mark.parametrize("sm90_bwd,D", [("0", 128), ("1", 128), ("0", 512)], ids=["triton", "sm90", "large-d"])
+def test_gpu_backward_deterministic(sm90_bwd, D, device, monkeypatch):
+    """Three runs, bit-identical gradients: the Triton kernels, the Hopper kernel, the large-D kernels."""
     monkeypatch.setenv("TILEATTN_SM90_BWD", sm90_bwd)
-    q = leaf(2, 2048, 8, 128, dtype=torch.bfloat16, device=device)
-    k, v = leaf(2, 2048, 2, 128, dtype=torch.bfloat16, device=device), leaf(2, 2048, 2, 128, dtype=torch.bfloat16,
-                                                                           device=device)
-    w = torch.randn(2, 2048, 8, 128, device=device)
+    q = leaf(2, 2048, 8, D, dtype=torch.bfloat16, device=device)
+    k, v = leaf(2, 2048, 2, D, dtype=torch.bfloat16, device=device), leaf(2, 2048, 2, D, dtype=torch.bfloat16,
+                                                                         device=device)
+    w = torch.randn(2, 2048, 8, D, device=device)
     runs = [torch.autograd.grad((tileattn.attention(q, k, v, causal=True).float() * w).sum(), (q, k, v))
             for _ in range(3)]
     for r in runs[1:]:
