@@ -1,9 +1,12 @@
 """Backward pieces shared by the dense and flex backward kernels (Triton jit): where a sequence's rows are,
-row tiles, the per-row statistics, the broadcasts of (possibly transposed) tiles, and the preprocess kernel
+row tiles, the per-row statistics, the broadcasts of (possibly transposed) tiles, the walks of the backward
+programs over their blocks (query_steps, key_steps, masked_step), and the preprocess kernel
 delta = rowsum(dO * O) - dlse.
 """
 import triton
 import triton.language as tl
+
+from .masking import key_range, query_range
 
 
 @triton.jit
@@ -96,3 +99,52 @@ def k_axis(x, TRANS: tl.constexpr):
         return x[:, None]
     else:
         return x[None, :]
+
+
+@triton.jit
+def batch_bases(i_b, q0, stride_qb, stride_kb, stride_vb, stride_db, stride_lb, IS_VARLEN: tl.constexpr):
+    """int64 element offsets of batch i_b in q, k, v, dO and lse / delta (varlen: 0, the rows carry the
+    sequence; lse / delta: the sequence's first row q0)."""
+    if IS_VARLEN:
+        return 0, 0, 0, 0, q0.to(tl.int64)
+    b64 = i_b.to(tl.int64)
+    return b64 * stride_qb, b64 * stride_kb, b64 * stride_vb, b64 * stride_db, b64 * stride_lb
+
+
+@triton.jit
+def batch_base(i_b, stride_b, IS_VARLEN: tl.constexpr):
+    """int64 element offset of batch i_b in a gradient (varlen: 0)."""
+    if IS_VARLEN:
+        return 0
+    return i_b.to(tl.int64) * stride_b
+
+
+@triton.jit
+def query_steps(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, NEEDS_MASK: tl.constexpr):
+    """The query blocks key block n0 walks: (m_lo, f_lo, f_hi, n_before, n_masked): unmasked blocks
+    [f_lo, f_hi), then n_masked masked ones, the first n_before of them from m_lo (masked_step gives each)."""
+    m_lo, f_lo, f_hi, m_hi = query_range(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                         HAS_RIGHT, NEEDS_MASK)
+    n_before = tl.cdiv(f_lo - m_lo, BLOCK_M)  # f_lo: a block start or m_hi
+    return m_lo, f_lo, f_hi, n_before, n_before + tl.cdiv(m_hi - f_hi, BLOCK_M)
+
+
+@triton.jit
+def key_steps(m0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, NEEDS_MASK: tl.constexpr):
+    """The key blocks query block m0 walks: (lo, full_lo, full_hi, n_before, n_masked), as query_steps."""
+    lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                         HAS_RIGHT)
+    if not NEEDS_MASK:
+        full_lo, full_hi = lo, hi
+    elif m0 + BLOCK_M > seqlen_q:  # a partial query block: rows past the sequence are masked everywhere
+        full_lo, full_hi = hi, hi
+    n_before = tl.cdiv(full_lo - lo, BLOCK_N)  # full_lo: a block start or hi
+    return lo, full_lo, full_hi, n_before, n_before + tl.cdiv(hi - full_hi, BLOCK_N)
+
+
+@triton.jit
+def masked_step(i, lo, full_hi, n_before, BLOCK: tl.constexpr):
+    """Start of masked step i: below the unmasked range for the first n_before, above it after."""
+    return tl.where(i < n_before, lo + i * BLOCK, full_hi + (i - n_before) * BLOCK)
