@@ -114,25 +114,25 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return _run(q, k, v, (cu_seqlens_q, cu_seqlens_k), descales, opts)
 
 
+def _plain(*tensors):
+    """Eager plain tensors (None allowed): no tensor subclass (FakeTensor, Parameter, DTensor), nothing to trace."""
+    return all(t is None or type(t) is torch.Tensor for t in tensors) and not torch.compiler.is_compiling()
+
+
 def _plain_eager(q, k, v):
     """A call with plain tensors, nothing to trace and no gradient to track. It goes straight to the launch
     plans (plans.attention_eager): the registered op's dispatcher costs ~100 us a call on the H100 host,
     as long as the whole kernel at N = 1K. Tensor subclasses (FakeTensor, Parameter) take the op."""
-    T = torch.Tensor
-    return (type(q) is T and type(k) is T and type(v) is T and not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+    return _plain(q, k, v) and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
 def _plain_tracked(q, k, v, cu_q, cu_k):
     """An eager 16-bit call on plain tensors that tracks a gradient: it takes custom_ops.EagerAttn (the same
-    forward and backward as the registered op, ~90 us less host time per call). Compiling, tensor subclasses
-    (FakeTensor, Parameter, DTensor), torch.func transforms, dispatch modes (FlopCounterMode, make_fx: they
-    see the op) and fp8 (whose op raises on backward) take the op. (torch._C's checks: torch >= 2.4.)"""
-    T = torch.Tensor
-    return (type(q) is T and type(k) is T and type(v) is T and (cu_q is None or type(cu_q) is T)
-            and (cu_k is None or type(cu_k) is T) and q.dtype not in fp8.FP8_DTYPES
-            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
-            and torch._C._len_torch_dispatch_stack() == 0)
+    forward and backward as the registered op, ~90 us less host time per call). Compiling, tensor subclasses,
+    torch.func transforms, dispatch modes (FlopCounterMode, make_fx: they see the op) and fp8 (whose op raises
+    on backward) take the op. (torch._C's checks: torch >= 2.4.)"""
+    return (_plain(q, k, v, cu_q, cu_k) and q.dtype not in fp8.FP8_DTYPES
+            and not torch._C._are_functorch_transforms_active() and torch._C._len_torch_dispatch_stack() == 0)
 
 
 def _scale(q, scale):

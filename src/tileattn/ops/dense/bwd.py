@@ -47,7 +47,7 @@ class Launches:
         launch_cached(kernel, grid, args, kwargs)
 
 
-NOW = Launches()
+DIRECT = Launches()  # attn_bwd's default: every launch through launch_cached, nothing kept
 
 
 # Head dims above this take kernels_bwd_large_d.py (chunks of the head dim for the products, one slice of the
@@ -73,7 +73,7 @@ def _strides(t, varlen):
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
-def attn_bwd(p, c, do, dlse, launch=NOW):
+def attn_bwd(p, c, do, dlse, launch=DIRECT):
     """(dq, dk, dv) of problem p (problem.AttnProblem) for the forward call c (problem.Call: q, k, v, out, lse,
     cu_seqlens), the output gradient do and the lse's gradient dlse (or None). launch: a Launches (a
     _Recorder while a plan is made)."""
@@ -229,18 +229,16 @@ def attn_bwd_planned(q, k, v, out, lse, do, dlse, options):
     the switches the routing reads."""
     if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
         dlse = dlse.contiguous()
-    key = (options, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
-           v.dtype, out.shape, out.stride(), out.dtype, lse.shape, lse.stride(), lse.dtype, do.shape, do.stride(),
-           do.dtype, None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype, dlse.data_ptr() % 16),
-           q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16, lse.data_ptr() % 16,
-           do.data_ptr() % 16, _aliasing((q, k, v, out, lse, do, dlse)), knobs.sm90_bwd(), forced_key(),
+    tensors = (q, k, v, out, lse, do, dlse)
+    key = (options, q.device, tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
+                                     for t in tensors]), _aliasing(tensors), knobs.sm90_bwd(), forced_key(),
            hw.interpreter_enabled())
     plan = _plans.get(key)
     if plan is not None:
-        return plan.run(q, k, v, out, lse, do, dlse)
+        return plan.run(*tensors)
     opts = AttnOptions.decode(options)
     c = Call(q, k, v, out, lse, None, None, None, opts.scale, opts.softcap, 1.0)
-    rec = _Recorder((q, k, v, out, lse, do, dlse))
+    rec = _Recorder(tensors)
     grads = attn_bwd(AttnProblem.of(c, opts), c, do, dlse, rec)
     if rec.ok and rec.launches:  # (an empty problem launches nothing: its zero gradients are made per call)
         if len(_plans) >= _MAX_PLANS:
