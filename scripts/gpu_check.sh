@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -127,6 +127,9 @@ for s in $steps; do
     sweep-bwd)
       timeout 500 python3 scripts/sweep.py bwd ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
       summary+=("sweep-bwd rc=$rc"); grep -E "^(D=|FLEX)" "$OUT/sweep_bwd.log" ;;
+    sweep-bwd-large-d)
+      timeout ${BWDL_TIMEOUT:-400} python3 scripts/sweep.py bwd-large-d ${BWDL_ARGS:-} > "$OUT/sweep_bwd_large_d.log" 2>&1; rc=$?
+      summary+=("sweep-bwd-large-d rc=$rc"); grep -E "^BWDL" "$OUT/sweep_bwd_large_d.log" | cut -c1-400 ;;
     ab-bwd)
       # the Hopper backward of the trees before this change (.ab/src, .ab2/src where carried) and of this one,
       # in the same run
