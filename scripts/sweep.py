@@ -18,7 +18,7 @@ timed; a config that fails the check, does not compile or is refused is reported
             last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
     bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math]: the
-            large-D backward (bwd.LARGE_D_TILES) per tile candidate (BWD_LARGE_D), gradients checked, against SDPA's
+            split large-D backward per score-tile candidate (SCORE_TILES), gradients checked, against SDPA's
             backward, B=1, H=16: "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."
     large-d [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J] [--budget-s 500]
             [--sm90]: large-D Triton kernel (LargeDConfig) vs SDPA EFFICIENT, B=1: "EFF" per case, "CFG <i> ..."
@@ -356,25 +356,26 @@ def bwd(a):
         torch.cuda.empty_cache()
 
 
-# large-D backward tiles (bwd.LARGE_D_TILES candidates: BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_S, warps, stages); the
-# table's entry first
-BWD_LARGE_D = [(64, 64, 64, 128, 8, 1), (64, 64, 32, 128, 8, 2), (64, 64, 64, 128, 4, 1), (128, 64, 64, 128, 8, 1),
-               (64, 128, 64, 128, 8, 1), (64, 64, 64, 256, 8, 1), (64, 64, 32, 128, 4, 2), (128, 128, 64, 128, 8, 1)]
+# the split large-D backward's score tiles (launch_bwd_large_d.SCORE_TILES candidates: BLOCK_M, BLOCK_N, BLOCK_K,
+# warps, stages); the table's entry first
+SCORE_TILES = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 8, 3), (128, 64, 64, 4, 3),
+               (64, 128, 64, 4, 3), (128, 128, 32, 8, 4), (64, 64, 64, 4, 3)]
 
 
 def bwd_large_d(a):
-    """The large-D backward per tile candidate against SDPA's EFFICIENT and MATH backward, the bench's LARGE_D_ROWS
-    shape (B=1, H=16), gradients checked before timing: "BWDL D=... causal=... N=...: <name>: ms | ..."."""
+    """The split large-D backward per score-tile candidate against SDPA's EFFICIENT and MATH backward, the
+    bench's LARGE_D_ROWS shape (B=1, H=16), gradients checked before timing:
+    "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."."""
     from tileattn.bench.bwd import _check
     from tileattn.bench.dense import sdpa
-    from tileattn.ops.dense import bwd as dense_bwd
-    table = dense_bwd.LARGE_D_TILES
+    from tileattn.ops.dense import launch_bwd_large_d as split
+    table = split.SCORE_TILES
     B, H = 1, 16
     for D, causal, N in itertools.product(a.dims, (bool(x) for x in a.causal), a.seqlens):
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
         dout = torch.randn_like(q)
         line = []
-        for p in a.peers.split(","):
+        for p in (x for x in a.peers.split(",") if x):
             qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
             try:
                 o = sdpa(p)(qh, kh, vh, causal)
@@ -382,9 +383,8 @@ def bwd_large_d(a):
             except Exception as e:  # noqa: BLE001
                 line.append(f"{p}: {err(e, 50)}")
             o = None
-        for cfg in BWD_LARGE_D if a.tiles is None else [BWD_LARGE_D[i] for i in a.tiles]:
-            dense_bwd.LARGE_D_TILES = cfg
-            dense_bwd.clear_plans()
+        for cfg in SCORE_TILES if a.tiles is None else [SCORE_TILES[i] for i in a.tiles]:
+            split.SCORE_TILES = cfg
             try:
                 out = tileattn.attention(q, k, v, causal=causal)
                 ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
@@ -393,8 +393,7 @@ def bwd_large_d(a):
                 line.append(f"{list(cfg)}: {err(e, 60)}")
             out = None
             torch.cuda.empty_cache()
-        dense_bwd.LARGE_D_TILES = table
-        dense_bwd.clear_plans()
+        split.SCORE_TILES = table
         print(f"BWDL D={D} causal={causal} N={N} ms: " + " | ".join(line), flush=True)
         q = k = v = dout = None
         torch.cuda.empty_cache()
@@ -594,7 +593,7 @@ def main():
     p.add_argument("--dims", type=ints, default="320,512")
     p.add_argument("--causal", type=ints, default="0,1")
     p.add_argument("--seqlens", type=ints, default="4096")
-    p.add_argument("--tiles", type=ints, default=None, help="comma-separated indices into BWD_LARGE_D")
+    p.add_argument("--tiles", type=ints, default=None, help="comma-separated indices into SCORE_TILES")
     p.add_argument("--peers", default="efficient,math", help="SDPA backends timed first")
     p.set_defaults(func=bwd_large_d)
     p = sub.add_parser("large-d", help="large-D Triton kernel configs against SDPA EFFICIENT")

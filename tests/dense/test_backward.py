@@ -52,12 +52,30 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap)
     (1, 100, 100, 2, 1, 32, 32, False, (40, 20), 0.0),
     (2, 64, 48, 2, 2, 32, 32, False, (-1, -1), 0.0),
     (1, 96, 64, 2, 2, 32, 32, True, (-1, -1), 2.0),
-    # head dims above 256: kernels_bwd_large_d.py (chunks of the head dim, one gradient slice per program)
+    # head dims above 256: launch_bwd_large_d.py (score tiles, then GEMMs; varlen: kernels_bwd_large_d.py's fused
+    # kernels, test_varlen_backward)
     (1, 37, 37, 2, 1, 320, 320, True, (-1, -1), 0.0),
     (2, 40, 70, 2, 2, 512, 384, False, (9, 3), 0.0),
     (1, 50, 30, 4, 2, 296, 512, True, (-1, -1), 5.0),
     (1, 48, 48, 2, 2, 320, 320, False, (-1, -1), 0.0),  # whole 16-row tiles, not whole 32-row ones
 ]
+
+
+@pytest.mark.parametrize("B,window,budget", [(1, (-1, -1), 1), (1, (-1, 0), 1), (2, (100, 0), 2 << 20)],
+                         ids=["rows", "causal-rows", "window-units"])
+def test_large_d_split_chunks(B, window, budget, device, monkeypatch):
+    """The split large-D backward (launch_bwd_large_d.py) across its chunkings: rows of one (batch, kv head)
+    unit at a time (a workspace budget below one row chunk: float32 dK / dV sums), units of both batches in one
+    chunk, a mask rule's row chunks and their key spans (260 rows: 128-row chunks, the last partial), GQA
+    stacking, Sq != Sk."""
+    from tileattn.ops.dense import launch_bwd_large_d
+    monkeypatch.setattr(launch_bwd_large_d, "WORKSPACE_BYTES", budget)
+    q = leaf(B, 260, 2, 264, dtype=DT, device=device)
+    k, v = leaf(B, 270, 1, 264, dtype=DT, device=device), leaf(B, 270, 1, 272, dtype=DT, device=device)
+
+    def ref(q, k, v, dtype):
+        return attention_ref(q, k, v, dtype=dtype, window=window)[0]
+    check_grads(lambda q, k, v: tileattn.attention(q, k, v, window=window), ref, q, k, v)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-Sq{}-Sk{}-H{}/{}-D{}/{}-c{}-w{}-s{}".format(*c))

@@ -106,7 +106,8 @@ def batch_bases(i_b, q0, stride_qb, stride_kb, stride_vb, stride_db, stride_lb, 
     """int64 element offsets of batch i_b in q, k, v, dO and lse / delta (varlen: 0, the rows carry the
     sequence; lse / delta: the sequence's first row q0)."""
     if IS_VARLEN:
-        return 0, 0, 0, 0, q0.to(tl.int64)
+        z = q0.to(tl.int64) * 0  # int64 like the other branch's (a literal 0 is int32: the compiler refuses)
+        return z, z, z, z, q0.to(tl.int64)
     b64 = i_b.to(tl.int64)
     return b64 * stride_qb, b64 * stride_kb, b64 * stride_vb, b64 * stride_db, b64 * stride_lb
 

@@ -17,7 +17,7 @@ from ..common.backend import forced_key
 from ..common.bwd_kernels import bwd_preprocess_kernel
 from ..common.configs import bwd_config
 from ..common.softmax import LOG2E
-from . import launch_bwd_sm90
+from . import launch_bwd_large_d, launch_bwd_sm90
 from .kernels_bwd import bwd_dkdv_kernel, bwd_dq_kernel
 from .kernels_bwd_large_d import bwd_dkdv_large_d_kernel, bwd_dq_large_d_kernel
 from .launch_triton import MAX_GRID_Y
@@ -45,6 +45,9 @@ class Launches:
 
     def __call__(self, kernel, grid, args, kwargs):
         launch_cached(kernel, grid, args, kwargs)
+
+    def not_replayable(self):
+        """The call also runs torch operations (the split backward's GEMMs): no plan can replay it."""
 
 
 DIRECT = Launches()  # attn_bwd's default: every launch through launch_cached, nothing kept
@@ -127,7 +130,10 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
                   NEEDS_MASK=needs_mask, ACC=acc)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
-    if max(d, dv) > MAX_WHOLE_HEAD_DIM:  # the head dim cut into chunks and slices (kernels_bwd_large_d.py)
+    if max(d, dv) > MAX_WHOLE_HEAD_DIM and not varlen:  # score tiles once, then GEMMs (launch_bwd_large_d.py)
+        launch_bwd_large_d.attn_bwd_large_d(p, c, do, delta, (dq, dk, dvv), tail, launch)
+        return dq, dk, dvv
+    if max(d, dv) > MAX_WHOLE_HEAD_DIM:  # varlen: the head dim cut into chunks and slices (kernels_bwd_large_d.py)
         bm, bn, bk, bs, warps, stages = LARGE_D_TILES_INTERPRETER if hw.interpreter_enabled() else LARGE_D_TILES
         large = dict(common, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_S=bs, num_warps=warps, num_stages=stages,
                      NEEDS_MASK=bool(left >= 0 or right >= 0 or varlen or sq % bm or sk % bn))  # these tiles
@@ -187,6 +193,9 @@ class _Recorder(Launches):
         self.tensors.extend(tensors)
         if alloc_sums is not None:
             self.alloc_sums = alloc_sums
+
+    def not_replayable(self):
+        self.ok = False
 
     def __call__(self, kernel, grid, args, kwargs):
         launcher, tensors = launch_cached(kernel, grid, args, kwargs)

@@ -27,6 +27,7 @@ from ..common.bwd_kernels import (
     row_stats,
     seq_rows,
 )
+from ..common.masking import key_range
 from .kernels_bwd import dscores_of, probs_of
 
 
@@ -199,3 +200,65 @@ def bwd_dq_large_d_kernel(
     cols = s0 + o_s
     tl.store(DQ + dqb + i_h * stride_dqh + qrows[:, None] * stride_dqs + cols[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (cols < D)[None, :])
+
+
+@triton.jit
+def bwd_scores_kernel(
+    Q, K, V, DO, LSE, DELTA, P, DS,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh, stride_lb, stride_lh,
+    b0, hq0, m0, n0, rows, cols, seqlen_q, seqlen_k, heads_chunk, group_size, num_bh,
+    scale, qk_scale, softcap_scale, softcap_out, left, right,
+    D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    NEEDS_MASK: tl.constexpr, ACC: tl.constexpr = tl.float32,
+):
+    """The split backward's first step (launch_bwd_large_d.py): P and dZ' * scale of one chunk, written to the
+    workspaces P and DS ([chunk batches, chunk query heads, rows, cols], contiguous) for query rows
+    [m0, m0 + rows) and keys [n0, n0 + cols) of batches from b0 and query heads from hq0. Grid (row tiles * key
+    tiles, chunk batches * chunk query heads folded over y and z). S = Q K^T and dP = dO V^T are summed over
+    BLOCK_K head-dim columns; tiles the rule hides entirely store zeros without a product."""
+    tiles_n = tl.cdiv(cols, BLOCK_N)
+    i_m = tl.program_id(0) // tiles_n
+    i_n = tl.program_id(0) % tiles_n
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
+    i_b = (b0 + i_bh // heads_chunk).to(tl.int64)
+    i_h = (hq0 + i_bh % heads_chunk).to(tl.int64)
+    i_hk = i_h // group_size
+    off_diag = 0
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    r0 = i_m * BLOCK_M
+    c0 = i_n * BLOCK_N
+    o_m = m0 + r0 + tl.arange(0, BLOCK_M)
+    o_n = n0 + c0 + tl.arange(0, BLOCK_N)
+    m_ok = o_m < m0 + rows
+    n_ok = o_n < n0 + cols
+    ws = (i_bh.to(tl.int64) * rows + (o_m - m0).to(tl.int64)[:, None]) * cols + (o_n - n0)[None, :]
+    ws_ok = m_ok[:, None] & n_ok[None, :]
+    visible = True
+    if NEEDS_MASK:  # the keys the tile's rows see at all (key_range's bounds, rounded to BLOCK_N multiples)
+        lo, hi, _, _ = key_range(m0 + r0, m0 + r0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                 HAS_RIGHT)
+        visible = (n0 + c0 < hi) & (n0 + c0 + BLOCK_N > lo)
+    if visible:
+        lse, delta = row_stats(LSE, DELTA, i_b * stride_lb + i_h * stride_lh, o_m, m_ok)
+        if not NEEDS_MASK:  # rows past the chunk (never stored) get finite values instead of inf * 0
+            lse = tl.where(m_ok, lse, 0.0)
+        qrows, krows = o_m.to(tl.int64), o_n.to(tl.int64)
+        hq, hdo = Q + i_b * stride_qb + i_h * stride_qh, DO + i_b * stride_db + i_h * stride_dh
+        hk, hv = K + i_b * stride_kb + i_hk * stride_kh, V + i_b * stride_vb + i_hk * stride_vh
+        s = _chunked_dot(hq, qrows, stride_qs, m_ok, hk, krows, stride_ks, n_ok, D, BLOCK_M, BLOCK_N, BLOCK_K, ACC)
+        p, t = probs_of(s, lse, o_m, o_n, m_ok, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                        softcap_out, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, False)
+        tl.store(P + ws, p.to(P.dtype.element_ty), mask=ws_ok)
+        dp = _chunked_dot(hdo, qrows, stride_ds, m_ok, hv, krows, stride_vs, n_ok, DV_, BLOCK_M, BLOCK_N, BLOCK_K,
+                          ACC)
+        tl.store(DS + ws, (dscores_of(p, t, dp, delta, HAS_SOFTCAP, False) * scale).to(DS.dtype.element_ty),
+                 mask=ws_ok)
+    else:
+        zero = tl.zeros([BLOCK_M, BLOCK_N], P.dtype.element_ty)
+        tl.store(P + ws, zero, mask=ws_ok)
+        tl.store(DS + ws, zero, mask=ws_ok)
