@@ -7,7 +7,7 @@ them, before spending device time.
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
     python scripts/compile_sm90_cpu.py --bwd-sm90 [--d 128] [--causal]   (the Hopper backward, TILEATTN_SM90_BWD=1)
-    python scripts/compile_sm90_cpu.py --bwd-large-d [--d 512] [--causal]   (the backward's D > 256 kernels)
+    python scripts/compile_sm90_cpu.py --bwd-large-d [--d 512] [--causal]   (D > 256 backward: split, varlen)
     python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json] [--only NAME_PREFIX]
 
 The first three compile one routed Gluon kernel through the public API (dispatch chooses it, as on an H100)
@@ -311,10 +311,11 @@ def main():
     _setup()
     if a.fingerprint:
         return fingerprint(a.fingerprint, a.compare, a.out, a.only)
-    if a.bwd_large_d:
+    if a.bwd_large_d:  # the split backward's score kernel (batched) and the fused kernels (varlen)
         backward(DT[a.dtype], a.d, a.causal)
+        backward(DT[a.dtype], a.d, a.causal, varlen=True)
         return max(report(next(k for n, k in COMPILED if n == name), a.out)
-                   for name in ("bwd_dkdv_large_d_kernel", "bwd_dq_large_d_kernel"))
+                   for name in ("bwd_scores_kernel", "bwd_dkdv_large_d_kernel", "bwd_dq_large_d_kernel"))
     if a.bwd_sm90:
         os.environ["TILEATTN_SM90_BWD"] = "1"
         backward(DT[a.dtype], a.d, a.causal)

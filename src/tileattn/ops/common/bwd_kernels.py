@@ -116,7 +116,7 @@ def batch_bases(i_b, q0, stride_qb, stride_kb, stride_vb, stride_db, stride_lb, 
 def batch_base(i_b, stride_b, IS_VARLEN: tl.constexpr):
     """int64 element offset of batch i_b in a gradient (varlen: 0)."""
     if IS_VARLEN:
-        return 0
+        return i_b.to(tl.int64) * 0  # int64 like the other branch's
     return i_b.to(tl.int64) * stride_b
 
 

@@ -56,13 +56,14 @@ DIRECT = Launches()  # attn_bwd's default: every launch through launch_cached, n
 # Head dims above this take kernels_bwd_large_d.py (chunks of the head dim for the products, one slice of the
 # gradients' head dim per program); kernels_bwd.py holds whole rows of every operand.
 MAX_WHOLE_HEAD_DIM = 256
-# Their tiles: (BLOCK_M, BLOCK_N, BLOCK_K: head-dim columns per product step, BLOCK_S: gradient columns per
-# program, num_warps, num_stages). NOT chosen by a measurement yet (the kernels have not run on a GPU): 64 x 64
-# score tiles as the whole-row kernels' D <= 128 table, the large-D forward's chunk width, and 128-column slices
-# (two float32 [64, 128] accumulators: 64 registers per thread at 8 warps). A slice recomputes S and dP over the
-# whole head dim, so at D = 512 the four slices cost ~2.5x the ideal FLOPs of the dK/dV kernel and ~3x of the
-# dQ kernel (docs/design/backward.md, "Head dims above 256").
-LARGE_D_TILES = (64, 64, 64, 128, 8, 1)
+# Varlen problems take kernels_bwd_large_d.py's fused kernels (batched ones the split backward,
+# launch_bwd_large_d.py). Their tiles: (BLOCK_M, BLOCK_N, BLOCK_K: head-dim columns per product step, BLOCK_S:
+# gradient columns per program, num_warps, num_stages). Chosen on the H100 (`sweep.py bwd-large-d` at 42a7de6's
+# parent, batched B=1 H=16 N=4K fp16, ms; then the only large-D path): D=512 26 / 9.5 (non-causal / causal) against
+# 35 / 18 for (64, 64, 64, 128, 8, 1) and 30 / 14 for (128, 64, 64, 128, 8, 1); D=320 13.8 / 6.4 against the best
+# 12.6 / 6.3 (128, 64, 64, 128, 8, 1). A 256-column slice halves the S / dP recomputation at D=512; its dK/dV
+# kernel spills 128 bytes (compile_sm90_cpu.py --bwd-large-d, D=512 varlen).
+LARGE_D_TILES = (64, 64, 64, 256, 8, 1)
 LARGE_D_TILES_INTERPRETER = (32, 16, 32, 64, 4, 1)  # (M != N: the tests see both tile sizes)
 
 
