@@ -17,8 +17,8 @@ timed; a config that fails the check, does not compile or is refused is reported
             "D=... causal=... N=...: <name>: <TFLOPS> | ..." (2.5x forward FLOPs, gradients checked, N=1K again
             last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
-    bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math]: the
-            split large-D backward per score-tile candidate (SCORE_TILES), gradients checked, against SDPA's
+    bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math] [--whole]:
+            the split large-D backward per score-tile candidate (SCORE_TILES), gradients checked, against SDPA's
             backward, B=1, H=16: "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."
     large-d [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J] [--budget-s 500]
             [--sm90]: large-D Triton kernel (LargeDConfig) vs SDPA EFFICIENT, B=1: "EFF" per case, "CFG <i> ..."
@@ -368,8 +368,9 @@ def bwd_large_d(a):
     "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."."""
     from tileattn.bench.bwd import _check
     from tileattn.bench.dense import sdpa
+    from tileattn.ops.dense import bwd as dense_bwd
     from tileattn.ops.dense import launch_bwd_large_d as split
-    table = split.SCORE_TILES
+    table, split_above = split.SCORE_TILES, dense_bwd.SPLIT_ABOVE_HEAD_DIM
     B, H = 1, 16
     for D, causal, N in itertools.product(a.dims, (bool(x) for x in a.causal), a.seqlens):
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
@@ -394,6 +395,18 @@ def bwd_large_d(a):
             out = None
             torch.cuda.empty_cache()
         split.SCORE_TILES = table
+        if a.whole and D <= dense_bwd.MAX_WHOLE_HEAD_DIM:  # the whole-row Triton kernels instead of the split one
+            dense_bwd.SPLIT_ABOVE_HEAD_DIM = dense_bwd.MAX_WHOLE_HEAD_DIM
+            dense_bwd.clear_plans()
+            try:
+                out = tileattn.attention(q, k, v, causal=causal)
+                ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
+                line.append(f"whole-row: {ms:.2f}" if ms else "whole-row: WRONG")
+            except Exception as e:  # noqa: BLE001
+                line.append(f"whole-row: {err(e, 60)}")
+            out = None
+            dense_bwd.SPLIT_ABOVE_HEAD_DIM = split_above
+            dense_bwd.clear_plans()
         print(f"BWDL D={D} causal={causal} N={N} ms: " + " | ".join(line), flush=True)
         q = k = v = dout = None
         torch.cuda.empty_cache()
@@ -595,6 +608,7 @@ def main():
     p.add_argument("--seqlens", type=ints, default="4096")
     p.add_argument("--tiles", type=ints, default=None, help="comma-separated indices into SCORE_TILES")
     p.add_argument("--peers", default="efficient,math", help="SDPA backends timed first")
+    p.add_argument("--whole", action="store_true", help="also the whole-row Triton kernels (D <= 256)")
     p.set_defaults(func=bwd_large_d)
     p = sub.add_parser("large-d", help="large-D Triton kernel configs against SDPA EFFICIENT")
     p.add_argument("--dims", type=ints, default="320,512,1024")

@@ -53,8 +53,12 @@ class Launches:
 DIRECT = Launches()  # attn_bwd's default: every launch through launch_cached, nothing kept
 
 
-# Head dims above this take kernels_bwd_large_d.py (chunks of the head dim for the products, one slice of the
-# gradients' head dim per program); kernels_bwd.py holds whole rows of every operand.
+# Batched problems with a head dim above this take the split backward (launch_bwd_large_d.py: score tiles,
+# then cuBLAS GEMMs). NOT yet measured between 128 and 256; at D=256 the whole-row kernels ran 107-114 TFLOPS
+# against cuDNN's 322-368 (`tileattn bench bwd` at e663607) and the split backward 374-422 at D=320/512.
+SPLIT_ABOVE_HEAD_DIM = 128
+# Varlen problems with a head dim above this take kernels_bwd_large_d.py (chunks of the head dim for the
+# products, one slice of the gradients' head dim per program); kernels_bwd.py holds whole rows of every operand.
 MAX_WHOLE_HEAD_DIM = 256
 # Varlen problems take kernels_bwd_large_d.py's fused kernels (batched ones the split backward,
 # launch_bwd_large_d.py). Their tiles: (BLOCK_M, BLOCK_N, BLOCK_K: head-dim columns per product step, BLOCK_S:
@@ -131,7 +135,7 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
                   NEEDS_MASK=needs_mask, ACC=acc)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     tail = (scale, qk_scale, softcap_scale, softcap_out, left, right)
-    if max(d, dv) > MAX_WHOLE_HEAD_DIM and not varlen:  # score tiles once, then GEMMs (launch_bwd_large_d.py)
+    if max(d, dv) > SPLIT_ABOVE_HEAD_DIM and not varlen:  # score tiles once, then GEMMs (launch_bwd_large_d.py)
         launch_bwd_large_d.attn_bwd_large_d(p, c, do, delta, (dq, dk, dvv), tail, launch)
         return dq, dk, dvv
     if max(d, dv) > MAX_WHOLE_HEAD_DIM:  # varlen: the head dim cut into chunks and slices (kernels_bwd_large_d.py)

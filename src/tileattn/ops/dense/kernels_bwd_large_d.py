@@ -214,7 +214,7 @@ def bwd_scores_kernel(
     NEEDS_MASK: tl.constexpr, ACC: tl.constexpr = tl.float32,
 ):
     """The split backward's first step (launch_bwd_large_d.py): P and dZ' * scale of one chunk, written to the
-    workspaces P and DS ([chunk batches, chunk query heads, rows, cols], contiguous) for query rows
+    workspaces P and DS ([chunk batches * chunk kv heads, rows, group_size, cols], contiguous) for query rows
     [m0, m0 + rows) and keys [n0, n0 + cols) of batches from b0 and query heads from hq0. Grid (row tiles * key
     tiles, chunk batches * chunk query heads folded over y and z). S = Q K^T and dP = dO V^T are summed over
     BLOCK_K head-dim columns; tiles the rule hides entirely store zeros without a product."""
@@ -236,7 +236,9 @@ def bwd_scores_kernel(
     o_n = n0 + c0 + tl.arange(0, BLOCK_N)
     m_ok = o_m < m0 + rows
     n_ok = o_n < n0 + cols
-    ws = (i_bh.to(tl.int64) * rows + (o_m - m0).to(tl.int64)[:, None]) * cols + (o_n - n0)[None, :]
+    # [unit, row, head of the group, key]: a unit's rows of its g query heads interleaved, as q's [S, H] rows
+    i_u, i_g = i_bh // group_size, i_bh % group_size
+    ws = ((i_u.to(tl.int64) * rows + (o_m - m0).to(tl.int64)[:, None]) * group_size + i_g) * cols + (o_n - n0)[None, :]
     ws_ok = m_ok[:, None] & n_ok[None, :]
     visible = True
     if NEEDS_MASK:  # the keys the tile's rows see at all (key_range's bounds, rounded to BLOCK_N multiples)

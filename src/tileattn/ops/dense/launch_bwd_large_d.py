@@ -1,15 +1,16 @@
-"""Dense backward for head dims above 256 on batched inputs: the split backward.
+"""Dense backward for large head dims on batched inputs: the split backward.
 
 No register file holds a [BLOCK_N, 512] float32 dK and dV (kernels_bwd_large_d.py's fused kernels hold a slice
 and recompute S and dP per slice instead: 2-4x the FLOPs). The split backward computes each score tile once:
-  1. bwd_scores_kernel writes P and dZ' * scale of a chunk (rows of some (batch, query head) pairs against a
-     key range) in q's dtype to two workspaces, with the forward's masking, softcap and lse;
-  2. three batched GEMMs (torch.bmm: cuBLAS) finish the chunk: dQ = dZ' K, dK = dZ'^T Q, dV = P^T dO, with the
-     query heads of a kv head stacked along the rows (GQA: dK and dV summed over the group by the GEMM itself).
+  1. bwd_scores_kernel writes P and dZ' * scale of a chunk (the rows of some (batch, kv head) units, their
+     query heads interleaved as in q, against a key range) in q's dtype to two workspaces, with the forward's
+     masking, softcap and lse;
+  2. batched GEMMs (torch.bmm: cuBLAS) finish the chunk: dQ = dZ' K, dK = dZ'^T Q, dV = P^T dO, a kv head's
+     query heads stacked along the rows (GQA: dK and dV summed over the group by the GEMM itself).
 P and dZ' are rounded to q's dtype before their products, as in the fused kernels (and FlashAttention's).
-Chunks: whole (batch, kv head) units while their workspaces fit WORKSPACE_BYTES, else row chunks of one unit;
-a mask rule (causal, window) cuts the rows into ROW_CHUNKS_MASKED chunks so that each chunk's GEMMs cover only
-the keys its rows see. Row chunks accumulate dK and dV in float32 (GEMMs with a float32 output).
+Chunks: the whole squares of as many units as fit WORKSPACE_BYTES, else row chunks of one unit whose dK and dV
+are summed in float32 (GEMMs with a float32 output). Under a mask rule the GEMMs are cut into PIECES_MASKED
+pieces (dQ by rows, dK and dV by keys), each covering only the keys (rows) its rows (keys) see.
 Deterministic: no atomics, and cuBLAS GEMMs on one stream are run-to-run identical.
 Varlen problems take the fused kernels (bwd.attn_bwd): their chunks would need the lengths on the host.
 """
@@ -21,11 +22,11 @@ from ... import hw
 from .kernels_bwd_large_d import bwd_scores_kernel
 from .launch_triton import MAX_GRID_Y
 
-# Both workspaces of one chunk together (P and dZ', q's dtype): 1 GiB holds B=1, H=16, N=4K in one chunk.
+# Both workspaces of one chunk together (P and dZ', q's dtype): 1 GiB holds a (batch, kv head) unit's whole
+# square up to Sq = Sk = 16K with one query head per kv head.
 WORKSPACE_BYTES = 1 << 30
-# Row chunks per unit under a mask rule: the GEMMs of chunk i of a causal problem cover keys up to its last row,
-# so n chunks cost (n + 1) / 2n of the full square instead of all of it (4: 62.5%).
-ROW_CHUNKS_MASKED = 4
+# GEMM pieces under a mask rule: causal costs (n + 1) / 2n of the square in GEMMs instead of all of it.
+PIECES_MASKED = 4
 # bwd_scores_kernel's tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Chosen on the H100 (`sweep.py
 # bwd-large-d` at 42a7de6, B=1 H=16 N=4K fp16, whole backward in ms, non-causal / causal): D=512 3.12 / 2.95,
 # the best of seven (128 x 128 tiles 3.16 / 3.05, 64 x 64 3.36 / 3.10); D=320 2.26 / 2.13 (best 2.22 / 2.13).
@@ -43,89 +44,140 @@ def _bmm_acc(a, b):
     return torch.bmm(a.float(), b.float())  # (the CPU has no mixed-dtype bmm)
 
 
-def _heads_major(t, b0, b1, rows, h0, h1, g):
-    """t[b0:b1, rows, heads of kv heads h0:h1] as [units, g * len(rows), D] (a copy): the rows of a kv head's g
-    query heads stacked, head by head."""
-    x = t[b0:b1, rows, h0 * g:h1 * g].unflatten(2, (h1 - h0, g))  # [b, r, hk, g, D]
-    return x.permute(0, 2, 3, 1, 4).reshape((b1 - b0) * (h1 - h0), g * x.shape[1], x.shape[-1])
-
-
 def _key_span(m0, m1, sk, off, left, right):
-    """Keys [lo, hi) that query rows [m0, m1) see under the window (left, right) aligned with offset off."""
+    """Keys [lo, hi) that query rows [m0, m1) see (query i sees key j iff i + off - left <= j <= i + off +
+    right; -1: unbounded)."""
     lo = max(m0 + off - left, 0) if left >= 0 else 0
     hi = min(max(m1 - 1 + off + right + 1, 0), sk) if right >= 0 else sk
     return lo, max(hi, lo)
 
 
+def _row_span(n0, n1, sq, off, left, right):
+    """Query rows [lo, hi) that see any of keys [n0, n1)."""
+    lo = max(n0 - off - right, 0) if right >= 0 else 0
+    hi = min(max(n1 - 1 - off + left + 1, 0), sq) if left >= 0 else sq
+    return lo, max(hi, lo)
+
+
+def _pieces(lo, hi, n):
+    """[lo, hi) cut into n ranges (fewer if short)."""
+    step = max(triton.cdiv(hi - lo, n), 1)
+    return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
+
 def _chunks(p, g):
-    """(batches per chunk, kv heads per chunk, rows per chunk) within WORKSPACE_BYTES."""
+    """(batches per chunk, kv heads per chunk, rows per chunk) within WORKSPACE_BYTES: whole squares of as many
+    (batch, kv head) units as fit, else row chunks of one unit (multiples of 128 rows)."""
     per_row = 2 * p.seqlen_k * p.dtype.itemsize * g  # both workspaces, one row of every query head of a kv head
-    masked = p.left >= 0 or p.right >= 0
-    rows = p.seqlen_q
-    if masked and p.seqlen_q >= 2 * 128:
-        rows = triton.cdiv(triton.cdiv(p.seqlen_q, ROW_CHUNKS_MASKED), 128) * 128
-    units = max(WORKSPACE_BYTES // (per_row * rows), 1)
-    if units == 1:  # one unit's rows must fit too
-        rows = min(rows, max(WORKSPACE_BYTES // per_row // 128 * 128, 128))
+    units = WORKSPACE_BYTES // (per_row * p.seqlen_q)
+    if units == 0:
+        return 1, 1, max(WORKSPACE_BYTES // per_row // 128 * 128, 128)
     heads = min(units, p.heads_kv)
-    return max(units // p.heads_kv, 1) if heads == p.heads_kv else 1, heads, rows
+    return (units // p.heads_kv if heads == p.heads_kv else 1), heads, p.seqlen_q
+
+
+class _Chunk:
+    """Batches [b0, b1) x kv heads [h0, h1) (the units), query rows [m0, m1), keys [lo, hi)."""
+
+    def __init__(self, b, h, m, keys, g):
+        (self.b0, self.b1), (self.h0, self.h1), (self.m0, self.m1), (self.lo, self.hi) = b, h, m, keys
+        self.g, self.units = g, (b[1] - b[0]) * (h[1] - h[0])
+
+    def rows_of(self, t, a, b):
+        """Query-side t ([B, Sq, Hq, D]: q, dO) rows [a, b) of the units, [units, (b - a) * g, D] in the
+        workspaces' row order (a copy)."""
+        x = t[self.b0:self.b1, a:b, self.h0 * self.g:self.h1 * self.g].unflatten(2, (self.h1 - self.h0, self.g))
+        return x.transpose(1, 2).reshape(self.units, (b - a) * self.g, t.shape[-1])
+
+    def write_rows(self, t, a, b, x):
+        """Write x ([units, (b - a) * g, D]) into query-side t's rows [a, b) of the units."""
+        dst = t[self.b0:self.b1, a:b, self.h0 * self.g:self.h1 * self.g].unflatten(2, (self.h1 - self.h0, self.g))
+        dst.copy_(x.view(self.b1 - self.b0, self.h1 - self.h0, b - a, self.g, -1).transpose(1, 2))
+
+    def keys_of(self, t, a, b):
+        """Key-side t ([B, Sk, Hkv, D]: k) keys [a, b) of the units, [units, b - a, D] (a copy)."""
+        return t[self.b0:self.b1, a:b, self.h0:self.h1].transpose(1, 2).reshape(self.units, b - a, t.shape[-1])
+
+    def key_view(self, t, a, b):
+        """Key-side t's keys [a, b) of the units as [b1 - b0, h1 - h0, b - a, D] (a view, for writes)."""
+        return t[self.b0:self.b1, a:b, self.h0:self.h1].transpose(1, 2)
+
+
+def _scores(p, c, do, delta, ch, tail, launch):
+    """bwd_scores_kernel over chunk ch: the workspaces (P, dZ' * scale) as [units, rows * g, keys]."""
+    q, k, v, lse = c.q, c.k, c.v, c.lse
+    left, right = tail[4], tail[5]
+    bm, bn, bk, warps, stages = SCORE_TILES_INTERPRETER if hw.interpreter_enabled() else SCORE_TILES
+    rows, cols, bh = ch.m1 - ch.m0, ch.hi - ch.lo, ch.units * ch.g
+    ws = [torch.empty(ch.units, rows * ch.g, cols, device=q.device, dtype=q.dtype) for _ in range(2)]
+    # (delta has lse's layout)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *lse.stride()[:2])
+    launch(bwd_scores_kernel, (triton.cdiv(rows, bm) * triton.cdiv(cols, bn), min(bh, MAX_GRID_Y),
+                               triton.cdiv(bh, MAX_GRID_Y)),
+           (q, k, v, do, lse, delta, *ws, *strides, ch.b0, ch.h0 * ch.g, ch.m0, ch.lo, rows, cols, p.seqlen_q,
+            p.seqlen_k, (ch.h1 - ch.h0) * ch.g, ch.g, bh, *tail),
+           dict(D=p.head_dim, DV_=p.head_dim_v, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_LEFT=left >= 0,
+                HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right, HAS_SOFTCAP=p.opts.softcap > 0,
+                NEEDS_MASK=left >= 0 or right >= 0, ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
+                num_warps=warps, num_stages=stages))
+    return ws
 
 
 def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
     """dq, dk, dv (grads, written) of batched problem p (AttnProblem) for the forward call c, the output gradient
-    do and delta (bwd_preprocess_kernel's, [B, Hq, Sq] float32); tail = (scale, qk_scale, softcap_scale,
-    softcap_out, left, right) as bwd.attn_bwd passes its kernels; launch: bwd.Launches."""
-    q, k, v, lse = c.q, c.k, c.v, c.lse
+    do and delta (bwd_preprocess_kernel's, lse's layout); tail = (scale, qk_scale, softcap_scale, softcap_out,
+    left, right) as bwd.attn_bwd passes its kernels; launch: bwd.Launches."""
+    q, k = c.q, c.k
     dq, dk, dv = grads
     left, right = tail[4], tail[5]
-    batch, sq, sk, hkv, g = p.batch, p.seqlen_q, p.seqlen_k, p.heads_kv, p.heads_q // p.heads_kv
+    sq, sk, g = p.seqlen_q, p.seqlen_k, p.heads_q // p.heads_kv
     off = sk - sq if p.opts.bottom_right else 0
-    bm, bn, bk, warps, stages = SCORE_TILES_INTERPRETER if hw.interpreter_enabled() else SCORE_TILES
+    n_pieces = PIECES_MASKED if left >= 0 or right >= 0 else 1
     nb, nh, mc = _chunks(p, g)
     launch.not_replayable()  # the GEMMs and copies below are torch calls, not kernels a plan replays
-    kw = dict(D=p.head_dim, DV_=p.head_dim_v, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_LEFT=left >= 0,
-              HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right, HAS_SOFTCAP=p.opts.softcap > 0,
-              NEEDS_MASK=left >= 0 or right >= 0, ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-              num_warps=warps, num_stages=stages)
-    # (delta has lse's layout)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *lse.stride()[:2])
-    for b0 in range(0, batch, nb):
-        b1 = min(b0 + nb, batch)
-        for h0 in range(0, hkv, nh):
-            h1 = min(h0 + nh, hkv)
-            units = (b1 - b0) * (h1 - h0)
-            accs = None if mc >= sq else [torch.zeros(units, sk, t.shape[-1], device=q.device, dtype=torch.float32
-                                                      if q.dtype != torch.float64 else q.dtype) for t in (dk, dv)]
+    for b0 in range(0, p.batch, nb):
+        for h0 in range(0, p.heads_kv, nh):
+            acc = mc < sq  # row chunks: dK and dV summed over them in float32
+            b, h = (b0, min(b0 + nb, p.batch)), (h0, min(h0 + nh, p.heads_kv))
+            units = (b[1] - b[0]) * (h[1] - h[0])
+            sums = [torch.zeros(units, sk, t.shape[-1], device=q.device, dtype=torch.float32
+                                if q.dtype != torch.float64 else q.dtype) for t in (dk, dv)] if acc else None
+            if not acc:  # keys no row sees keep zero gradients
+                lo, hi = _key_span(0, sq, sk, off, left, right)
+                if lo > 0 or hi < sk:
+                    dk[b[0]:b[1], :, h[0]:h[1]].zero_()
+                    dv[b[0]:b[1], :, h[0]:h[1]].zero_()
             for m0 in range(0, sq, mc):
-                m1 = min(m0 + mc, sq)
-                lo, hi = _key_span(m0, m1, sk, off, left, right)
-                dq_rows = dq[b0:b1, m0:m1, h0 * g:h1 * g].unflatten(2, (h1 - h0, g))  # [b, r, hk, g, D]
-                if accs is None and (lo > 0 or hi < sk):  # the unit's only chunk, and keys no row sees
-                    dk[b0:b1, :, h0:h1].zero_()
-                    dv[b0:b1, :, h0:h1].zero_()
-                if hi == lo:  # rows that see no key
-                    dq_rows.zero_()
+                ch = _Chunk(b, h, (m0, min(m0 + mc, sq)), _key_span(m0, min(m0 + mc, sq), sk, off, left, right), g)
+                if ch.hi == ch.lo:  # rows that see no key
+                    ch.write_rows(dq, ch.m0, ch.m1, torch.zeros(units, (ch.m1 - ch.m0) * g, dq.shape[-1],
+                                                                device=q.device, dtype=dq.dtype))
                     continue
-                rows, cols = m1 - m0, hi - lo
-                ws_p, ws_ds = (torch.empty(units * g, rows, cols, device=q.device, dtype=q.dtype) for _ in range(2))
-                bh = units * g
-                launch(bwd_scores_kernel, (triton.cdiv(rows, bm) * triton.cdiv(cols, bn), min(bh, MAX_GRID_Y),
-                                           triton.cdiv(bh, MAX_GRID_Y)),
-                       (q, k, v, do, lse, delta, ws_p, ws_ds, *strides, b0, h0 * g, m0, lo, rows, cols, sq, sk,
-                        (h1 - h0) * g, g, bh, *tail), kw)
-                ws_p, ws_ds = ws_p.view(units, g * rows, cols), ws_ds.view(units, g * rows, cols)
-                kc = k[b0:b1, lo:hi, h0:h1].permute(0, 2, 1, 3).reshape(units, cols, -1)
-                dq_rows.copy_(torch.bmm(ws_ds, kc).view(b1 - b0, h1 - h0, g, rows, -1).permute(0, 3, 1, 2, 4))
-                qc = _heads_major(q, b0, b1, slice(m0, m1), h0, h1, g)
-                doc = _heads_major(do, b0, b1, slice(m0, m1), h0, h1, g)
-                if accs is None:  # the unit's only chunk: straight into the gradients
-                    dk[b0:b1, lo:hi, h0:h1].copy_(torch.bmm(ws_ds.transpose(1, 2), qc).view(
-                        b1 - b0, h1 - h0, cols, -1).transpose(1, 2))
-                    dv[b0:b1, lo:hi, h0:h1].copy_(torch.bmm(ws_p.transpose(1, 2), doc).view(
-                        b1 - b0, h1 - h0, cols, -1).transpose(1, 2))
-                else:
-                    accs[0][:, lo:hi] += _bmm_acc(ws_ds.transpose(1, 2), qc)
-                    accs[1][:, lo:hi] += _bmm_acc(ws_p.transpose(1, 2), doc)
-            if accs is not None:
-                for grad, acc in zip((dk, dv), accs):
-                    grad[b0:b1, :, h0:h1].copy_(acc.view(b1 - b0, h1 - h0, sk, -1).transpose(1, 2))
+                ws_p, ws_ds = _scores(p, c, do, delta, ch, tail, launch)
+                for a, e in _pieces(ch.m0, ch.m1, n_pieces):  # dQ by rows
+                    lo, hi = _key_span(a, e, sk, off, left, right)
+                    ds = ws_ds[:, (a - ch.m0) * g:(e - ch.m0) * g, lo - ch.lo:hi - ch.lo]
+                    ch.write_rows(dq, a, e, torch.bmm(ds, ch.keys_of(k, lo, hi)) if hi > lo else
+                                  torch.zeros(units, (e - a) * g, dq.shape[-1], device=q.device, dtype=dq.dtype))
+                for a, e in _pieces(ch.lo, ch.hi, n_pieces):  # dK, dV by keys
+                    lo, hi = _row_span(a, e, sq, off, left, right)
+                    lo, hi = max(lo, ch.m0), min(hi, ch.m1)
+                    if hi <= lo:
+                        if not acc:
+                            ch.key_view(dk, a, e).zero_()
+                            ch.key_view(dv, a, e).zero_()
+                        continue
+                    rows = slice((lo - ch.m0) * g, (hi - ch.m0) * g)
+                    ds_t = ws_ds[:, rows, a - ch.lo:e - ch.lo].transpose(1, 2)
+                    p_t = ws_p[:, rows, a - ch.lo:e - ch.lo].transpose(1, 2)
+                    qc, doc = ch.rows_of(q, lo, hi), ch.rows_of(do, lo, hi)
+                    if acc:
+                        sums[0][:, a:e] += _bmm_acc(ds_t, qc)
+                        sums[1][:, a:e] += _bmm_acc(p_t, doc)
+                    else:
+                        ch.key_view(dk, a, e).copy_(torch.bmm(ds_t, qc).view(b[1] - b[0], h[1] - h[0], e - a, -1))
+                        ch.key_view(dv, a, e).copy_(torch.bmm(p_t, doc).view(b[1] - b[0], h[1] - h[0], e - a, -1))
+            if acc:
+                ch = _Chunk(b, h, (0, sq), (0, sk), g)
+                for t, s in zip((dk, dv), sums):
+                    ch.key_view(t, 0, sk).copy_(s.view(b[1] - b[0], h[1] - h[0], sk, -1))
