@@ -22,6 +22,8 @@
         the GPU is behind), whether every cached launcher replays directly, then cProfile's top entries of 50
         backward calls. No profiler runs before these (torch.profiler may leave launch hooks installed, which
         send launches the slow way).
+    profile_kernels.py split [--B 1] [--H 16] [--N 4096] [--D 256,512]
+        per-kernel GPU time of the split backward (launch_bwd_large_d.py), causal and not: "SPLIT ..." lines.
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -76,8 +78,8 @@ def bwd_one(a):
     torch.cuda.profiler.stop()
 
 
-def kernel_times(fn, reps=5):
-    """[(ms per call, kernel name)] of the six kernels with the most GPU time, most first."""
+def kernel_times(fn, reps=5, top=6):
+    """[(ms per call, kernel name)] of the `top` kernels with the most GPU time, most first."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -89,7 +91,7 @@ def kernel_times(fn, reps=5):
     for e in prof.key_averages():
         if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
             rows.append((e.self_device_time_total / reps / 1e3, e.key[:90]))
-    return sorted(rows, reverse=True)[:6]
+    return sorted(rows, reverse=True)[:top]
 
 
 def host_us(fn, reps=20):
@@ -243,6 +245,21 @@ def bwd(a, N=8192):
         print(f"PROF dense-causal tileattn: {ms:.3f} ms {kname}", flush=True)
 
 
+def split(a):
+    """Per-kernel GPU time of the split backward (head dims above 128, batched), "SPLIT ..." lines."""
+    import tileattn
+    for D in (int(x) for x in a.D.split(",")):
+        for causal in (False, True):
+            q, k, v = (torch.randn(a.B, a.N, a.H, D, device="cuda", dtype=torch.float16).requires_grad_()
+                       for _ in range(3))
+            dout = torch.randn_like(q)
+            o = tileattn.attention(q, k, v, causal=causal)
+            rows = kernel_times(lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), top=12)
+            print(f"SPLIT D={D} causal={causal}: sum of the top kernels {sum(r[0] for r in rows):.3f} ms", flush=True)
+            for ms, kname in rows:
+                print(f"SPLIT D={D} causal={causal}: {ms:.3f} ms {kname}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -271,6 +288,12 @@ def main():
     p.add_argument("--D", type=int, default=64)
     p.add_argument("--causal", action="store_true")
     p.set_defaults(func=host)
+    p = sub.add_parser("split", help="per-kernel GPU time of the split backward (D > 128, torch.profiler)")
+    p.add_argument("--B", type=int, default=1)
+    p.add_argument("--H", type=int, default=16)
+    p.add_argument("--N", type=int, default=4096)
+    p.add_argument("--D", default="256,512")
+    p.set_defaults(func=split)
     p = sub.add_parser("bwd", help="per-kernel GPU time of the flex and dense backward (torch.profiler)")
     p.set_defaults(func=bwd)
     a = ap.parse_args()
