@@ -17,7 +17,8 @@ timed; a config that fails the check, does not compile or is refused is reported
             "D=... causal=... N=...: <name>: <TFLOPS> | ..." (2.5x forward FLOPs, gradients checked, N=1K again
             last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
-    bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math] [--whole]:
+    bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math] [--whole]
+            [--pieces 4] [--bh 1,16]:
             the split large-D backward per score-tile candidate (SCORE_TILES), gradients checked, against SDPA's
             backward, B=1, H=16: "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."
     large-d [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J] [--budget-s 500]
@@ -363,15 +364,15 @@ SCORE_TILES = [(128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), 
 
 
 def bwd_large_d(a):
-    """The split large-D backward per score-tile candidate against SDPA's EFFICIENT and MATH backward, the
-    bench's LARGE_D_ROWS shape (B=1, H=16), gradients checked before timing:
+    """The split large-D backward per score-tile candidate (and, causal, GEMM pieces) against SDPA backends
+    (default the bench's LARGE_D_ROWS: EFFICIENT and MATH, B=1, H=16), gradients checked before timing:
     "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."."""
     from tileattn.bench.bwd import _check
     from tileattn.bench.dense import sdpa
     from tileattn.ops.dense import bwd as dense_bwd
     from tileattn.ops.dense import launch_bwd_large_d as split
-    table, split_above = split.SCORE_TILES, dense_bwd.SPLIT_ABOVE_HEAD_DIM
-    B, H = 1, 16
+    table, split_above, pieces = split.SCORE_TILES, dense_bwd.SPLIT_ABOVE_HEAD_DIM, split.PIECES_MASKED
+    B, H = a.bh
     for D, causal, N in itertools.product(a.dims, (bool(x) for x in a.causal), a.seqlens):
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
         dout = torch.randn_like(q)
@@ -384,17 +385,19 @@ def bwd_large_d(a):
             except Exception as e:  # noqa: BLE001
                 line.append(f"{p}: {err(e, 50)}")
             o = None
-        for cfg in SCORE_TILES if a.tiles is None else [SCORE_TILES[i] for i in a.tiles]:
-            split.SCORE_TILES = cfg
+        cfgs = SCORE_TILES if a.tiles is None else [SCORE_TILES[i] for i in a.tiles]
+        for cfg, n in itertools.product(cfgs, a.pieces if causal else a.pieces[:1]):
+            split.SCORE_TILES, split.PIECES_MASKED = cfg, n
+            name = f"{list(cfg)}" + (f" pieces={n}" if causal else "")
             try:
                 out = tileattn.attention(q, k, v, causal=causal)
                 ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
-                line.append(f"{list(cfg)}: {ms:.2f}" if ms else f"{list(cfg)}: WRONG")
+                line.append(f"{name}: {ms:.2f}" if ms else f"{name}: WRONG")
             except Exception as e:  # noqa: BLE001
-                line.append(f"{list(cfg)}: {err(e, 60)}")
+                line.append(f"{name}: {err(e, 60)}")
             out = None
             torch.cuda.empty_cache()
-        split.SCORE_TILES = table
+        split.SCORE_TILES, split.PIECES_MASKED = table, pieces
         if a.whole and D <= dense_bwd.MAX_WHOLE_HEAD_DIM:  # the whole-row Triton kernels instead of the split one
             dense_bwd.SPLIT_ABOVE_HEAD_DIM = dense_bwd.MAX_WHOLE_HEAD_DIM
             dense_bwd.clear_plans()
@@ -609,6 +612,8 @@ def main():
     p.add_argument("--tiles", type=ints, default=None, help="comma-separated indices into SCORE_TILES")
     p.add_argument("--peers", default="efficient,math", help="SDPA backends timed first")
     p.add_argument("--whole", action="store_true", help="also the whole-row Triton kernels (D <= 256)")
+    p.add_argument("--pieces", type=ints, default="4", help="PIECES_MASKED values (causal rows)")
+    p.add_argument("--bh", type=ints, default="1,16", help="batch, heads")
     p.set_defaults(func=bwd_large_d)
     p = sub.add_parser("large-d", help="large-D Triton kernel configs against SDPA EFFICIENT")
     p.add_argument("--dims", type=ints, default="320,512,1024")

@@ -207,7 +207,7 @@ def bwd_scores_kernel(
     Q, K, V, DO, LSE, DELTA, P, DS,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_db, stride_ds, stride_dh, stride_lb, stride_lh,
-    b0, hq0, m0, n0, rows, cols, seqlen_q, seqlen_k, heads_chunk, group_size, num_bh,
+    b0, hq0, m0, n0, rows, cols, row_piece, key_piece, seqlen_q, seqlen_k, heads_chunk, group_size, num_bh,
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIGN_BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -217,7 +217,9 @@ def bwd_scores_kernel(
     workspaces P and DS ([chunk batches * chunk kv heads, rows, group_size, cols], contiguous) for query rows
     [m0, m0 + rows) and keys [n0, n0 + cols) of batches from b0 and query heads from hq0. Grid (row tiles * key
     tiles, chunk batches * chunk query heads folded over y and z). S = Q K^T and dP = dO V^T are summed over
-    BLOCK_K head-dim columns; tiles the rule hides entirely store zeros without a product."""
+    BLOCK_K head-dim columns. Tiles the rule hides entirely store zeros without a product, and only where a
+    GEMM piece reads them (dQ's pieces: row_piece rows against the keys they see; dK's and dV's: key_piece keys
+    against the rows that see them; both multiples of the tiles, counted from m0 and n0)."""
     tiles_n = tl.cdiv(cols, BLOCK_N)
     i_m = tl.program_id(0) // tiles_n
     i_n = tl.program_id(0) % tiles_n
@@ -261,6 +263,20 @@ def bwd_scores_kernel(
         tl.store(DS + ws, (dscores_of(p, t, dp, delta, HAS_SOFTCAP, False) * scale).to(DS.dtype.element_ty),
                  mask=ws_ok)
     else:
-        zero = tl.zeros([BLOCK_M, BLOCK_N], P.dtype.element_ty)
-        tl.store(P + ws, zero, mask=ws_ok)
-        tl.store(DS + ws, zero, mask=ws_ok)
+        pa = m0 + (r0 // row_piece) * row_piece  # the tile's dQ piece: rows [pa, pb), and the keys they see
+        pb = tl.minimum(pa + row_piece, m0 + rows)
+        lo, hi, _, _ = key_range(pa, pb - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        needed = (n0 + c0 < hi) & (n0 + c0 + BLOCK_N > lo)
+        ka = n0 + (c0 // key_piece) * key_piece  # its dK / dV piece: keys [ka, kb), and the rows that see them
+        kb = tl.minimum(ka + key_piece, n0 + cols)
+        r_lo = 0
+        r_hi = seqlen_q
+        if HAS_RIGHT:
+            r_lo = ka - off_diag - right
+        if HAS_LEFT:
+            r_hi = kb - off_diag + left
+        needed = needed | ((m0 + r0 < r_hi) & (m0 + r0 + BLOCK_M > r_lo))
+        if needed:
+            zero = tl.zeros([BLOCK_M, BLOCK_N], P.dtype.element_ty)
+            tl.store(P + ws, zero, mask=ws_ok)
+            tl.store(DS + ws, zero, mask=ws_ok)

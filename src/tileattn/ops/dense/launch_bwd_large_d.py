@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import hw
+from ... import hw, knobs
 from .kernels_bwd_large_d import bwd_scores_kernel
 from .launch_triton import MAX_GRID_Y
 
@@ -44,6 +44,13 @@ def _bmm_acc(a, b):
     return torch.bmm(a.float(), b.float())  # (the CPU has no mixed-dtype bmm)
 
 
+def _empty(*shape, like):
+    """torch.empty in like's dtype and device; NaN under TILEATTN_DEBUG_FILL_NAN (tests: an element that no kernel
+    or GEMM writes fails the comparison)."""
+    t = torch.empty(*shape, device=like.device, dtype=like.dtype)
+    return t.fill_(float("nan")) if knobs.debug_fill_nan() else t
+
+
 def _key_span(m0, m1, sk, off, left, right):
     """Keys [lo, hi) that query rows [m0, m1) see (query i sees key j iff i + off - left <= j <= i + off +
     right; -1: unbounded)."""
@@ -59,10 +66,9 @@ def _row_span(n0, n1, sq, off, left, right):
     return lo, max(hi, lo)
 
 
-def _pieces(lo, hi, n):
-    """[lo, hi) cut into n ranges (fewer if short)."""
-    step = max(triton.cdiv(hi - lo, n), 1)
-    return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+def _piece(lo, hi, n):
+    """The length of n pieces of [lo, hi), a multiple of 128 (bwd_scores_kernel's tiles divide it)."""
+    return max(triton.cdiv(triton.cdiv(hi - lo, n), 128) * 128, 128)
 
 
 def _chunks(p, g):
@@ -79,9 +85,10 @@ def _chunks(p, g):
 class _Chunk:
     """Batches [b0, b1) x kv heads [h0, h1) (the units), query rows [m0, m1), keys [lo, hi)."""
 
-    def __init__(self, b, h, m, keys, g):
+    def __init__(self, b, h, m, keys, g, n_pieces=1):
         (self.b0, self.b1), (self.h0, self.h1), (self.m0, self.m1), (self.lo, self.hi) = b, h, m, keys
         self.g, self.units = g, (b[1] - b[0]) * (h[1] - h[0])
+        self.row_piece, self.key_piece = _piece(*m, n_pieces), _piece(*keys, n_pieces)
 
     def rows_of(self, t, a, b):
         """Query-side t ([B, Sq, Hq, D]: q, dO) rows [a, b) of the units, [units, (b - a) * g, D] in the
@@ -104,18 +111,19 @@ class _Chunk:
 
 
 def _scores(p, c, do, delta, ch, tail, launch):
-    """bwd_scores_kernel over chunk ch: the workspaces (P, dZ' * scale) as [units, rows * g, keys]."""
+    """bwd_scores_kernel over chunk ch (with its GEMM pieces ch.row_piece, ch.key_piece): the workspaces
+    (P, dZ' * scale) as [units, rows * g, keys]."""
     q, k, v, lse = c.q, c.k, c.v, c.lse
     left, right = tail[4], tail[5]
     bm, bn, bk, warps, stages = SCORE_TILES_INTERPRETER if hw.interpreter_enabled() else SCORE_TILES
     rows, cols, bh = ch.m1 - ch.m0, ch.hi - ch.lo, ch.units * ch.g
-    ws = [torch.empty(ch.units, rows * ch.g, cols, device=q.device, dtype=q.dtype) for _ in range(2)]
+    ws = [_empty(ch.units, rows * ch.g, cols, like=q) for _ in range(2)]
     # (delta has lse's layout)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *lse.stride()[:2])
     launch(bwd_scores_kernel, (triton.cdiv(rows, bm) * triton.cdiv(cols, bn), min(bh, MAX_GRID_Y),
                                triton.cdiv(bh, MAX_GRID_Y)),
-           (q, k, v, do, lse, delta, *ws, *strides, ch.b0, ch.h0 * ch.g, ch.m0, ch.lo, rows, cols, p.seqlen_q,
-            p.seqlen_k, (ch.h1 - ch.h0) * ch.g, ch.g, bh, *tail),
+           (q, k, v, do, lse, delta, *ws, *strides, ch.b0, ch.h0 * ch.g, ch.m0, ch.lo, rows, cols, ch.row_piece,
+            ch.key_piece, p.seqlen_q, p.seqlen_k, (ch.h1 - ch.h0) * ch.g, ch.g, bh, *tail),
            dict(D=p.head_dim, DV_=p.head_dim_v, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_LEFT=left >= 0,
                 HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right, HAS_SOFTCAP=p.opts.softcap > 0,
                 NEEDS_MASK=left >= 0 or right >= 0, ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
@@ -123,11 +131,61 @@ def _scores(p, c, do, delta, ch, tail, launch):
     return ws
 
 
+def _chunk_grads(p, c, do, delta, ch, grads, tail, launch):
+    """Chunk ch's part of dq, dk, dv (grads = (dq, dk, dv, float32 dK / dV sums or None)): the score tiles, then
+    per GEMM piece dQ rows (against the keys they see) and dK / dV keys (against the rows that see them), into
+    stacked buffers written to the gradients once."""
+    q, k = c.q, c.k
+    dq, dk, dv, sums = grads
+    left, right, g = tail[4], tail[5], ch.g
+    off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
+    rows, cols, units = ch.m1 - ch.m0, ch.hi - ch.lo, ch.units
+    dq_st = _empty(units, rows * g, dq.shape[-1], like=q)
+    if cols == 0:  # rows that see no key
+        ch.write_rows(dq, ch.m0, ch.m1, dq_st.zero_())
+        return
+    ws_p, ws_ds = _scores(p, c, do, delta, ch, tail, launch)
+    qc, doc, kc = ch.rows_of(q, ch.m0, ch.m1), ch.rows_of(do, ch.m0, ch.m1), ch.keys_of(k, ch.lo, ch.hi)
+    for a in range(ch.m0, ch.m1, ch.row_piece):  # dQ by rows
+        e = min(a + ch.row_piece, ch.m1)
+        lo, hi = (x - ch.lo for x in _key_span(a, e, p.seqlen_k, off, left, right))
+        r = slice((a - ch.m0) * g, (e - ch.m0) * g)
+        if hi > lo:
+            torch.bmm(ws_ds[:, r, lo:hi], kc[:, lo:hi], out=dq_st[:, r])
+        else:
+            dq_st[:, r].zero_()
+    ch.write_rows(dq, ch.m0, ch.m1, dq_st)
+    dk_st, dv_st = (None, None) if sums is not None else (
+        _empty(units, cols, t.shape[-1], like=q) for t in (dk, dv))
+    for a in range(ch.lo, ch.hi, ch.key_piece):  # dK, dV by keys
+        e = min(a + ch.key_piece, ch.hi)
+        lo, hi = _row_span(a, e, p.seqlen_q, off, left, right)
+        lo, hi = max(lo, ch.m0) - ch.m0, min(hi, ch.m1) - ch.m0
+        kr = slice(a - ch.lo, e - ch.lo)
+        if hi <= lo:
+            if sums is None:
+                dk_st[:, kr].zero_()
+                dv_st[:, kr].zero_()
+            continue
+        r = slice(lo * g, hi * g)
+        ds_t, p_t = ws_ds[:, r, kr].transpose(1, 2), ws_p[:, r, kr].transpose(1, 2)
+        if sums is not None:
+            sums[0][:, a:e] += _bmm_acc(ds_t, qc[:, r])
+            sums[1][:, a:e] += _bmm_acc(p_t, doc[:, r])
+        else:
+            torch.bmm(ds_t, qc[:, r], out=dk_st[:, kr])
+            torch.bmm(p_t, doc[:, r], out=dv_st[:, kr])
+    if sums is None:
+        nb, nh = ch.b1 - ch.b0, ch.h1 - ch.h0
+        ch.key_view(dk, ch.lo, ch.hi).copy_(dk_st.view(nb, nh, cols, -1))
+        ch.key_view(dv, ch.lo, ch.hi).copy_(dv_st.view(nb, nh, cols, -1))
+
+
 def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
     """dq, dk, dv (grads, written) of batched problem p (AttnProblem) for the forward call c, the output gradient
     do and delta (bwd_preprocess_kernel's, lse's layout); tail = (scale, qk_scale, softcap_scale, softcap_out,
     left, right) as bwd.attn_bwd passes its kernels; launch: bwd.Launches."""
-    q, k = c.q, c.k
+    q = c.q
     dq, dk, dv = grads
     left, right = tail[4], tail[5]
     sq, sk, g = p.seqlen_q, p.seqlen_k, p.heads_q // p.heads_kv
@@ -148,35 +206,9 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
                     dk[b[0]:b[1], :, h[0]:h[1]].zero_()
                     dv[b[0]:b[1], :, h[0]:h[1]].zero_()
             for m0 in range(0, sq, mc):
-                ch = _Chunk(b, h, (m0, min(m0 + mc, sq)), _key_span(m0, min(m0 + mc, sq), sk, off, left, right), g)
-                if ch.hi == ch.lo:  # rows that see no key
-                    ch.write_rows(dq, ch.m0, ch.m1, torch.zeros(units, (ch.m1 - ch.m0) * g, dq.shape[-1],
-                                                                device=q.device, dtype=dq.dtype))
-                    continue
-                ws_p, ws_ds = _scores(p, c, do, delta, ch, tail, launch)
-                for a, e in _pieces(ch.m0, ch.m1, n_pieces):  # dQ by rows
-                    lo, hi = _key_span(a, e, sk, off, left, right)
-                    ds = ws_ds[:, (a - ch.m0) * g:(e - ch.m0) * g, lo - ch.lo:hi - ch.lo]
-                    ch.write_rows(dq, a, e, torch.bmm(ds, ch.keys_of(k, lo, hi)) if hi > lo else
-                                  torch.zeros(units, (e - a) * g, dq.shape[-1], device=q.device, dtype=dq.dtype))
-                for a, e in _pieces(ch.lo, ch.hi, n_pieces):  # dK, dV by keys
-                    lo, hi = _row_span(a, e, sq, off, left, right)
-                    lo, hi = max(lo, ch.m0), min(hi, ch.m1)
-                    if hi <= lo:
-                        if not acc:
-                            ch.key_view(dk, a, e).zero_()
-                            ch.key_view(dv, a, e).zero_()
-                        continue
-                    rows = slice((lo - ch.m0) * g, (hi - ch.m0) * g)
-                    ds_t = ws_ds[:, rows, a - ch.lo:e - ch.lo].transpose(1, 2)
-                    p_t = ws_p[:, rows, a - ch.lo:e - ch.lo].transpose(1, 2)
-                    qc, doc = ch.rows_of(q, lo, hi), ch.rows_of(do, lo, hi)
-                    if acc:
-                        sums[0][:, a:e] += _bmm_acc(ds_t, qc)
-                        sums[1][:, a:e] += _bmm_acc(p_t, doc)
-                    else:
-                        ch.key_view(dk, a, e).copy_(torch.bmm(ds_t, qc).view(b[1] - b[0], h[1] - h[0], e - a, -1))
-                        ch.key_view(dv, a, e).copy_(torch.bmm(p_t, doc).view(b[1] - b[0], h[1] - h[0], e - a, -1))
+                m1 = min(m0 + mc, sq)
+                ch = _Chunk(b, h, (m0, m1), _key_span(m0, m1, sk, off, left, right), g, n_pieces)
+                _chunk_grads(p, c, do, delta, ch, (dq, dk, dv, sums), tail, launch)
             if acc:
                 ch = _Chunk(b, h, (0, sq), (0, sk), g)
                 for t, s in zip((dk, dv), sums):
