@@ -360,7 +360,8 @@ def bwd(a):
 # the split large-D backward's score tiles (launch_bwd_large_d.SCORE_TILES candidates: BLOCK_M, BLOCK_N, BLOCK_K,
 # warps, stages); the table's entry first
 SCORE_TILES = [(128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 3),
-               (64, 128, 64, 4, 3), (128, 128, 32, 8, 4), (64, 64, 64, 4, 3)]
+               (64, 128, 64, 4, 3), (128, 128, 32, 8, 4), (64, 64, 64, 4, 3), (128, 128, 128, 8, 2),
+               (128, 64, 128, 8, 2), (128, 64, 64, 8, 4)]
 
 
 def bwd_large_d(a):

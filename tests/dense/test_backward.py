@@ -61,17 +61,18 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, Dv, causal, window, softcap)
 ]
 
 
-@pytest.mark.parametrize("B,window,budget", [(1, (-1, -1), 1), (1, (-1, 0), 1), (2, (100, 0), 2 << 20)],
-                         ids=["rows", "causal-rows", "window-units"])
-def test_large_d_split_chunks(B, window, budget, device, monkeypatch):
+@pytest.mark.parametrize("B,hq,hkv,window,budget", [
+    (1, 2, 1, (-1, -1), 1), (1, 2, 1, (-1, 0), 1), (2, 2, 1, (100, 0), 2 << 20), (2, 2, 2, (-1, 0), 1 << 20)],
+    ids=["rows", "causal-rows", "window-units", "mha-direct"])
+def test_large_d_split_chunks(B, hq, hkv, window, budget, device, monkeypatch):
     """The split large-D backward (launch_bwd_large_d.py) across its chunkings: rows of one (batch, kv head)
     unit at a time (a workspace budget below one row chunk: float32 dK / dV sums), units of both batches in one
     chunk, a mask rule's row chunks and their key spans (260 rows: 128-row chunks, the last partial), GQA
-    stacking, Sq != Sk."""
+    stacking, Sq != Sk; one query head per kv head: GEMMs on views of the tensors, a chunk per batch."""
     from tileattn.ops.dense import launch_bwd_large_d
     monkeypatch.setattr(launch_bwd_large_d, "WORKSPACE_BYTES", budget)
-    q = leaf(B, 260, 2, 264, dtype=DT, device=device)
-    k, v = leaf(B, 270, 1, 264, dtype=DT, device=device), leaf(B, 270, 1, 272, dtype=DT, device=device)
+    q = leaf(B, 260, hq, 264, dtype=DT, device=device)
+    k, v = leaf(B, 270, hkv, 264, dtype=DT, device=device), leaf(B, 270, hkv, 272, dtype=DT, device=device)
 
     def ref(q, k, v, dtype):
         return attention_ref(q, k, v, dtype=dtype, window=window)[0]

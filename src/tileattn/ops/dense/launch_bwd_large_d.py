@@ -47,7 +47,10 @@ def _bmm_acc(a, b):
 def _empty(*shape, like):
     """torch.empty in like's dtype and device; NaN under TILEATTN_DEBUG_FILL_NAN (tests: an element that no kernel
     or GEMM writes fails the comparison)."""
-    t = torch.empty(*shape, device=like.device, dtype=like.dtype)
+    return _debug_nan(torch.empty(*shape, device=like.device, dtype=like.dtype))
+
+
+def _debug_nan(t):
     return t.fill_(float("nan")) if knobs.debug_fill_nan() else t
 
 
@@ -79,31 +82,61 @@ def _chunks(p, g):
     if units == 0:
         return 1, 1, max(WORKSPACE_BYTES // per_row // 128 * 128, 128)
     heads = min(units, p.heads_kv)
+    if g == 1:  # one batch per chunk: the GEMMs then read and write q, k and the gradients in place (_Chunk)
+        return 1, heads, p.seqlen_q
     return (units // p.heads_kv if heads == p.heads_kv else 1), heads, p.seqlen_q
 
 
 class _Chunk:
-    """Batches [b0, b1) x kv heads [h0, h1) (the units), query rows [m0, m1), keys [lo, hi)."""
+    """Batches [b0, b1) x kv heads [h0, h1) (the units), query rows [m0, m1), keys [lo, hi). direct (one query
+    head per kv head, one batch): the GEMMs' operands and outputs are views of the [B, S, H, D] tensors
+    ([units, rows, D] with strides (D, H * D, 1): cuBLAS takes any batch stride), else copies in the
+    workspaces' row order."""
 
     def __init__(self, b, h, m, keys, g, n_pieces=1):
         (self.b0, self.b1), (self.h0, self.h1), (self.m0, self.m1), (self.lo, self.hi) = b, h, m, keys
         self.g, self.units = g, (b[1] - b[0]) * (h[1] - h[0])
         self.row_piece, self.key_piece = _piece(*m, n_pieces), _piece(*keys, n_pieces)
+        self.direct = g == 1 and b[1] - b[0] == 1
 
     def rows_of(self, t, a, b):
         """Query-side t ([B, Sq, Hq, D]: q, dO) rows [a, b) of the units, [units, (b - a) * g, D] in the
-        workspaces' row order (a copy)."""
+        workspaces' row order."""
+        if self.direct:
+            return t[self.b0, a:b, self.h0:self.h1].transpose(0, 1)
         x = t[self.b0:self.b1, a:b, self.h0 * self.g:self.h1 * self.g].unflatten(2, (self.h1 - self.h0, self.g))
         return x.transpose(1, 2).reshape(self.units, (b - a) * self.g, t.shape[-1])
 
-    def write_rows(self, t, a, b, x):
-        """Write x ([units, (b - a) * g, D]) into query-side t's rows [a, b) of the units."""
-        dst = t[self.b0:self.b1, a:b, self.h0 * self.g:self.h1 * self.g].unflatten(2, (self.h1 - self.h0, self.g))
-        dst.copy_(x.view(self.b1 - self.b0, self.h1 - self.h0, b - a, self.g, -1).transpose(1, 2))
-
     def keys_of(self, t, a, b):
-        """Key-side t ([B, Sk, Hkv, D]: k) keys [a, b) of the units, [units, b - a, D] (a copy)."""
+        """Key-side t ([B, Sk, Hkv, D]: k, or the gradients) keys [a, b) of the units, [units, b - a, D]."""
+        if self.direct:
+            return t[self.b0, a:b, self.h0:self.h1].transpose(0, 1)
         return t[self.b0:self.b1, a:b, self.h0:self.h1].transpose(1, 2).reshape(self.units, b - a, t.shape[-1])
+
+    def rows_out(self, t):
+        """Where the GEMMs write query-side gradient t's rows [m0, m1) ([units, rows * g, D]; finish() writes
+        a buffer back)."""
+        x = self.rows_of(t, self.m0, self.m1) if self.direct else None
+        return _debug_nan(x) if x is not None else _empty(self.units, (self.m1 - self.m0) * self.g, t.shape[-1],
+                                                          like=t)
+
+    def keys_out(self, t):
+        """Where the GEMMs write key-side gradient t's keys [lo, hi) ([units, hi - lo, D])."""
+        x = self.keys_of(t, self.lo, self.hi) if self.direct else None
+        return _debug_nan(x) if x is not None else _empty(self.units, self.hi - self.lo, t.shape[-1], like=t)
+
+    def finish(self, dq, dk, dv, bufs):
+        """Copy the GEMMs' buffers (rows_out(dq), keys_out(dk), keys_out(dv); None: not written here) into the
+        gradients, unless they are views of them."""
+        if self.direct:
+            return
+        nb, nh, g = self.b1 - self.b0, self.h1 - self.h0, self.g
+        if bufs[0] is not None:
+            dst = dq[self.b0:self.b1, self.m0:self.m1, self.h0 * g:self.h1 * g].unflatten(2, (nh, g))
+            dst.copy_(bufs[0].view(nb, nh, self.m1 - self.m0, g, -1).transpose(1, 2))
+        for t, buf in zip((dk, dv), bufs[1:]):
+            if buf is not None:
+                self.key_view(t, self.lo, self.hi).copy_(buf.view(nb, nh, self.hi - self.lo, -1))
 
     def key_view(self, t, a, b):
         """Key-side t's keys [a, b) of the units as [b1 - b0, h1 - h0, b - a, D] (a view, for writes)."""
@@ -133,16 +166,15 @@ def _scores(p, c, do, delta, ch, tail, launch):
 
 def _chunk_grads(p, c, do, delta, ch, grads, tail, launch):
     """Chunk ch's part of dq, dk, dv (grads = (dq, dk, dv, float32 dK / dV sums or None)): the score tiles, then
-    per GEMM piece dQ rows (against the keys they see) and dK / dV keys (against the rows that see them), into
-    stacked buffers written to the gradients once."""
+    per GEMM piece dQ rows (against the keys they see) and dK / dV keys (against the rows that see them)."""
     q, k = c.q, c.k
     dq, dk, dv, sums = grads
     left, right, g = tail[4], tail[5], ch.g
     off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
-    rows, cols, units = ch.m1 - ch.m0, ch.hi - ch.lo, ch.units
-    dq_st = _empty(units, rows * g, dq.shape[-1], like=q)
-    if cols == 0:  # rows that see no key
-        ch.write_rows(dq, ch.m0, ch.m1, dq_st.zero_())
+    dq_out = ch.rows_out(dq)
+    if ch.hi == ch.lo:  # rows that see no key
+        dq_out.zero_()
+        ch.finish(dq, dk, dv, (dq_out, None, None))
         return
     ws_p, ws_ds = _scores(p, c, do, delta, ch, tail, launch)
     qc, doc, kc = ch.rows_of(q, ch.m0, ch.m1), ch.rows_of(do, ch.m0, ch.m1), ch.keys_of(k, ch.lo, ch.hi)
@@ -151,12 +183,10 @@ def _chunk_grads(p, c, do, delta, ch, grads, tail, launch):
         lo, hi = (x - ch.lo for x in _key_span(a, e, p.seqlen_k, off, left, right))
         r = slice((a - ch.m0) * g, (e - ch.m0) * g)
         if hi > lo:
-            torch.bmm(ws_ds[:, r, lo:hi], kc[:, lo:hi], out=dq_st[:, r])
+            torch.bmm(ws_ds[:, r, lo:hi], kc[:, lo:hi], out=dq_out[:, r])
         else:
-            dq_st[:, r].zero_()
-    ch.write_rows(dq, ch.m0, ch.m1, dq_st)
-    dk_st, dv_st = (None, None) if sums is not None else (
-        _empty(units, cols, t.shape[-1], like=q) for t in (dk, dv))
+            dq_out[:, r].zero_()
+    dk_out, dv_out = (None, None) if sums is not None else (ch.keys_out(dk), ch.keys_out(dv))
     for a in range(ch.lo, ch.hi, ch.key_piece):  # dK, dV by keys
         e = min(a + ch.key_piece, ch.hi)
         lo, hi = _row_span(a, e, p.seqlen_q, off, left, right)
@@ -164,8 +194,8 @@ def _chunk_grads(p, c, do, delta, ch, grads, tail, launch):
         kr = slice(a - ch.lo, e - ch.lo)
         if hi <= lo:
             if sums is None:
-                dk_st[:, kr].zero_()
-                dv_st[:, kr].zero_()
+                dk_out[:, kr].zero_()
+                dv_out[:, kr].zero_()
             continue
         r = slice(lo * g, hi * g)
         ds_t, p_t = ws_ds[:, r, kr].transpose(1, 2), ws_p[:, r, kr].transpose(1, 2)
@@ -173,12 +203,9 @@ def _chunk_grads(p, c, do, delta, ch, grads, tail, launch):
             sums[0][:, a:e] += _bmm_acc(ds_t, qc[:, r])
             sums[1][:, a:e] += _bmm_acc(p_t, doc[:, r])
         else:
-            torch.bmm(ds_t, qc[:, r], out=dk_st[:, kr])
-            torch.bmm(p_t, doc[:, r], out=dv_st[:, kr])
-    if sums is None:
-        nb, nh = ch.b1 - ch.b0, ch.h1 - ch.h0
-        ch.key_view(dk, ch.lo, ch.hi).copy_(dk_st.view(nb, nh, cols, -1))
-        ch.key_view(dv, ch.lo, ch.hi).copy_(dv_st.view(nb, nh, cols, -1))
+            torch.bmm(ds_t, qc[:, r], out=dk_out[:, kr])
+            torch.bmm(p_t, doc[:, r], out=dv_out[:, kr])
+    ch.finish(dq, dk, dv, (dq_out, dk_out, dv_out))
 
 
 def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
