@@ -35,6 +35,9 @@ FIGURES = (
     ("bwd", "geomean_vs_fa2", "backward: geomean vs FlashAttention-2", X),
     ("bwd", "flex_geomean_vs_torch_flex", "flex backward (six mods, B=4 H=16 N=8K D=128): geomean vs torch flex",
      X),
+    ("bwd", "d256_min_vs_cudnn", "backward D=256 (B=4 H=32, N 4K/8K, causal and not): slowest row vs cuDNN", X),
+    ("bwd", "large_d_min_vs_best_torch", "backward D 320/512 (B=1 H=16, N 4K/8K): slowest row vs the fastest "
+     "torch SDPA backend that runs it (math)", X),
     ("flex", "geomean_vs_torch_flex", "flex forward (six mods, B=4 H=16 N=8K D=128 bf16): geomean vs torch's "
      "compiled flex_attention", X),
     ("flex", "fp8_vs_bf16_geomean", "flex forward, fp8 e4m3 vs bf16 (geomean)", X),
