@@ -1,4 +1,6 @@
-"""Triton kernels of dense attention backward for large head dims (D or Dv above 256, up to 512).
+"""Triton kernels of dense attention backward for large head dims: the split backward's score kernel
+(bwd_scores_kernel, at the end; launch_bwd_large_d.py) and the fused slice kernels that serve varlen problems
+with D or Dv above 256, up to 512 (described here).
 
 kernels_bwd.py's algorithm and schedule (FlashAttention-2's, deterministic, no atomics) with the head dim cut
 as the large-D forward cuts it (kernels_large_d.py), so that no tile grows with the head dim:

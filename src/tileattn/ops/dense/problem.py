@@ -183,7 +183,7 @@ def alloc_lse(q, varlen, return_lse):
 # ---------------------------------------------------------------------------------------------------------
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16) + FP8_DTYPES
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 1024
-MAX_GRAD_HEAD_DIM = 512  # bwd.py: whole head-dim rows up to 256, kernels_bwd_large_d.py's chunks and slices above
+MAX_GRAD_HEAD_DIM = 512  # bwd.py's paths (the split backward and the varlen slice kernels) stop here
 MAX_FP8_HEAD_DIM = 256  # fp8 kernels: the dense kernel's head dims (the large-D kernels take 16-bit inputs)
 
 
