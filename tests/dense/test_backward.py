@@ -91,9 +91,10 @@ def test_attention_backward(case, device):
     check_grads(lambda q, k, v: tileattn.attention(q, k, v, **opts), ref, q, k, v)
 
 
-def test_backward_through_lse(device):
-    """The returned lse takes part in the loss: its gradient flows to q and k."""
-    q, k, v = (leaf(1, 40, 2, 32, dtype=DT, device=device) for _ in range(3))
+@pytest.mark.parametrize("D", [32, 264], ids=["whole-row", "split"])
+def test_backward_through_lse(D, device):
+    """The returned lse takes part in the loss: its gradient flows to q and k (the split backward's too)."""
+    q, k, v = (leaf(1, 40, 2, D, dtype=DT, device=device) for _ in range(3))
 
     def ref(q, k, v, dtype):
         return attention_ref(q, k, v, causal=True, dtype=dtype)
