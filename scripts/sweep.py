@@ -18,7 +18,7 @@ timed; a config that fails the check, does not compile or is refused is reported
             last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
     bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math] [--whole]
-            [--pieces 4] [--bh 1,16]:
+            [--pieces 4] [--bh 1,16] [--workspace-mib 1024]:
             the split large-D backward per score-tile candidate (SCORE_TILES), gradients checked, against SDPA's
             backward, B=1, H=16: "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."
     large-d [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J] [--budget-s 500]
@@ -373,6 +373,7 @@ def bwd_large_d(a):
     from tileattn.ops.dense import bwd as dense_bwd
     from tileattn.ops.dense import launch_bwd_large_d as split
     table, split_above, pieces = split.SCORE_TILES, dense_bwd.SPLIT_ABOVE_HEAD_DIM, split.PIECES_MASKED
+    workspace = split.WORKSPACE_BYTES
     B, H = a.bh
     for D, causal, N in itertools.product(a.dims, (bool(x) for x in a.causal), a.seqlens):
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
@@ -387,9 +388,9 @@ def bwd_large_d(a):
                 line.append(f"{p}: {err(e, 50)}")
             o = None
         cfgs = SCORE_TILES if a.tiles is None else [SCORE_TILES[i] for i in a.tiles]
-        for cfg, n in itertools.product(cfgs, a.pieces if causal else a.pieces[:1]):
-            split.SCORE_TILES, split.PIECES_MASKED = cfg, n
-            name = f"{list(cfg)}" + (f" pieces={n}" if causal else "")
+        for cfg, n, ws in itertools.product(cfgs, a.pieces if causal else a.pieces[:1], a.workspace_mib):
+            split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES = cfg, n, ws << 20
+            name = f"{list(cfg)}" + (f" pieces={n}" if causal else "") + (f" ws={ws}M" if ws != 1024 else "")
             try:
                 out = tileattn.attention(q, k, v, causal=causal)
                 ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
@@ -398,7 +399,7 @@ def bwd_large_d(a):
                 line.append(f"{name}: {err(e, 60)}")
             out = None
             torch.cuda.empty_cache()
-        split.SCORE_TILES, split.PIECES_MASKED = table, pieces
+        split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES = table, pieces, workspace
         if a.whole and D <= dense_bwd.MAX_WHOLE_HEAD_DIM:  # the whole-row Triton kernels instead of the split one
             dense_bwd.SPLIT_ABOVE_HEAD_DIM = dense_bwd.MAX_WHOLE_HEAD_DIM
             dense_bwd.clear_plans()
@@ -615,6 +616,7 @@ def main():
     p.add_argument("--whole", action="store_true", help="also the whole-row Triton kernels (D <= 256)")
     p.add_argument("--pieces", type=ints, default="4", help="PIECES_MASKED values (causal rows)")
     p.add_argument("--bh", type=ints, default="1,16", help="batch, heads")
+    p.add_argument("--workspace-mib", type=ints, default="1024", help="WORKSPACE_BYTES values, MiB")
     p.set_defaults(func=bwd_large_d)
     p = sub.add_parser("large-d", help="large-D Triton kernel configs against SDPA EFFICIENT")
     p.add_argument("--dims", type=ints, default="320,512,1024")
