@@ -372,13 +372,23 @@ def bwd_large_d(a):
     from tileattn.bench.dense import sdpa
     from tileattn.ops.dense import bwd as dense_bwd
     from tileattn.ops.dense import launch_bwd_large_d as split
-    table, split_above, pieces = split.SCORE_TILES, dense_bwd.SPLIT_ABOVE_HEAD_DIM, split.PIECES_MASKED
-    workspace = split.WORKSPACE_BYTES
+    table = (split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES, dense_bwd.SPLIT_ABOVE_HEAD_DIM)
     B, H = a.bh
     for D, causal, N in itertools.product(a.dims, (bool(x) for x in a.causal), a.seqlens):
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
         dout = torch.randn_like(q)
         line = []
+
+        def timed(name):
+            """tileattn's backward under the module settings made by the caller, checked, then timed."""
+            dense_bwd.clear_plans()
+            try:
+                out = tileattn.attention(q, k, v, causal=causal)
+                ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
+                line.append(f"{name}: {ms:.2f}" if ms else f"{name}: WRONG")
+            except Exception as e:  # noqa: BLE001
+                line.append(f"{name}: {err(e, 60)}")
+            torch.cuda.empty_cache()
         for p in (x for x in a.peers.split(",") if x):
             qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
             try:
@@ -390,28 +400,12 @@ def bwd_large_d(a):
         cfgs = SCORE_TILES if a.tiles is None else [SCORE_TILES[i] for i in a.tiles]
         for cfg, n, ws in itertools.product(cfgs, a.pieces if causal else a.pieces[:1], a.workspace_mib):
             split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES = cfg, n, ws << 20
-            name = f"{list(cfg)}" + (f" pieces={n}" if causal else "") + (f" ws={ws}M" if ws != 1024 else "")
-            try:
-                out = tileattn.attention(q, k, v, causal=causal)
-                ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
-                line.append(f"{name}: {ms:.2f}" if ms else f"{name}: WRONG")
-            except Exception as e:  # noqa: BLE001
-                line.append(f"{name}: {err(e, 60)}")
-            out = None
-            torch.cuda.empty_cache()
-        split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES = table, pieces, workspace
+            timed(f"{list(cfg)}" + (f" pieces={n}" if causal else "") + (f" ws={ws}M" if ws != 1024 else ""))
+        split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES = table[:3]
         if a.whole and D <= dense_bwd.MAX_WHOLE_HEAD_DIM:  # the whole-row Triton kernels instead of the split one
             dense_bwd.SPLIT_ABOVE_HEAD_DIM = dense_bwd.MAX_WHOLE_HEAD_DIM
-            dense_bwd.clear_plans()
-            try:
-                out = tileattn.attention(q, k, v, causal=causal)
-                ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
-                line.append(f"whole-row: {ms:.2f}" if ms else "whole-row: WRONG")
-            except Exception as e:  # noqa: BLE001
-                line.append(f"whole-row: {err(e, 60)}")
-            out = None
-            dense_bwd.SPLIT_ABOVE_HEAD_DIM = split_above
-            dense_bwd.clear_plans()
+            timed("whole-row")
+            dense_bwd.SPLIT_ABOVE_HEAD_DIM = table[3]
         print(f"BWDL D={D} causal={causal} N={N} ms: " + " | ".join(line), flush=True)
         q = k = v = dout = None
         torch.cuda.empty_cache()

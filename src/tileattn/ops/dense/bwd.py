@@ -57,14 +57,15 @@ DIRECT = Launches()  # attn_bwd's default: every launch through launch_cached, n
 
 
 # Batched problems with a head dim above this take the split backward (launch_bwd_large_d.py: score tiles,
-# then cuBLAS GEMMs). NOT yet measured between 128 and 256; at D=256 the whole-row kernels ran 107-114 TFLOPS
-# against cuDNN's 322-368 (`tileattn bench bwd` at e663607) and the split backward 374-422 at D=320/512.
+# then cuBLAS GEMMs). H100, B=1 H=16 N=4K fp16 (`sweep.py bwd-large-d --whole` at 3709d62), split / whole-row
+# Triton kernels, ms, non-causal and causal: D=192 1.72 / 6.11 and 1.86 / 3.35, D=256 1.92 / 6.36 and 2.09 /
+# 3.49. Not measured below 192.
 SPLIT_ABOVE_HEAD_DIM = 128
-# Varlen problems with a head dim above this take kernels_bwd_large_d.py (chunks of the head dim for the
-# products, one slice of the gradients' head dim per program); kernels_bwd.py holds whole rows of every operand.
+# Varlen problems with a head dim above this take kernels_bwd_large_d.py's fused slice kernels (chunks of the head
+# dim for the products, one slice of the gradients' head dim per program); kernels_bwd.py holds whole rows of
+# every operand.
 MAX_WHOLE_HEAD_DIM = 256
-# Varlen problems take kernels_bwd_large_d.py's fused kernels (batched ones the split backward,
-# launch_bwd_large_d.py). Their tiles: (BLOCK_M, BLOCK_N, BLOCK_K: head-dim columns per product step, BLOCK_S:
+# The slice kernels' tiles: (BLOCK_M, BLOCK_N, BLOCK_K: head-dim columns per product step, BLOCK_S:
 # gradient columns per program, num_warps, num_stages). Chosen on the H100 (`sweep.py bwd-large-d` at 42a7de6's
 # parent, batched B=1 H=16 N=4K fp16, ms; then the only large-D path): D=512 26 / 9.5 (non-causal / causal) against
 # 35 / 18 for (64, 64, 64, 128, 8, 1) and 30 / 14 for (128, 64, 64, 128, 8, 1); D=320 13.8 / 6.4 against the best
