@@ -23,6 +23,7 @@ Triton compiles through its bundled ptxas; a stand-in driver reports an H100 (sm
 Triton launch is replaced by a compile, and the host code runs on CPU tensors as it would on the GPU.
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -159,11 +160,14 @@ def flex(dt, D, which, gluon=True):
         flex_bwd(p, c, torch.randn_like(q), None)
 
 
-def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False):
+def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False):
     import tileattn
+    from tileattn.ops.mla.configs import MLASm90Config
     B, P, DC, DR = 4, 64, 512, 64
-    plan = tileattn.MLADecodePlan(torch.full((B,), 1000, dtype=torch.int32), num_heads=hq, q_len=sq, page_size=P,
-                                  dtype=dt, cache_dtype=torch.float8_e4m3fn if fp8_cache else None)
+    with tileattn.force_backend(config=MLASm90Config(32, 4, qk_shard=True)) if qk_shard else contextlib.nullcontext():
+        plan = tileattn.MLADecodePlan(torch.full((B,), 1000, dtype=torch.int32), num_heads=hq, q_len=sq,
+                                      page_size=P,
+                                      dtype=dt, cache_dtype=torch.float8_e4m3fn if fp8_cache else None)
     cdt = torch.float8_e4m3fn if fp8_cache else dt
     plan.run(_rand(B, sq, hq, DC, dtype=dt), _rand(B, sq, hq, DR, dtype=dt), _rand(64, P, DC, dtype=cdt),
              _rand(64, P, DR, dtype=cdt), torch.zeros(B, 16, dtype=torch.int32), return_lse=True)
@@ -232,6 +236,7 @@ def variants():
         out[f"flextriton-bf16-D128-{which}"] = lambda w=which: flex(f16, 128, w, gluon=False)
     out["flexsm90-e4m3-D64-causal"] = lambda: flex(e4, 64, "causal")
     out["mla-sm90-hq64"] = lambda: mla()
+    out["mla-sm90-shard-hq128"] = lambda: mla(hq=128, qk_shard=True)
     out["mla-triton-hq16"] = lambda: mla(hq=16)
     out["mla-triton-hq64-fp8"] = lambda: mla(fp8_cache=True)
     return out
@@ -295,6 +300,7 @@ def main():
     p.add_argument("--lse", action="store_true")
     p.add_argument("--large-d", action="store_true", help="the large-D Gluon kernel")
     p.add_argument("--mla", action="store_true", help="the MLA decode Gluon split kernel")
+    p.add_argument("--shard", action="store_true", help="with --mla: the QK_SHARD kernel")
     p.add_argument("--bwd", default=None, metavar="M,N,WARPS,STAGES",
                    help="the dense backward's dK/dV kernel with these tiles")
     p.add_argument("--bwd-sm90", action="store_true", help="the dense backward's Hopper (Gluon) kernel")
@@ -328,8 +334,8 @@ def main():
             backward(DT[a.dtype], a.d, a.causal)
         name = "bwd_dkdv_kernel"
     elif a.mla:
-        mla(DT[a.dtype] if a.dtype in ("fp16", "bf16") else torch.bfloat16, a.hq, a.sq)
-        name = "mla_split_sm90_kernel"
+        mla(DT[a.dtype] if a.dtype in ("fp16", "bf16") else torch.bfloat16, a.hq, a.sq, qk_shard=a.shard)
+        name = "mla_split_sm90_shard_kernel" if a.shard else "mla_split_sm90_kernel"
     elif a.large_d:
         dense(DT[a.dtype], a.d, a.dv or a.d, backend="dense.large_d_sm90", H=2, causal=a.causal, return_lse=a.lse)
         name = "attn_fwd_large_d_sm90_kernel"

@@ -82,8 +82,9 @@ for s in $steps; do
       summary+=("fp8-tests rc=$rc: $(tail -n 1 "$OUT/fp8_tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/fp8_tests.log" | head -10 ;;
     mla-tests)
-      timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/mla > "$OUT/mla_tests.log" 2>&1; rc=$?
-      summary+=("mla-tests rc=$rc: $(tail -n 1 "$OUT/mla_tests.log")") ;;
+      timeout ${MLA_TESTS_TIMEOUT:-300} python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/mla ${MLA_TESTS_ARGS:-} > "$OUT/mla_tests.log" 2>&1; rc=$?
+      summary+=("mla-tests rc=$rc: $(tail -n 1 "$OUT/mla_tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/mla_tests.log" | head -20 ;;
     decode-tests)
       timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/decode > "$OUT/decode_tests.log" 2>&1; rc=$?
       summary+=("decode-tests rc=$rc: $(tail -n 1 "$OUT/decode_tests.log")")
@@ -102,9 +103,10 @@ for s in $steps; do
         summary+=("ab-large-d $tree: $(grep '^summary' "$OUT/ab.log" | grep -o 'vs_[a-z]*_H48_D256_[a-z]*=[0-9.]*' | tr '\n' ' ')")
       done ;;
     bench-mla)
-      timeout 400 python3 -m tileattn bench mla --out "$OUT/mla.json" > "$OUT/bench_mla.log" 2>&1; rc=$?
+      # MLA_ARGS: e.g. "--groups hq128,qk_shard"; MLA_TIMEOUT: the step's limit in seconds
+      timeout ${MLA_TIMEOUT:-540} python3 -m tileattn bench mla --out "$OUT/mla.json" ${MLA_ARGS:-} > "$OUT/bench_mla.log" 2>&1; rc=$?
       summary+=("bench-mla rc=$rc: $(grep '^summary' "$OUT/bench_mla.log")")
-      cat "$OUT/bench_mla.log" | head -40 ;;
+      grep -v "^summary" "$OUT/bench_mla.log" | head -120 ;;
     flex-tests)
       timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/flex > "$OUT/flex_tests.log" 2>&1; rc=$?
       summary+=("flex-tests rc=$rc: $(tail -n 1 "$OUT/flex_tests.log")")

@@ -5,7 +5,7 @@
     tileattn bench demo
     tileattn bench [dense] [--dtype fp16|bf16] [--long] [--providers ...] [--head-dims ...] [--seqlens ...]
     tileattn bench fp8 [--fp8-dtypes e4m3,e5m2] [--head-dims 64,128] [--seqlens ...]
-    tileattn bench mla [--dtype bf16|fp16]
+    tileattn bench mla [--dtype bf16|fp16] [--groups seed,page1,long,hq128,b128,fp8,qk_shard]
     tileattn bench flex
     tileattn bench bwd [--dtype fp16|bf16] [--seqlens ...]
     tileattn bench large-d [--dtype fp16|bf16] [--head-dims 256,320,...]
@@ -31,7 +31,7 @@ SUITE_OPTIONS = {
     "demo": set(),
     "dense": {"dtype", "long", "providers", "head_dims", "seqlens"},
     "fp8": {"fp8_dtypes", "head_dims", "seqlens"},
-    "mla": {"dtype"},
+    "mla": {"dtype", "groups"},
     "flex": set(),
     "bwd": {"dtype", "seqlens"},
     "large-d": {"dtype", "head_dims"},
@@ -40,7 +40,7 @@ SUITE_OPTIONS = {
 }
 OPTION_FLAGS = {"dtype": "--dtype", "long": "--long", "providers": "--providers", "head_dims": "--head-dims",
                 "seqlens": "--seqlens", "fp8_dtypes": "--fp8-dtypes", "quick": "--quick",
-                "simulate": "--simulate"}
+                "simulate": "--simulate", "groups": "--groups"}
 
 
 def _int_list(text):
@@ -83,6 +83,9 @@ def _parser():
                    help="dense, fp8 (default 64,128), large-d (default 256,...,1024)")
     b.add_argument("--seqlens", default=None, type=_int_list, help="dense, fp8, bwd: comma-separated N values; cp: "
                    "tokens per GPU (S_local)")
+    b.add_argument("--groups", default=None,
+                   type=_name_list(("seed", "page1", "long", "hq128", "b128", "fp8", "qk_shard")),
+                   help="mla: comma-separated subset of seed,page1,long,hq128,b128,fp8,qk_shard (default: all)")
     b.add_argument("--quick", action="store_true", help="decode: batch 1 and 32, kv 4K and 32K only")
     b.add_argument("--simulate", action="store_true", help="cp: predict the ring's scaling on this one GPU (step "
                    "compute against a device-to-device copy of each block) instead of running it on several")
@@ -119,7 +122,7 @@ def _run_suite(args, out, plot):
         return flex.run(out_json=out, plot=plot)
     if args.suite == "mla":
         from .bench import mla
-        return mla.run(dtype=args.dtype or "bf16", out_json=out, plot=plot)
+        return mla.run(dtype=args.dtype or "bf16", out_json=out, plot=plot, groups=args.groups or mla.GROUPS)
     if args.suite == "decode":
         from .bench import decode
         return decode.run(out_json=out, quick=args.quick, plot=plot)

@@ -11,6 +11,7 @@ import torch
 
 import tileattn
 from tileattn import hw
+from tileattn.ops.mla.configs import MLASm90Config
 from tileattn.ops.mla.reference import mla_decode_ref
 
 from tests.helpers import assert_close, paged_caches, randn
@@ -23,16 +24,19 @@ def make_cache(lens, page_size, dc, dr, dtype, device, spare_pages=3):
 
 
 def run_case(lens, page_size, hq, sq, dc, dr, dtype, device, causal=True, scale=None, plan_form=False,
-             portable=False, cache_dtype=None, kv_scale=1.0, programs=None):
+             portable=False, cache_dtype=None, kv_scale=1.0, programs=None, config=None):
     """Checks one problem; returns the plan when plan_form (portable: the plan gets the portable kernel's
-    config, so the Hopper kernel is not used). cache_dtype: an fp8 cache (the values quantized, NaN kept)."""
+    config, so the Hopper kernel is not used; config: this config forced on the plan). cache_dtype: an fp8
+    cache (the values quantized, NaN kept)."""
     ckv, kpe, table, seqlens = make_cache(lens, page_size, dc, dr, dtype, device)
     if cache_dtype is not None:
         ckv, kpe = ckv.to(cache_dtype), kpe.to(cache_dtype)
     qn = randn(len(lens), sq, hq, dc, dtype=dtype, device=device)
     qp = randn(len(lens), sq, hq, dr, dtype=dtype, device=device)
     if plan_form:
-        with tileattn.force_backend("mla.triton") if portable else contextlib.nullcontext():
+        force = tileattn.force_backend("mla.triton") if portable else \
+            tileattn.force_backend(config=config) if config is not None else contextlib.nullcontext()
+        with force:
             plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, head_dim_ckv=dc, head_dim_kpe=dr,
                                           page_size=page_size, dtype=dtype, causal=causal, scale=scale,
                                           cache_dtype=cache_dtype)
@@ -177,6 +181,34 @@ def test_gpu_mla_sm90(page_size, hq, sq, causal, device):
         plan = run_case([1, 63, 64, 65, 0, 129, 5000, 191], page_size, hq, sq, 512, 64, torch.bfloat16, device,
                         causal=causal, plan_form=True, portable=force_portable, kv_scale=0.75)
         assert (plan.sm90 is not None) == (_sm90(device) and not force_portable), plan
+
+
+SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [32, 64, 128])
+@pytest.mark.parametrize("hq,sq", [(128, 1), (64, 1), (32, 2), (20, 3), (128, 2)])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_mla_sm90_qk_shard(page_size, hq, sq, causal, device):
+    """The QK_SHARD kernel (warpgroups alternating the steps' scores): tiles of one step (warpgroup 1 owns
+    none), of odd and even step counts, lengths around the 32-token step, an empty sequence, split items."""
+    if not _sm90(device):
+        pytest.skip("no Hopper kernel on this GPU")
+    plan = run_case([1, 31, 32, 33, 63, 64, 65, 0, 96, 129, 5000, 191], page_size, hq, sq, 512, 64,
+                    torch.bfloat16, device, causal=causal, plan_form=True, kv_scale=0.75, config=SHARD)
+    assert plan.sm90 == SHARD, plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [1, 2, 3])
+def test_gpu_mla_sm90_qk_shard_few_ctas(programs, device):
+    """Few CTAs walking every tile with the QK_SHARD kernel: the barriers' phases carry across tiles of odd and
+    even step counts (two CTAs: each sees every other tile)."""
+    if not _sm90(device):
+        pytest.skip("no Hopper kernel on this GPU")
+    run_case([1, 32, 64, 96, 128, 160, 0, 3000, 33, 4097, 65, 31], 64, 128, 1, 512, 64, torch.bfloat16, device,
+             plan_form=True, programs=programs, config=SHARD)
 
 
 @pytest.mark.gpu

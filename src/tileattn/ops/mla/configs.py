@@ -61,6 +61,9 @@ class MLASm90Config:
     block_n: int  # cache tokens per step (a page holds whole steps)
     stages: int  # steps in flight (shared-memory ring)
     consumer_regs: int = 240  # registers per thread of the second consumer warpgroup (setmaxnreg)
+    # QK_SHARD: the warpgroups take turns computing a step's scores and share P through shared memory
+    # (gluon_sm90_shard.py; no score computed twice); off: both compute every step's scores
+    qk_shard: bool = False
 
 
 # Best first; the first that fits the page size and the shared-memory budget is used. Shared memory at
@@ -79,7 +82,11 @@ MIN_ROWS = 17
 
 
 def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int:
-    """The Q slot, `stages` cache steps, 1 KB for barriers and alignment."""
+    """The Q slot, `stages` cache steps, 1 KB for barriers and alignment; with qk_shard the Q slot holds only
+    the nope part (the rope part lives in registers) and two P tiles and the row statistics are added."""
+    if cfg.qk_shard:
+        return (BLOCK_M * dc + cfg.stages * cfg.block_n * (dc + dr) + 2 * BLOCK_M * cfg.block_n) * elem_bytes \
+            + 2048
     return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + 1024
 
 

@@ -80,7 +80,8 @@ def _page_of(bt_row, n0, num_pages, PAGE: gl.constexpr):
 @gluon.jit
 def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
             kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks,
-            PAGE: gl.constexpr, STAGES: gl.constexpr):
+            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True):
+    """QP_SMEM: the Q slot holds the rope part too (else only the nope halves: qp_desc and qp_buf unused)."""
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     DH: gl.constexpr = ckv_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
@@ -97,11 +98,13 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, 0, first, start, bt_row,
                         num_pages, PAGE, STAGES)
             mbarrier.wait(q_empty.index(0), (j & 1) ^ 1)
-            mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
+            if QP_SMEM:
+                mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
+                tma_load(qp_desc, [b, i_r * BLOCK_M, 0], q_ready.index(0), qp_buf.index(0))
+            else:
+                mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes)
             for h in gl.static_range(2):
-                tma_load(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0),
-                                                qn_bufs.index(h))
-            tma_load(qp_desc, [b, i_r * BLOCK_M, 0], q_ready.index(0), qp_buf.index(0))
+                tma_load(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0), qn_bufs.index(h))
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, first, n_blocks, start, bt_row,
                         num_pages, PAGE, STAGES)
             j += 1
@@ -144,10 +147,13 @@ def _zero_tail(v_smem, n0, seqlen):
     this warpgroup's wgmma to read next."""
     BLOCK_N: gl.constexpr = v_smem.shape[0]
     DH: gl.constexpr = v_smem.shape[1]
+    CHUNK: gl.constexpr = 32 if BLOCK_N > 32 else BLOCK_N  # rows per pass (bounds the registers it takes)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-    x = v_smem.load(layout)
-    v_smem.store(gl.where((rows < seqlen)[:, None], x, gl.zeros([BLOCK_N, DH], x.dtype, layout)))
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        part = v_smem.slice(c * CHUNK, CHUNK, dim=0)
+        rows = n0 + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+        x = part.load(layout)
+        part.store(gl.where((rows < seqlen)[:, None], x, gl.zeros([CHUNK, DH], x.dtype, layout)))
     fence_async_shared()
     thread_barrier()
 

@@ -53,18 +53,33 @@ class Sm90Backend(Backend):
         return True, ""
 
     def config(self, plan):
-        """The first config that fits the plan's page size and the shared-memory budget, or None."""
+        """The first config that fits the plan's page size and the shared-memory budget, or None (a qk_shard
+        config also needs >= 3 stages of >= 32 tokens and Dr <= 64: the rope part of Q is held in registers)."""
         budget = hw.device_info(plan.device).smem_per_block
         return next((cfg for cfg in sm90_configs() if plan.page_size % cfg.block_n == 0
-                     and smem_bytes(cfg, plan.dc, plan.dr) <= budget), None)
+                     and smem_bytes(cfg, plan.dc, plan.dr) <= budget
+                     and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))), None)
 
     def launch(self, plan, r):
         """Run the split kernel of plan's schedule on run r (plan.MLARun); returns the compiled kernel."""
-        from .gluon_sm90 import mla_split_sm90_kernel
         cfg = plan.sm90
         dh = plan.dc // 2
         num_tiles = plan.row_blocks * plan.capacity
         grid = (min(num_tiles, plan.programs or hw.device_info(r.q_nope.device).num_sms),)
+        if cfg.qk_shard:
+            from .gluon_sm90_shard import mla_split_sm90_shard_kernel
+            qp = _rows_view(r.q_pe)
+            return mla_split_sm90_shard_kernel[grid](
+                gluon_desc(_rows_view(r.q_nope), [1, BLOCK_M, dh]), gluon_desc(r.ckv_cache, [1, cfg.block_n, dh]),
+                gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr]), qp,
+                r.block_table, plan.seqlens, plan.work, r.out, r.lse, plan.o_part, plan.lse_part, r.kv_scale,
+                qp.stride(0), qp.stride(1), r.block_table.stride(0), *r.out.stride()[:3], r.lse.stride(0),
+                r.lse.stride(1), plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks,
+                plan.scale * LOG2E,
+                PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
+                RETURN_LSE=r.return_lse, num_warps=4,
+            )
+        from .gluon_sm90 import mla_split_sm90_kernel
         return mla_split_sm90_kernel[grid](
             gluon_desc(_rows_view(r.q_nope), [1, BLOCK_M, dh]), gluon_desc(_rows_view(r.q_pe), [1, BLOCK_M, plan.dr]),
             gluon_desc(r.ckv_cache, [1, cfg.block_n, dh]), gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr]),

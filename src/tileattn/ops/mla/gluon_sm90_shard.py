@@ -1,0 +1,311 @@
+"""Hopper (sm90) MLA decode split kernel with QK_SHARD: the two consumer warpgroups take turns computing a cache
+step's scores and share the probabilities through shared memory.
+
+Work items, tiles, the persistent grid, the loader and the masking model are those of gluon_sm90.py (read its
+docstring first). What differs is who computes the scores. There, both warpgroups compute every step's
+S = Q K^T, so the 576-deep product is done twice: 1.5x the FLOPs of 2 * rows * tokens * (576 + 512), which
+makes the kernel compute-bound from 64 query rows up. Here (FlashMLA's alternation of KV blocks; FlashInfer
+calls the switch QK_SHARD):
+  - step i of a tile (BLOCK_N = 64 tokens) is owned by warpgroup i % 2. The owner computes S_i, the running
+    max m_i = max(m_{i-1}, rowmax S_i), P_i = exp2(scale * (S_i - m_i)) and its row sums, and publishes m_i,
+    the row sums and P_i (16-bit) in shared memory (`p_ready[owner]`).
+  - both warpgroups add P_i V_i for their own DC / 2 output columns: the owner with P from registers, the other
+    with P from shared memory. The other takes m_i and the row sums from shared memory too, so both keep
+    bit-identical m and l (out = acc / l needs no exchange at the end). It arrives on `p_free[owner]` once its
+    product has read P_i; the owner waits for that before it writes P_{i+2}.
+  - a warpgroup's turn: issue the scores of its own step i; meanwhile rescale its output and issue P_{i-1} V_{i-1}
+    of the other's step; then the softmax of S_i (under that product), publish, and issue P_i V_i. The two
+    warpgroups run half a step apart, so one's softmax overlaps the other's wgmma.
+Every step applies the mask (a select on 64 x 64 scores per warpgroup: cheap next to the 576-deep product).
+The rope part of Q (64 x DR) lives in registers, the A operand of the scores' last wgmma: the shared memory it
+frees holds the two P tiles (at DC = 512, DR = 64: Q 64 KB + two 72 KB steps + 16 KB of P, within 227 KB).
+
+Barrier phases: `c0` / `c1` count the steps warpgroup 0 / 1 owned in earlier tiles (ceil(n / 2) / floor(n / 2)
+of a tile of n steps); the j-th step a warpgroup owns completes phase j of its p_ready and, once consumed, of
+its p_free. An owner waits for p_free before it publishes, so neither barrier can run two phases ahead of its
+waiter.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..common.gluon_compat import thread_barrier
+from .gluon_sm90 import LN2, _buf, _loader, _work_item, _zero_tail
+
+
+@gluon.jit
+def _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, zero):
+    """S = Q K^T of ring buffer s, issued asynchronously: the two nope halves from shared memory, then the rope
+    part with Q's from registers (qp_op); zero: a float32 tile in the scores' layout (not accumulated into)."""
+    qk = warpgroup_mma(_buf(qn_bufs, 0), _buf(c_bufs, 2 * s).permute((1, 0)), zero, use_acc=False, is_async=True)
+    qk = warpgroup_mma(_buf(qn_bufs, 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
+    return warpgroup_mma(qp_op, _buf(p_bufs, s).permute((1, 0)), qk, is_async=True)
+
+
+@gluon.jit
+def _publish(qk, m_i, l_i, n0, limit, sm_scale, x_buf, m_buf, r_buf, p_free, free_phase, p_ready,
+             s_layout: gl.constexpr):
+    """The owner's online-softmax step on its scores (tokens >= limit masked): (P 16-bit, alpha, m, l). P, m and
+    the row sums go to shared memory for the other warpgroup once it has freed the P buffer."""
+    BLOCK_N: gl.constexpr = x_buf.shape[1]
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    qk = gl.where((n0 + o_n)[None, :] < limit[:, None], qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+    p = gl.exp2(qk * sm_scale - shift[:, None])
+    alpha = gl.exp2(m_i * sm_scale - shift)
+    rs = gl.sum(p, 1)
+    p16 = p.to(x_buf.dtype)
+    mbarrier.wait(p_free, free_phase)
+    x_buf.store(p16)
+    m_buf.store(m_new)
+    r_buf.store(rs)
+    fence_async_shared()  # P is read by the other warpgroup's wgmma
+    thread_barrier()  # every thread's stores before the (single-thread) arrive
+    mbarrier.arrive(p_ready)
+    return p16, alpha, m_new, l_i * alpha + rs
+
+
+@gluon.jit
+def _gather(m_i, l_i, m_buf, r_buf, p_ready, ready_phase, sm_scale, row_layout: gl.constexpr):
+    """The other warpgroup's step as seen by this one: waits for its P, takes its m and row sums; (alpha, m, l),
+    computed exactly as the owner computed them."""
+    mbarrier.wait(p_ready, ready_phase)
+    m_new = m_buf.load(row_layout)
+    rs = r_buf.load(row_layout)
+    shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+    alpha = gl.exp2(m_i * sm_scale - shift)
+    return alpha, m_new, l_i * alpha + rs
+
+
+@gluon.jit
+def _other_pv(acc, alpha, x_buf, v_smem, n0, seqlen, o_row: gl.constexpr):
+    """Rescale acc (no product of it in flight) and issue acc += P V of the other warpgroup's step starting at
+    token n0, P from shared memory; V rows past the sequence zeroed first."""
+    if n0 + v_smem.shape[0] > seqlen:
+        _zero_tail(v_smem, n0, seqlen)
+    acc = acc * gl.convert_layout(alpha, o_row)[:, None]
+    return warpgroup_mma(x_buf, v_smem, acc, is_async=True)
+
+
+@gluon.jit
+def _own_pv(acc, alpha, p16, v_smem, n0, seqlen, o_row: gl.constexpr, p_layout: gl.constexpr):
+    """Rescale acc (no product of it in flight) and issue acc += P V of this warpgroup's step starting at token
+    n0, P from registers; V rows past the sequence zeroed first."""
+    if n0 + v_smem.shape[0] > seqlen:
+        _zero_tail(v_smem, n0, seqlen)
+    acc = acc * gl.convert_layout(alpha, o_row)[:, None]
+    return warpgroup_mma(gl.convert_layout(p16, p_layout), v_smem, acc, is_async=True)
+
+
+@gluon.jit
+def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
+              p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
+              stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
+              WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+    BLOCK_M: gl.constexpr = qn_bufs.shape[2]
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    DH: gl.constexpr = c_bufs.shape[3]
+    DR: gl.constexpr = p_bufs.shape[3]
+    OTHER: gl.constexpr = 1 - WG
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DH, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    rows = q_len * num_heads
+    kv_scale = gl.load(KVS)
+    sm_scale = sm_scale * kv_scale
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    kv = 0  # cache steps consumed so far (the loader's count): ring slot and phase
+    j = 0  # tiles done so far: phase of the Q slot
+    c0 = 0  # steps owned by warpgroup 0 / 1 in earlier tiles: phases of p_ready and p_free
+    c1 = 0
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        b, i_r, start, end, out_slot = _work_item(r, row_blocks, num_tiles, WORK)
+        if b >= 0:
+            seqlen = gl.load(SEQLENS + b)
+            n_blocks = gl.cdiv(end - start, BLOCK_N)
+            r0 = i_r * BLOCK_M
+            o_m = r0 + gl.arange(0, BLOCK_M, layout=s_row)
+            if CAUSAL:  # tokens < limit are visible to the row
+                limit = gl.minimum(seqlen - q_len + o_m // num_heads + 1, end)
+            else:
+                limit = gl.zeros([BLOCK_M], gl.int32, s_row) + end
+            b64 = b.to(gl.int64)
+            qm = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
+            qc = gl.arange(0, DR, layout=gl.SliceLayout(0, q_layout))
+            qp_op = gl.load(QP + b64 * stride_qpb + (qm.to(gl.int64) * stride_qpr)[:, None] + qc[None, :],
+                            mask=(qm < rows)[:, None], other=0.0)
+            if WG == 0:
+                c_own = c0
+                c_other = c1
+            else:
+                c_own = c1
+                c_other = c0
+            n_own = (n_blocks + 1 - WG) // 2
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row)
+            l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
+            acc = gl.zeros([BLOCK_M, DH], gl.float32, layout=o_layout)
+            # P and alpha of this warpgroup's latest step, whose P V is issued at the next turn
+            p16 = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, s_layout)
+            alpha = gl.zeros([BLOCK_M], gl.float32, s_row)
+            mbarrier.wait(q_ready.index(0), j & 1)
+            if WG == 0:  # step 0: the tile's first, no step of the other's before it
+                s = kv % STAGES
+                mbarrier.wait(kv_ready.index(s), (kv // STAGES) & 1)
+                qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero)
+                qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+                p16, alpha, m_i, l_i = _publish(qk, m_i, l_i, start, limit, sm_scale, x_bufs.index(0),
+                                                m_bufs.index(0), r_bufs.index(0), p_free.index(0),
+                                                (c_own & 1) ^ 1, p_ready.index(0), s_layout)
+            else:
+                if n_own > 0:  # step 1, after the other's step 0
+                    s = (kv + 1) % STAGES
+                    sp = kv % STAGES
+                    mbarrier.wait(kv_ready.index(s), ((kv + 1) // STAGES) & 1)
+                    qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero)
+                    mbarrier.wait(kv_ready.index(sp), (kv // STAGES) & 1)
+                    alpha, m_i, l_i = _gather(m_i, l_i, m_bufs.index(0), r_bufs.index(0), p_ready.index(0),
+                                              c_other & 1, sm_scale, s_row)
+                    acc = _other_pv(acc, alpha, x_bufs.index(0), _buf(c_bufs, 2 * sp + 1), start, seqlen, o_row)
+                    qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+                    p16, alpha, m_i, l_i = _publish(qk, m_i, l_i, start + BLOCK_N, limit, sm_scale, x_bufs.index(1),
+                                                    m_bufs.index(1), r_bufs.index(1), p_free.index(1),
+                                                    (c_own & 1) ^ 1, p_ready.index(1), s_layout)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                    mbarrier.arrive(p_free.index(0))
+                    mbarrier.arrive(kv_empty.index(sp))
+            for k in range(1, n_own):
+                o = 2 * k + WG  # this warpgroup's step; o - 1 is the other's, o - 2 this one's previous
+                s = (kv + o) % STAGES
+                sp = (kv + o - 1) % STAGES
+                spp = (kv + o - 2) % STAGES
+                n0 = start + o * BLOCK_N
+                acc = _own_pv(acc, alpha, p16, _buf(c_bufs, 2 * spp + WG), n0 - 2 * BLOCK_N, seqlen, o_row,
+                              p_layout)
+                mbarrier.wait(kv_ready.index(s), ((kv + o) // STAGES) & 1)
+                qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero)
+                # the other's step o - 1 while the scores run: its P, m and row sums, then its P V
+                mbarrier.wait(kv_ready.index(sp), ((kv + o - 1) // STAGES) & 1)
+                alpha, m_i, l_i = _gather(m_i, l_i, m_bufs.index(OTHER), r_bufs.index(OTHER), p_ready.index(OTHER),
+                                          (c_other + k - 1 + WG) & 1, sm_scale, s_row)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # step o - 2's P V is done
+                mbarrier.arrive(kv_empty.index(spp))
+                acc = _other_pv(acc, alpha, x_bufs.index(OTHER), _buf(c_bufs, 2 * sp + WG), n0 - BLOCK_N, seqlen,
+                                o_row)
+                # this warpgroup's step o: the softmax under the other's P V
+                qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+                p16, alpha, m_i, l_i = _publish(qk, m_i, l_i, n0, limit, sm_scale, x_bufs.index(WG),
+                                                m_bufs.index(WG), r_bufs.index(WG), p_free.index(WG),
+                                                ((c_own + k) & 1) ^ 1, p_ready.index(WG), s_layout)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.arrive(p_free.index(OTHER))
+                mbarrier.arrive(kv_empty.index(sp))
+            if n_own > 0:  # the P V of this warpgroup's last step
+                o = 2 * n_own - 2 + WG
+                s = (kv + o) % STAGES
+                acc = _own_pv(acc, alpha, p16, _buf(c_bufs, 2 * s + WG), start + o * BLOCK_N, seqlen, o_row,
+                              p_layout)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.arrive(kv_empty.index(s))
+            mbarrier.arrive(q_empty.index(0))  # every score wgmma of this warpgroup's was waited on
+            last = n_blocks - 1
+            if last % 2 == OTHER:  # the tile ends on the other's step
+                sl = (kv + last) % STAGES
+                mbarrier.wait(kv_ready.index(sl), ((kv + last) // STAGES) & 1)
+                alpha, m_i, l_i = _gather(m_i, l_i, m_bufs.index(OTHER), r_bufs.index(OTHER), p_ready.index(OTHER),
+                                          (c_other + (last - OTHER) // 2) & 1, sm_scale, s_row)
+                acc = _other_pv(acc, alpha, x_bufs.index(OTHER), _buf(c_bufs, 2 * sl + WG), start + last * BLOCK_N,
+                                seqlen, o_row)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.arrive(p_free.index(OTHER))
+                mbarrier.arrive(kv_empty.index(sl))
+
+            # rows that saw no token: l = 0, acc = 0 -> out 0, lse -inf
+            seen = l_i > 0.0
+            l_safe = gl.where(seen, l_i, 1.0)
+            out = acc * gl.convert_layout(kv_scale / l_safe, o_row)[:, None]
+            om = r0 + gl.arange(0, BLOCK_M, layout=o_row)
+            oc = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
+            row_ok = (om < rows)[:, None]
+            lse2 = gl.where(seen, m_i * sm_scale + gl.log2(l_safe), float("-inf"))
+            if out_slot < 0:
+                t = om // num_heads
+                h = om % num_heads
+                o_ptr = O + b64 * stride_ob + t.to(gl.int64) * stride_os + h.to(gl.int64) * stride_oh
+                gl.store(o_ptr[:, None] + oc[None, :], out.to(O.dtype.element_ty), mask=row_ok)
+                if RETURN_LSE and WG == 0:
+                    gl.store(LSE + b64 * stride_lb + (o_m % num_heads).to(gl.int64) * stride_lh + o_m // num_heads,
+                             lse2 * LN2, mask=o_m < rows)
+            else:
+                base = out_slot.to(gl.int64) * rows
+                gl.store(OP + ((base + om) * (2 * DH))[:, None] + oc[None, :], out, mask=row_ok)
+                if WG == 0:
+                    gl.store(LSEP + base + o_m, lse2, mask=o_m < rows)
+            j += 1
+            kv += n_blocks
+            c0 += (n_blocks + 1) // 2
+            c1 += n_blocks // 2
+
+
+@gluon.jit
+def mla_split_sm90_shard_kernel(
+    qn_desc, ckv_desc, kpe_desc, QP, BT, SEQLENS, WORK, O, LSE, OP, LSEP, KVS,
+    stride_qpb, stride_qpr, stride_bt, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+    num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
+    PAGE: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
+    RETURN_LSE: gl.constexpr,
+):
+    """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
+
+    Descriptors as in gluon_sm90.mla_split_sm90_kernel (no q_pe descriptor: QP is q_pe as [B, Sq * Hq, DR] with
+    strides stride_qpb, stride_qpr and unit columns, read into registers). ckv's block must be 64 tokens.
+    """
+    BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
+    # one Q slot (nope halves), STAGES cache steps (ckv halves + kpe), the two P tiles and their row statistics
+    qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
+    c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, ckv_desc.layout)
+    p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
+    x_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128 if BLOCK_N >= 64 else 2 * BLOCK_N,
+                                                  element_bitwidth=16, rank=2)
+    x_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2, BLOCK_M, BLOCK_N], x_layout)
+    st_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    m_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], st_layout)
+    r_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], st_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready.index(0), count=1)
+    mbarrier.init(q_empty.index(0), count=2)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=2)
+    for w in gl.static_range(2):
+        mbarrier.init(p_ready.index(w), count=1)
+        mbarrier.init(p_free.index(w), count=1)
+
+    gl.warp_specialize([
+        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
+                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
+                     stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 0, STAGES,
+                     CAUSAL, RETURN_LSE)),
+        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
+                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
+                     stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 1, STAGES,
+                     CAUSAL, RETURN_LSE)),
+        (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
+                   kv_ready, kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES, False)),
+    ], [4, 1], [CONSUMER_REGS, 24])
