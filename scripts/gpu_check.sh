@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench]
-#                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [bench-mla]
+#                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
@@ -102,6 +102,9 @@ for s in $steps; do
         PYTHONPATH=$PWD/$tree timeout 150 python3 -m tileattn bench large-d --head-dims 256 --out "$OUT/ab_$(echo $tree | tr -d ./).json" > "$OUT/ab.log" 2>&1
         summary+=("ab-large-d $tree: $(grep '^summary' "$OUT/ab.log" | grep -o 'vs_[a-z]*_H48_D256_[a-z]*=[0-9.]*' | tr '\n' ' ')")
       done ;;
+    sweep-mla-sched)
+      timeout ${MLA_SCHED_TIMEOUT:-300} python3 scripts/sweep.py mla-sched ${MLA_SCHED_ARGS:-} > "$OUT/sweep_mla_sched.log" 2>&1; rc=$?
+      summary+=("sweep-mla-sched rc=$rc"); cat "$OUT/sweep_mla_sched.log" ;;
     bench-mla)
       # MLA_ARGS: e.g. "--groups hq128,qk_shard"; MLA_TIMEOUT: the step's limit in seconds
       timeout ${MLA_TIMEOUT:-540} python3 -m tileattn bench mla --out "$OUT/mla.json" ${MLA_ARGS:-} > "$OUT/bench_mla.log" 2>&1; rc=$?

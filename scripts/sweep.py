@@ -26,6 +26,8 @@ timed; a config that fails the check, does not compile or is refused is reported
             per (config, case) (i: index into LARGE_D; --sm90: CFG -1, unforced, the Gluon kernel where it
             serves), "BEST" per case
     mla     [--quick]: MLA decode (MLASm90Config, MLAConfig), GB/s per (shape, config), and the read bandwidth
+    mla-sched [--shapes BxKVxHQxSQ;...] [--waves 1,2] [--configs I,J]: MLA decode schedules (plan._WAVES) and
+            configs (MLA_SCHED): eager and CUDA-graph ms, host us per call: "SCHED <shape>:" then a line each
     decode  [--quick]: attention over a paged KV cache (DecodeConfig, and plan.FINE_WAVES / FINE_STEPS), GB/s per
             (shape, config): "DEC <shape> (<table's choice>): <cfg>: <GB/s> | ..."
 
@@ -83,6 +85,8 @@ LARGE_D = [L(128, 128, 64, 256, 8, 3, 64), L(128, 128, 64, 256, 8, 4, 64), L(128
 MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
        M(64, 8, 2, 1), M(32, 8, 2, 1), M(32, 8, 3, 1), M(32, 4, 2, 1), M(64, 8, 1, 1), M(32, 4, 2, 2), M(64, 4, 2, 2),
        M(16, 4, 1, 2), M(16, 4, 1, 4)]
+# mla-sched: Hopper configs against the table's choice (QK_SHARD stages and registers)
+MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4)]
 MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
 # decode: (block_n, warps, stages); then programs per SM with the table's config
 DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (128, 4, 2), (32, 4, 6), (64, 2, 3))]
@@ -506,6 +510,68 @@ def mla(a):
         torch.cuda.empty_cache()  # the case's tensors, freed on its return
 
 
+def _graph_ms(fn):
+    """do_bench of fn's CUDA graph (one capture after a warm-up on a side stream): the GPU time alone."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay)
+
+
+def _host_us(fn, n=200):
+    """Microseconds of host time per fn() call (back to back, no sync inside; the queue absorbs the GPU)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def mla_sched(a):
+    """Per shape, per (waves, config): eager ms, CUDA-graph ms and host us per call, output checked."""
+    from tileattn.bench.common import read_bandwidth
+    from tileattn.bench.mla import DC, DR, check, make_inputs
+    from tileattn.ops.mla import plan as plan_mod
+    print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
+    cfgs = [None] + [MLA_SCHED[i] for i in (a.configs or ())]
+    for shape in a.shapes.split(";"):
+        batch, kv, hq, sq = (int(x) for x in shape.split("x"))
+        qn, qp, ckv, kpe, table, seqlens = make_inputs(batch, kv, hq, sq, 64, torch.bfloat16)
+        nbytes = 2 * (batch * kv * (DC + DR) + batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
+        flops = 2 * batch * sq * hq * kv * (2 * DC + DR)
+        line = []
+        for waves, cfg in itertools.product(a.waves, cfgs):
+            old = plan_mod._WAVES
+            plan_mod._WAVES = waves
+            try:
+                with forced(cfg):
+                    plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=64)
+                fn = lambda: plan.run(qn, qp, ckv, kpe, table)  # noqa: E731
+                ok, info = check(fn(), qn, qp, ckv, kpe, table, seqlens, sample=8)
+                if not ok:
+                    line.append(f"w{waves} {mla_name(plan.config)}: WRONG {info}")
+                    continue
+                ms, gms, us = do_bench(fn), _graph_ms(fn), _host_us(fn)
+                line.append(f"w{waves} {mla_name(plan.config)} items={plan.num_items}: eager {ms:.3f} ms "
+                            f"graph {gms:.3f} ms ({nbytes / gms / 1e6:.0f} GB/s, {flops / gms / 1e9:.0f} TFLOPS) "
+                            f"host {us:.0f} us")
+            except Exception as e:  # noqa: BLE001
+                line.append(f"w{waves}: {err(e, 80)}")
+            finally:
+                plan_mod._WAVES = old
+        print(f"SCHED b{batch} kv{kv} h{hq} sq{sq}:\n  " + "\n  ".join(line), flush=True)
+        qn = qp = ckv = kpe = table = seqlens = plan = None
+        torch.cuda.empty_cache()
+
+
 # ---- attention over a paged KV cache ------------------------------------------------------------------------
 def decode_case(hq, hkv, batch, kv, sq, page, cdt):
     """One shape: every DecodeConfig of DEC and every split schedule of DEC_PPS checked and timed (GB/s), then the
@@ -624,6 +690,12 @@ def main():
     p = sub.add_parser("mla", help="MLA decode configs against the read bandwidth")
     p.add_argument("--quick", action="store_true", help="four shapes, seven configs")
     p.set_defaults(func=mla)
+    p = sub.add_parser("mla-sched", help="MLA decode schedules: eager / CUDA-graph ms and host time per call")
+    p.add_argument("--shapes", default="128x1024x64x1;128x1024x128x1;768x1024x64x1",
+                   help="';'-separated BATCHxKVxHQxSQ (page 64, bf16)")
+    p.add_argument("--waves", type=ints, default="1", help="plan._WAVES values")
+    p.add_argument("--configs", type=ints, default=None, help="indices into MLA_SCHED, besides the table's")
+    p.set_defaults(func=mla_sched)
     p = sub.add_parser("decode", help="attention over a paged KV cache: configs against the read bandwidth")
     p.add_argument("--quick", action="store_true", help="six shapes")
     p.set_defaults(func=decode)

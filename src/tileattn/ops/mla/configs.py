@@ -4,7 +4,8 @@ Forcing one: tileattn.force_backend(config=...) (a config's class names its back
     MLAConfig      portable split kernel (kernels.py): candidates per query-row tile, the first whose shared
                    memory fits the budget (so sm89 / sm80 budgets, emulated with TILEATTN_SMEM_BUDGET, get
                    smaller steps or split outputs)
-    MLASm90Config  Hopper split kernel (gluon_sm90.py): the first that fits the page size and the budget
+    MLASm90Config  Hopper split kernels (gluon_sm90.py; gluon_sm90_shard.py with qk_shard): the first that fits
+                   the page size and the budget
 """
 from dataclasses import dataclass
 from typing import ClassVar
@@ -79,6 +80,12 @@ SM90_CONFIGS = [
     MLASm90Config(block_n=64, stages=2),
 ]
 MIN_ROWS = 17
+# QK_SHARD (gluon_sm90_shard.py) first for more than one 64-row tile per work item. Measured on the H100
+# (2026-11-24, bench mla --groups qk_shard, bf16, page 64), ms on / off: Hq 128 batch 128 kv 1K-8K 0.127 / 0.133,
+# 0.199 / 0.225, 0.349 / 0.421, 0.665 / 0.821 (287-439 TFLOPS against 275-356); batch 768 1.13-1.27x. At Hq 16-64
+# (one tile, batch 768, kv 1K / 2K) it is 0.93-1.00x: memory-bound rows, where both kernels stream alike.
+SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
+SHARD_MIN_ROWS = BLOCK_M + 1
 
 
 def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int:
@@ -90,7 +97,9 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
     return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + 1024
 
 
-def sm90_configs():
-    """The Gluon kernel's configs, best first (the forced one alone)."""
+def sm90_configs(rows):
+    """The Gluon kernels' configs for `rows` query rows (Sq * Hq), best first (the forced one alone)."""
     forced = forced_config(MLASm90Config)
-    return [forced] if forced is not None else SM90_CONFIGS
+    if forced is not None:
+        return [forced]
+    return [SM90_SHARD] + SM90_CONFIGS if rows >= SHARD_MIN_ROWS else SM90_CONFIGS + [SM90_SHARD]

@@ -6,19 +6,22 @@ docstring first). What differs is who computes the scores. There, both warpgroup
 S = Q K^T, so the 576-deep product is done twice: 1.5x the FLOPs of 2 * rows * tokens * (576 + 512), which
 makes the kernel compute-bound from 64 query rows up. Here (FlashMLA's alternation of KV blocks; FlashInfer
 calls the switch QK_SHARD):
-  - step i of a tile (BLOCK_N = 64 tokens) is owned by warpgroup i % 2. The owner computes S_i, the running
-    max m_i = max(m_{i-1}, rowmax S_i), P_i = exp2(scale * (S_i - m_i)) and its row sums, and publishes m_i,
-    the row sums and P_i (16-bit) in shared memory (`p_ready[owner]`).
+  - step i of a tile (BLOCK_N tokens, 32 in the table) is owned by warpgroup i % 2. The owner computes S_i, the
+    running max m_i = max(m_{i-1}, rowmax S_i), P_i = exp2(scale * (S_i - m_i)) and its row sums, and publishes
+    m_i, the row sums and P_i (16-bit) in shared memory (`p_ready[owner]`).
   - both warpgroups add P_i V_i for their own DC / 2 output columns: the owner with P from registers, the other
     with P from shared memory. The other takes m_i and the row sums from shared memory too, so both keep
     bit-identical m and l (out = acc / l needs no exchange at the end). It arrives on `p_free[owner]` once its
     product has read P_i; the owner waits for that before it writes P_{i+2}.
-  - a warpgroup's turn: issue the scores of its own step i; meanwhile rescale its output and issue P_{i-1} V_{i-1}
-    of the other's step; then the softmax of S_i (under that product), publish, and issue P_i V_i. The two
-    warpgroups run half a step apart, so one's softmax overlaps the other's wgmma.
-Every step applies the mask (a select on 64 x 64 scores per warpgroup: cheap next to the 576-deep product).
+  - a warpgroup's turn at its step i: issue P_{i-2} V_{i-2} (its previous step's) and the scores S_i; take the
+    other's step i - 1 and issue P_{i-1} V_{i-1} once the first product is done; then the softmax of S_i under
+    that product, and publish. The warpgroups run a step apart, so one's softmax overlaps the other's wgmma.
+    (A wgmma result may not cross a loop iteration in flight, hence P_i V_i waits for the next turn.)
+  - a ring slot is freed once both warpgroups' products read it; step i's slot is that of step i - STAGES, and a
+    warpgroup issues P_{i-2} V_{i-2} only at its turn for step i: so STAGES >= 3 (the table's 4 x 32 tokens).
+Every step applies the mask (a select on 64 x BLOCK_N scores per warpgroup: cheap next to the 576-deep product).
 The rope part of Q (64 x DR) lives in registers, the A operand of the scores' last wgmma: the shared memory it
-frees holds the two P tiles (at DC = 512, DR = 64: Q 64 KB + two 72 KB steps + 16 KB of P, within 227 KB).
+frees holds the two P tiles (at DC = 512, DR = 64, 32-token steps: Q 64 KB + four 36 KB steps + 8 KB of P).
 
 Barrier phases: `c0` / `c1` count the steps warpgroup 0 / 1 owned in earlier tiles (ceil(n / 2) / floor(n / 2)
 of a tile of n steps); the j-th step a warpgroup owns completes phase j of its p_ready and, once consumed, of

@@ -1,4 +1,4 @@
-"""Backend "mla.sm90": the Hopper Gluon split kernel (gluon_sm90.py).
+"""Backend "mla.sm90": the Hopper Gluon split kernels (gluon_sm90.py; gluon_sm90_shard.py for QK_SHARD configs).
 
 It serves plans on an H100/H200 with triton 3.6, 16-bit caches, Dc / 2 and Dr powers of two up to 256, pages
 holding whole cache steps and a config within the shared-memory budget; it prefers more than 16 query rows
@@ -56,7 +56,7 @@ class Sm90Backend(Backend):
         """The first config that fits the plan's page size and the shared-memory budget, or None (a qk_shard
         config also needs >= 3 stages of >= 32 tokens and Dr <= 64: the rope part of Q is held in registers)."""
         budget = hw.device_info(plan.device).smem_per_block
-        return next((cfg for cfg in sm90_configs() if plan.page_size % cfg.block_n == 0
+        return next((cfg for cfg in sm90_configs(plan.rows) if plan.page_size % cfg.block_n == 0
                      and smem_bytes(cfg, plan.dc, plan.dr) <= budget
                      and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))), None)
 

@@ -130,6 +130,7 @@ class MLADecodePlan:
         self.compiled = None  # the split kernel of the last run (its metadata.shared: the real shared memory)
         self.lse = torch.empty(self.batch, num_heads, q_len, dtype=torch.float32, device=dev)
         self.kv_scale = torch.ones(1, dtype=torch.float32, device=dev)  # a number passed to run goes here
+        self._kv_scale_value = 1.0  # the number self.kv_scale holds (None: unknown, e.g. after a capture)
         self.update(cache_seqlens)
 
     def _choose_kernels(self):
@@ -164,6 +165,7 @@ class MLADecodePlan:
         self.splits.copy_(torch.tensor(splits, dtype=torch.int32).reshape(self.batch, 2))
         self.seqlens.copy_(cache_seqlens)
         self.num_items, self.num_slots, self.chunk = len(items), slots, chunk
+        self.has_empty = bool(lens) and min(lens) == 0  # an empty sequence's out / lse come from the combine
         return self
 
     def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
@@ -182,13 +184,23 @@ class MLADecodePlan:
                                         or kpe_cache.requires_grad):
             raise NotImplementedError("MLA decode has no backward pass (an inference kernel): call it under "
                                       "torch.no_grad() / inference_mode()")
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if not isinstance(kv_scale, torch.Tensor):
-            self.kv_scale.fill_(float(kv_scale))
+            # (a fill is a launch: skipped eagerly when the value is the one already there; a captured graph
+            # always carries it, since an eager call between replays may change the buffer)
+            if capturing or float(kv_scale) != self._kv_scale_value:
+                self.kv_scale.fill_(float(kv_scale))
+                self._kv_scale_value = None if capturing else float(kv_scale)
             r.kv_scale = self.kv_scale
         out = r.out = self.out if out is None else out
         lse = r.lse = self.lse if lse is None else lse
         backend = dispatch.SM90 if self.sm90 and tensors_ok(r) else dispatch.TRITON
         self.compiled = backend.launch(self, r)
+        if not (self.num_slots or self.has_empty or capturing):
+            # nothing to merge (every sequence is one work item that wrote its output) and no empty sequence to
+            # zero: the combine launch is skipped (host time that short decode steps would feel). A captured
+            # graph always has it: update() may split sequences later.
+            return (out, lse) if return_lse else out
         block_r = max(1, min(self.block_m, 16384 // self.dc))
         mla_combine_kernel[(triton.cdiv(self.rows, block_r), self.batch)](
             self.o_part, self.lse_part, self.splits, out, lse,
