@@ -104,6 +104,7 @@ class KernelLauncher:
             self._values[i] = _without_base(self._values[i]) if is_desc else None
         self._direct = None
         self._tried_direct = not DIRECT
+        self.compiled = None  # the kernel the last normal-path call compiled (its .metadata: registers, shared)
 
     def __call__(self, grid, *values):
         """Launch on `grid` with these values of the varying parameters. Returns nothing."""
@@ -141,7 +142,7 @@ class KernelLauncher:
 
     def _normal(self, grid, values):
         args = self._bind(values)
-        compiled = self.kernel[grid](*args, **self._options)
+        compiled = self.compiled = self.kernel[grid](*args, **self._options)
         if not self._tried_direct:
             self._tried_direct = True
             self._direct = self._make_direct(compiled, args)

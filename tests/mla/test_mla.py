@@ -93,13 +93,13 @@ def test_mla_plan_without_combine(device):
     """Every sequence one work item and none empty: the combine launch is skipped (outputs and lse pre-filled
     with NaN by run_case must all be written by the split kernel), and a later update that splits or empties
     sequences brings it back."""
-    lens = [33, 7, 90, 64, 5, 17]
+    lens = [33, 7, 90, 64, 5, 17, 40] * 20  # more sequences than SMs: none is split
     plan = run_case(lens, 16, 4, 1, 64, 16, torch.float16, device, plan_form=True)
     assert plan.num_slots == 0 and not plan.has_empty, plan
     ckv, kpe, table, seqlens = make_cache(lens, 16, 64, 16, torch.float16, device)
     qn = randn(len(lens), 1, 4, 64, dtype=torch.float16, device=device)
     qp = randn(len(lens), 1, 4, 16, dtype=torch.float16, device=device)
-    plan.update(torch.tensor([33, 0, 90, 64, 5, 17], dtype=torch.int32, device=device))
+    plan.update(torch.tensor([33, 0] + lens[2:], dtype=torch.int32, device=device))
     plan.out.fill_(float("nan"))
     out = plan.run(qn, qp, ckv, kpe, table)
     assert plan.has_empty and torch.equal(out[1], torch.zeros_like(out[1])), plan

@@ -8,6 +8,7 @@ portable kernel for that call).
 import torch
 
 from ... import hw
+from ...launcher import launch_cached
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
@@ -61,31 +62,28 @@ class Sm90Backend(Backend):
                      and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))), None)
 
     def launch(self, plan, r):
-        """Run the split kernel of plan's schedule on run r (plan.MLARun); returns the compiled kernel."""
+        """Run the split kernel of plan's schedule on run r (plan.MLARun) through launcher.launch_cached (a few
+        microseconds of Python per call); returns the compiled kernel."""
         cfg = plan.sm90
         dh = plan.dc // 2
         num_tiles = plan.row_blocks * plan.capacity
         grid = (min(num_tiles, plan.programs or hw.device_info(r.q_nope.device).num_sms),)
+        qn = gluon_desc(_rows_view(r.q_nope), [1, BLOCK_M, dh])
+        ckv = gluon_desc(r.ckv_cache, [1, cfg.block_n, dh])
+        kpe = gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr])
+        tail = (r.block_table, plan.seqlens, plan.work, r.out, r.lse, plan.o_part, plan.lse_part, r.kv_scale)
+        strides = (r.block_table.stride(0), *r.out.stride()[:3], r.lse.stride(0), r.lse.stride(1))
+        dims = (plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks, plan.scale * LOG2E)
+        opts = dict(PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
+                    RETURN_LSE=r.return_lse, num_warps=4)
         if cfg.qk_shard:
             from .gluon_sm90_shard import mla_split_sm90_shard_kernel
             qp = _rows_view(r.q_pe)
-            return mla_split_sm90_shard_kernel[grid](
-                gluon_desc(_rows_view(r.q_nope), [1, BLOCK_M, dh]), gluon_desc(r.ckv_cache, [1, cfg.block_n, dh]),
-                gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr]), qp,
-                r.block_table, plan.seqlens, plan.work, r.out, r.lse, plan.o_part, plan.lse_part, r.kv_scale,
-                qp.stride(0), qp.stride(1), r.block_table.stride(0), *r.out.stride()[:3], r.lse.stride(0),
-                r.lse.stride(1), plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks,
-                plan.scale * LOG2E,
-                PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
-                RETURN_LSE=r.return_lse, num_warps=4,
-            )
-        from .gluon_sm90 import mla_split_sm90_kernel
-        return mla_split_sm90_kernel[grid](
-            gluon_desc(_rows_view(r.q_nope), [1, BLOCK_M, dh]), gluon_desc(_rows_view(r.q_pe), [1, BLOCK_M, plan.dr]),
-            gluon_desc(r.ckv_cache, [1, cfg.block_n, dh]), gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr]),
-            r.block_table, plan.seqlens, plan.work, r.out, r.lse, plan.o_part, plan.lse_part, r.kv_scale,
-            r.block_table.stride(0), *r.out.stride()[:3], r.lse.stride(0), r.lse.stride(1),
-            plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks, plan.scale * LOG2E,
-            PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
-            RETURN_LSE=r.return_lse, num_warps=4,
-        )
+            launcher, _ = launch_cached(mla_split_sm90_shard_kernel, grid, (
+                qn, ckv, kpe, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims), opts)
+        else:
+            from .gluon_sm90 import mla_split_sm90_kernel
+            qp = gluon_desc(_rows_view(r.q_pe), [1, BLOCK_M, plan.dr])
+            launcher, _ = launch_cached(mla_split_sm90_kernel, grid, (qn, qp, ckv, kpe, *tail, *strides, *dims),
+                                        opts)
+        return launcher.compiled

@@ -17,6 +17,7 @@ import torch
 import triton
 
 from ... import hw
+from ...launcher import launch_cached
 from ..common.backend import force_backend
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
@@ -202,12 +203,11 @@ class MLADecodePlan:
             # graph always has it: update() may split sequences later.
             return (out, lse) if return_lse else out
         block_r = max(1, min(self.block_m, 16384 // self.dc))
-        mla_combine_kernel[(triton.cdiv(self.rows, block_r), self.batch)](
+        launch_cached(mla_combine_kernel, (triton.cdiv(self.rows, block_r), self.batch), (
             self.o_part, self.lse_part, self.splits, out, lse,
             *out.stride()[:3], lse.stride(0), lse.stride(1),
             self.num_heads, self.q_len,
-            DC=self.dc, BLOCK_R=block_r, RETURN_LSE=return_lse, num_warps=4,
-        )
+        ), dict(DC=self.dc, BLOCK_R=block_r, RETURN_LSE=return_lse, num_warps=4))
         return (out, lse) if return_lse else out
 
     def __repr__(self) -> str:
