@@ -17,7 +17,7 @@ README = os.path.join(ROOT, "README.md")
 BEGIN, END = "<!-- figures:begin (scripts/readme_figures.py --write) -->", "<!-- figures:end -->"
 # (results directory, column title): the Triton releases the H100 results were measured under
 MACHINES = (("h100", "triton 3.6"), ("h100-triton39", "triton 3.9"))
-X, F, GBS = "{:.2f}x", "{:.2f}", "{:.0f} GB/s"
+X, F, GBS, TF = "{:.2f}x", "{:.2f}", "{:.0f} GB/s", "{:.0f} TFLOPS"
 # (suite file, summary key, what it measures, format)
 FIGURES = (
     ("dense", "geomean_vs_cudnn", "dense forward fp16 (B=4 H=32, D 64/128, N 1K-16K, causal and not): geomean vs "
@@ -44,6 +44,9 @@ FIGURES = (
     ("mla", "min_fraction_of_read_bw_seed_shapes", "MLA decode, batch 768, kv 1K/2K, Hq 16-64: slowest row as a "
      "fraction of the measured read bandwidth", F),
     ("mla", "min_gbps_seed_shapes", "the same rows: slowest row's cache read rate", GBS),
+    ("mla", "hq128_min_tflops", "MLA decode, Hq 128 (batch 128/768, kv 1K-8K): slowest row", TF),
+    ("mla", "qk_shard_on_vs_off", "MLA decode: QK_SHARD kernel vs both warpgroups computing the scores (geomean, "
+     "batch 768 Hq 16-64 and Hq 128 rows)", X),
     ("decode", "min_fraction_of_read_bw_b32plus", "KV-cache decode (bf16, D=128), batch >= 32, kv >= 4K: slowest "
      "row as a fraction of the read bandwidth", F),
     ("decode", "geomean_vs_best_sdpa", "KV-cache decode: geomean vs the fastest torch SDPA backend (cuDNN)", X),
