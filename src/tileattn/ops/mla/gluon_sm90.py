@@ -205,7 +205,6 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_em
                                                         instr_shape=[16, DH, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     rows = q_len * num_heads
     kv_scale = gl.load(KVS)
     sm_scale = sm_scale * kv_scale
@@ -246,30 +245,45 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_em
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(kv_empty.index(sp))
 
-            # rows that saw no token: l = 0, acc = 0 -> out 0, lse -inf
-            seen = l_i > 0.0
-            l_safe = gl.where(seen, l_i, 1.0)
-            out = acc * gl.convert_layout(kv_scale / l_safe, o_row)[:, None]
-            om = r0 + gl.arange(0, BLOCK_M, layout=o_row)
-            oc = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
-            row_ok = (om < rows)[:, None]
-            b64 = b.to(gl.int64)
-            lse2 = gl.where(seen, m_i * sm_scale + gl.log2(l_safe), float("-inf"))
-            if out_slot < 0:
-                t = om // num_heads
-                h = om % num_heads
-                o_ptr = O + b64 * stride_ob + t.to(gl.int64) * stride_os + h.to(gl.int64) * stride_oh
-                gl.store(o_ptr[:, None] + oc[None, :], out.to(O.dtype.element_ty), mask=row_ok)
-                if RETURN_LSE and WG == 0:
-                    gl.store(LSE + b64 * stride_lb + (o_m % num_heads).to(gl.int64) * stride_lh + o_m // num_heads,
-                             lse2 * LN2, mask=o_m < rows)
-            else:
-                base = out_slot.to(gl.int64) * rows
-                gl.store(OP + ((base + om) * (2 * DH))[:, None] + oc[None, :], out, mask=row_ok)
-                if WG == 0:
-                    gl.store(LSEP + base + o_m, lse2, mask=o_m < rows)
+            _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LSEP, stride_ob, stride_os,
+                      stride_oh, stride_lb, stride_lh, num_heads, rows, WG, RETURN_LSE, o_layout)
             j += 1
             kv += n_blocks
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LSEP, stride_ob, stride_os, stride_oh,
+              stride_lb, stride_lh, num_heads, rows, WG: gl.constexpr, RETURN_LSE: gl.constexpr,
+              o_layout: gl.constexpr):
+    """A warpgroup's DH output columns of a tile (rows r0..) to O (and LSE, natural log) or, for a split item,
+    to slot out_slot of OP / LSEP (log2); rows that saw no token (l = 0, acc = 0) give out 0, lse -inf. Shared
+    with gluon_sm90_shard.py."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    DH: gl.constexpr = acc.shape[1]
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s_row: gl.constexpr = m_i.type.layout
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    out = acc * gl.convert_layout(kv_scale / l_safe, o_row)[:, None]
+    om = r0 + gl.arange(0, BLOCK_M, layout=o_row)
+    o_m = r0 + gl.arange(0, BLOCK_M, layout=s_row)
+    oc = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
+    row_ok = (om < rows)[:, None]
+    b64 = b.to(gl.int64)
+    lse2 = gl.where(seen, m_i * sm_scale + gl.log2(l_safe), float("-inf"))
+    if out_slot < 0:
+        t = om // num_heads
+        h = om % num_heads
+        o_ptr = O + b64 * stride_ob + t.to(gl.int64) * stride_os + h.to(gl.int64) * stride_oh
+        gl.store(o_ptr[:, None] + oc[None, :], out.to(O.dtype.element_ty), mask=row_ok)
+        if RETURN_LSE and WG == 0:
+            gl.store(LSE + b64 * stride_lb + (o_m % num_heads).to(gl.int64) * stride_lh + o_m // num_heads,
+                     lse2 * LN2, mask=o_m < rows)
+    else:
+        base = out_slot.to(gl.int64) * rows
+        gl.store(OP + ((base + om) * (2 * DH))[:, None] + oc[None, :], out, mask=row_ok)
+        if WG == 0:
+            gl.store(LSEP + base + o_m, lse2, mask=o_m < rows)
 
 
 @gluon.jit

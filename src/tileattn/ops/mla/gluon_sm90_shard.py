@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import thread_barrier
-from .gluon_sm90 import LN2, _buf, _loader, _work_item, _zero_tail
+from .gluon_sm90 import _buf, _epilogue, _loader, _work_item, _zero_tail
 
 
 @gluon.jit
@@ -233,27 +233,8 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                 mbarrier.arrive(p_free.index(OTHER))
                 mbarrier.arrive(kv_empty.index(sl))
 
-            # rows that saw no token: l = 0, acc = 0 -> out 0, lse -inf
-            seen = l_i > 0.0
-            l_safe = gl.where(seen, l_i, 1.0)
-            out = acc * gl.convert_layout(kv_scale / l_safe, o_row)[:, None]
-            om = r0 + gl.arange(0, BLOCK_M, layout=o_row)
-            oc = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
-            row_ok = (om < rows)[:, None]
-            lse2 = gl.where(seen, m_i * sm_scale + gl.log2(l_safe), float("-inf"))
-            if out_slot < 0:
-                t = om // num_heads
-                h = om % num_heads
-                o_ptr = O + b64 * stride_ob + t.to(gl.int64) * stride_os + h.to(gl.int64) * stride_oh
-                gl.store(o_ptr[:, None] + oc[None, :], out.to(O.dtype.element_ty), mask=row_ok)
-                if RETURN_LSE and WG == 0:
-                    gl.store(LSE + b64 * stride_lb + (o_m % num_heads).to(gl.int64) * stride_lh + o_m // num_heads,
-                             lse2 * LN2, mask=o_m < rows)
-            else:
-                base = out_slot.to(gl.int64) * rows
-                gl.store(OP + ((base + om) * (2 * DH))[:, None] + oc[None, :], out, mask=row_ok)
-                if WG == 0:
-                    gl.store(LSEP + base + o_m, lse2, mask=o_m < rows)
+            _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LSEP, stride_ob, stride_os,
+                      stride_oh, stride_lb, stride_lh, num_heads, rows, WG, RETURN_LSE, o_layout)
             j += 1
             kv += n_blocks
             c0 += (n_blocks + 1) // 2
