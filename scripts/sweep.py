@@ -482,7 +482,8 @@ def mla_name(cfg):
 def mla_case(configs, batch, kv, hq, sq, page):
     """One shape: every config of `configs` checked and timed (GB/s). Its tensors are freed on return."""
     from tileattn.bench.mla import DC, DR, check, make_inputs
-    qn, qp, ckv, kpe, table, seqlens = make_inputs(batch, kv, hq, sq, page, torch.bfloat16)
+    inputs = make_inputs(batch, kv, hq, sq, page, torch.bfloat16)
+    qn, qp, ckv, kpe, table, seqlens = inputs
     nbytes = 2 * (batch * kv * (DC + DR) + batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
     line = []
     for cfg in configs:
@@ -490,7 +491,7 @@ def mla_case(configs, batch, kv, hq, sq, page):
             with forced(cfg):  # the plan keeps the config chosen when it is made
                 plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=page)
             ms, info = checked_ms(lambda: plan.run(qn, qp, ckv, kpe, table),
-                                  lambda out: check(out, qn, qp, ckv, kpe, table, seqlens, sample=8))
+                                  lambda out: check(out, inputs, sample=8))
             line.append(f"{mla_name(cfg)}: {nbytes / ms / 1e6:.0f}" if ms else f"{mla_name(cfg)}: WRONG {info}")
         except Exception as e:  # noqa: BLE001
             line.append(f"{mla_name(cfg)}: {err(e, 80)}")
@@ -544,7 +545,8 @@ def mla_sched(a):
     cfgs = [None] + [MLA_SCHED[i] for i in (a.configs or ())]
     for shape in a.shapes.split(";"):
         batch, kv, hq, sq = (int(x) for x in shape.split("x"))
-        qn, qp, ckv, kpe, table, seqlens = make_inputs(batch, kv, hq, sq, 64, torch.bfloat16)
+        inputs = make_inputs(batch, kv, hq, sq, 64, torch.bfloat16)
+        qn, qp, ckv, kpe, table, seqlens = inputs
         nbytes = 2 * (batch * kv * (DC + DR) + batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
         flops = 2 * batch * sq * hq * kv * (2 * DC + DR)
         line = []
@@ -555,7 +557,7 @@ def mla_sched(a):
                 with forced(cfg):
                     plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=64)
                 fn = lambda: plan.run(qn, qp, ckv, kpe, table)  # noqa: E731
-                ok, info = check(fn(), qn, qp, ckv, kpe, table, seqlens, sample=8)
+                ok, info = check(fn(), inputs, sample=8)
                 if not ok:
                     line.append(f"w{waves} {mla_name(plan.config)}: WRONG {info}")
                     continue
@@ -568,7 +570,7 @@ def mla_sched(a):
             finally:
                 plan_mod._WAVES = old
         print(f"SCHED b{batch} kv{kv} h{hq} sq{sq}:\n  " + "\n  ".join(line), flush=True)
-        qn = qp = ckv = kpe = table = seqlens = plan = None
+        qn = qp = ckv = kpe = table = seqlens = inputs = plan = None
         torch.cuda.empty_cache()
 
 

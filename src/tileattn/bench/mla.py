@@ -47,9 +47,11 @@ def make_inputs(batch, kv_len, hq, sq, page_size, dtype, seed=0, cache_dtype=Non
     return qn, qp, ckv, kpe, table, seqlens
 
 
-def check(out, qn, qp, ckv, kpe, table, seqlens, sample=32, kv_scale=1.0):
-    """Tolerance rule on a sample of sequences (the reference loops over sequences in Python)."""
+def check(out, inputs, sample=32, kv_scale=1.0):
+    """Tolerance rule on a sample of sequences (the reference loops over sequences in Python); inputs: what
+    make_inputs returned."""
     from ..ops.mla.reference import mla_decode_ref
+    qn, qp, ckv, kpe, table, seqlens = inputs
     idx = torch.linspace(0, qn.shape[0] - 1, min(sample, qn.shape[0]), device="cuda").long().unique()
     sub = ((qn[idx], qp[idx]), (ckv, kpe), table[idx], seqlens[idx])
     ref, _ = mla_decode_ref(*sub, kv_scale=kv_scale)
@@ -66,13 +68,14 @@ def measure(shape, page, dt, cache_dtype=None, config=None):
     batch, kv_len, hq, sq = shape
     case = {"batch": batch, "kv_len": kv_len, "Hq": hq, "Sq": sq, "page_size": page, "Dc": DC, "Dr": DR,
             "dtype": str(dt).split(".")[-1], "cache_dtype": str(cache_dtype or dt).split(".")[-1]}
-    qn, qp, ckv, kpe, table, seqlens = make_inputs(batch, kv_len, hq, sq, page, dt, cache_dtype=cache_dtype)
+    inputs = make_inputs(batch, kv_len, hq, sq, page, dt, cache_dtype=cache_dtype)
+    qn, qp, ckv, kpe, table, seqlens = inputs
     ks = 1.0 if cache_dtype is None else FP8_SCALE
     with tileattn.force_backend(config=config) if config is not None else contextlib.nullcontext():
         plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=page, dtype=dt,
                                       cache_dtype=cache_dtype)
     out = plan.run(qn, qp, ckv, kpe, table, kv_scale=ks)
-    ok, info = check(out, qn, qp, ckv, kpe, table, seqlens, kv_scale=ks)
+    ok, info = check(out, inputs, kv_scale=ks)
     row = {"case": case, "provider": "tileattn", "ms": None, "tflops": None, "gbps": None, "check": info,
            "plan": repr(plan)}
     if ok:
