@@ -17,8 +17,7 @@ query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); lse / delta are 
 import triton
 import triton.language as tl
 
-from ..common.bwd_kernels import k_axis, load_rows, q_axis, row_stats, seq_rows
-from ..common.masking import key_range, query_range
+from ..common.bwd_kernels import k_axis, key_steps, load_rows, masked_step, q_axis, query_steps, row_stats, seq_rows
 from ..common.softmax import tanh
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -148,10 +147,8 @@ def bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_DV], ACC)
     # the query blocks that see these keys, [m_lo, m_hi), and the unmasked ones [f_lo, f_hi); the rest
     # ([m_lo, f_lo) and [f_hi, m_hi)) runs masked
-    m_lo, f_lo, f_hi, m_hi = query_range(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                         HAS_RIGHT, NEEDS_MASK)
-    n_before = tl.cdiv(f_lo - m_lo, BLOCK_M)  # f_lo: a block start or m_hi
-    n_masked = n_before + tl.cdiv(m_hi - f_hi, BLOCK_M)
+    m_lo, f_lo, f_hi, n_before, n_masked = query_steps(n0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
+                                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK)
     for g in range(0, group_size):
         i_h = i_hk * group_size + g  # int64 (i_hk is): head offsets of head-major layouts can pass 2^31
         hq, hdo, hl = Q + qb + i_h * stride_qh, DO + db + i_h * stride_dh, lb + i_h * stride_lh
@@ -161,7 +158,7 @@ def bwd_dkdv_kernel(
                                 DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, False, ACC)
         if NEEDS_MASK:
             for i in range(0, n_masked):
-                m0 = tl.where(i < n_before, m_lo + i * BLOCK_M, f_hi + (i - n_before) * BLOCK_M)
+                m0 = masked_step(i, m_lo, f_hi, n_before, BLOCK_M)
                 dk, dv = _dkdv_step(dk, dv, k, v, m0, q0, hq, hdo, LSE, DELTA, hl, stride_qs, stride_ds, o_n, o_d,
                                     o_dv, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
                                     softcap_out, D, DV_, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True, ACC)
@@ -227,14 +224,8 @@ def bwd_dq_kernel(
     q = load_rows(Q + qb + i_h * stride_qh, qrows, stride_qs, m_ok, o_d, D)
     do = load_rows(DO + db + i_h * stride_dh, qrows, stride_ds, m_ok, o_dv, DV_)
     lse, delta = row_stats(LSE, DELTA, lb + i_h * stride_lh, o_m, m_ok)
-    lo, hi, full_lo, full_hi = key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
-                                         HAS_RIGHT)
-    if not NEEDS_MASK:
-        full_lo, full_hi = lo, hi
-    elif m0 + BLOCK_M > seqlen_q:  # a partial query block: rows past the sequence are masked everywhere
-        full_lo, full_hi = hi, hi
-    n_before = tl.cdiv(full_lo - lo, BLOCK_N)  # full_lo: a block start or hi
-    n_masked = n_before + tl.cdiv(hi - full_hi, BLOCK_N)
+    lo, full_lo, full_hi, n_before, n_masked = key_steps(m0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
+                                                         BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK)
     hk, hv = K + kb + i_hk * stride_kh, V + vb + i_hk * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     for n0 in range(full_lo, full_hi, BLOCK_N):
@@ -243,7 +234,7 @@ def bwd_dq_kernel(
                       HAS_RIGHT, HAS_SOFTCAP, False, ACC)
     if NEEDS_MASK:
         for i in range(0, n_masked):
-            n0 = tl.where(i < n_before, lo + i * BLOCK_N, full_hi + (i - n_before) * BLOCK_N)
+            n0 = masked_step(i, lo, full_hi, n_before, BLOCK_N)
             dq = _dq_step(dq, q, do, lse, delta, n0, k0, hk, hv, stride_ks, stride_vs, o_m, m_ok, o_d, o_dv,
                           seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, D, DV_, BLOCK_N,
                           HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True, ACC)

@@ -12,9 +12,7 @@ as the large-D forward cuts it (kernels_large_d.py), so that no tile grows with 
     same rows from L2 at about the same time. Every slice recomputes S and dP: n slices cost n - 1 extra
     pairs of products over the whole head dim.
 Masking, GQA and varlen are kernels_bwd.py's (its helpers compute the probabilities and dZ from the scores; the
-programs' walks over their blocks are common/bwd_kernels.py's query_steps / key_steps). kernels_bwd.py's own
-kernels keep those walks written inline: through the helpers ptxas allocates their registers differently
-(same instructions; scripts/compile_sm90_cpu.py --fingerprint), a change not yet timed on a GPU.
+programs' walks over their blocks are common/bwd_kernels.py's query_steps / key_steps, as kernels_bwd.py's).
 """
 import triton
 import triton.language as tl
