@@ -162,9 +162,9 @@ def flex(dt, D, which, gluon=True):
 
 def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False):
     import tileattn
-    from tileattn.ops.mla.configs import MLASm90Config
+    from tileattn.ops.mla.configs import SM90_SHARD
     B, P, DC, DR = 4, 64, 512, 64
-    with tileattn.force_backend(config=MLASm90Config(32, 4, qk_shard=True)) if qk_shard else contextlib.nullcontext():
+    with tileattn.force_backend(config=SM90_SHARD) if qk_shard else contextlib.nullcontext():
         plan = tileattn.MLADecodePlan(torch.full((B,), 1000, dtype=torch.int32), num_heads=hq, q_len=sq,
                                       page_size=P,
                                       dtype=dt, cache_dtype=torch.float8_e4m3fn if fp8_cache else None)

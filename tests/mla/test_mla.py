@@ -11,7 +11,7 @@ import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.mla.configs import MLASm90Config
+from tileattn.ops.mla.configs import SM90_SHARD
 from tileattn.ops.mla.reference import mla_decode_ref
 
 from tests.helpers import assert_close, paged_caches, randn
@@ -199,7 +199,7 @@ def test_gpu_mla_sm90(page_size, hq, sq, causal, device):
         assert (plan.sm90 is not None) == (_sm90(device) and not force_portable), plan
 
 
-SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
+SHARD = SM90_SHARD  # the table's QK_SHARD config
 
 
 @pytest.mark.gpu

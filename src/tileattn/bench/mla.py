@@ -15,6 +15,7 @@ hq128_min_tflops, b128_min_fraction_of_read_bw, fp8_cache_speedup_vs_bf16_geomea
 fp8 group's rows), qk_shard_on_vs_off (geomean of off ms / on ms), check_failures.
 """
 import contextlib
+import dataclasses
 
 import torch
 
@@ -89,7 +90,7 @@ def measure(shape, page, dt, cache_dtype=None, config=None):
 
 def cases(groups):
     """[(group, shape, page, cache dtype or None, forced config or None)] of the chosen groups, in order."""
-    from ..ops.mla.configs import MLASm90Config
+    from ..ops.mla.configs import SM90_SHARD
     out = []
     if "seed" in groups:
         out += [("seed", c, 64, None, None) for c in SEED]
@@ -105,8 +106,8 @@ def cases(groups):
         out += [("fp8", c, 64, torch.float8_e4m3fn, None) for c in SEED + B128 + HQ128]
     if "qk_shard" in groups:  # the seed's comparison: both Hopper kernels forced on the seed and 128-head rows
         for c in SEED + HQ128:
-            out += [("qk_shard", c, 64, None, cfg) for cfg in (MLASm90Config(32, 4, qk_shard=True),
-                                                               MLASm90Config(32, 4))]
+            out += [("qk_shard", c, 64, None, cfg) for cfg in (SM90_SHARD,
+                                                               dataclasses.replace(SM90_SHARD, qk_shard=False))]
     return out
 
 

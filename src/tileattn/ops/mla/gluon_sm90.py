@@ -62,6 +62,22 @@ def _work_item(r, row_blocks, num_tiles, WORK):
 
 
 @gluon.jit
+def _visible(seqlen, end, r0, q_len, num_heads, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+             s_row: gl.constexpr):
+    """(limit, full_end) of the tile of rows r0..r0 + BLOCK_M: tokens < limit[row] are visible to the row (causal:
+    query token t sees the first seqlen - q_len + t + 1; never past the item's end), tokens < full_end to every
+    row (the tile's first query token sees the fewest)."""
+    if CAUSAL:
+        o_m = r0 + gl.arange(0, BLOCK_M, layout=s_row)
+        limit = gl.minimum(seqlen - q_len + o_m // num_heads + 1, end)
+        full_end = gl.minimum(seqlen - q_len + r0 // num_heads + 1, end)
+    else:
+        limit = gl.zeros([BLOCK_M], gl.int32, s_row) + end
+        full_end = end
+    return limit, full_end
+
+
+@gluon.jit
 def _scores(qn_bufs, qp_buf, c_bufs, p_bufs, s, zero):
     """S = Q K^T of ring buffer s, issued asynchronously (two nope halves, then the rope part); zero: a float32
     tile in the scores' layout (not accumulated into)."""
@@ -216,13 +232,7 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_em
             seqlen = gl.load(SEQLENS + b)
             n_blocks = gl.cdiv(end - start, BLOCK_N)
             r0 = i_r * BLOCK_M
-            o_m = r0 + gl.arange(0, BLOCK_M, layout=s_row)
-            if CAUSAL:  # tokens < limit are visible to the row; the tile's first query token sees the fewest
-                limit = gl.minimum(seqlen - q_len + o_m // num_heads + 1, end)
-                full_end = gl.minimum(seqlen - q_len + r0 // num_heads + 1, end)
-            else:
-                limit = gl.zeros([BLOCK_M], gl.int32, s_row) + end
-                full_end = end
+            limit, full_end = _visible(seqlen, end, r0, q_len, num_heads, BLOCK_M, CAUSAL, s_row)
             # steps [0, b_full) need no mask, steps [b_full, n_blocks) do (at least the last one, which may
             # cross the sequence's end)
             b_full = gl.minimum(gl.maximum((full_end - start) // BLOCK_N, 0), n_blocks - 1)

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import thread_barrier
-from .gluon_sm90 import _buf, _epilogue, _loader, _work_item, _zero_tail
+from .gluon_sm90 import _buf, _epilogue, _loader, _visible, _work_item, _zero_tail
 
 
 @gluon.jit
@@ -138,11 +138,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
             seqlen = gl.load(SEQLENS + b)
             n_blocks = gl.cdiv(end - start, BLOCK_N)
             r0 = i_r * BLOCK_M
-            o_m = r0 + gl.arange(0, BLOCK_M, layout=s_row)
-            if CAUSAL:  # tokens < limit are visible to the row
-                limit = gl.minimum(seqlen - q_len + o_m // num_heads + 1, end)
-            else:
-                limit = gl.zeros([BLOCK_M], gl.int32, s_row) + end
+            limit, _ = _visible(seqlen, end, r0, q_len, num_heads, BLOCK_M, CAUSAL, s_row)
             b64 = b.to(gl.int64)
             qm = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
             qc = gl.arange(0, DR, layout=gl.SliceLayout(0, q_layout))
