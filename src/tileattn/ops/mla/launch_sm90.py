@@ -62,8 +62,8 @@ class Sm90Backend(Backend):
                      and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))), None)
 
     def launch(self, plan, r):
-        """Run the split kernel of plan's schedule on run r (plan.MLARun) through launcher.launch_cached (a few
-        microseconds of Python per call); returns the compiled kernel."""
+        """Run the split kernel of plan's schedule on run r (plan.MLARun) through launcher.launch_cached;
+        returns the compiled kernel."""
         cfg = plan.sm90
         dh = plan.dc // 2
         num_tiles = plan.row_blocks * plan.capacity

@@ -131,7 +131,6 @@ class MLADecodePlan:
         self.compiled = None  # the split kernel of the last run (its metadata.shared: the real shared memory)
         self.lse = torch.empty(self.batch, num_heads, q_len, dtype=torch.float32, device=dev)
         self.kv_scale = torch.ones(1, dtype=torch.float32, device=dev)  # a number passed to run goes here
-        self._kv_scale_value = 1.0  # the number self.kv_scale holds (None: unknown, e.g. after a capture)
         self.update(cache_seqlens)
 
     def _choose_kernels(self):
@@ -187,11 +186,7 @@ class MLADecodePlan:
                                       "torch.no_grad() / inference_mode()")
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if not isinstance(kv_scale, torch.Tensor):
-            # (a fill is a launch: skipped eagerly when the value is the one already there; a captured graph
-            # always carries it, since an eager call between replays may change the buffer)
-            if capturing or float(kv_scale) != self._kv_scale_value:
-                self.kv_scale.fill_(float(kv_scale))
-                self._kv_scale_value = None if capturing else float(kv_scale)
+            self.kv_scale.fill_(float(kv_scale))
             r.kv_scale = self.kv_scale
         out = r.out = self.out if out is None else out
         lse = r.lse = self.lse if lse is None else lse
