@@ -288,6 +288,13 @@ def launch_cached(kernel, grid, args, kwargs):
 _PLAIN = (int, float, bool, type(None), str)
 
 
+def check_order(varying, tensors):
+    """A caller that replays `launcher(grid, *tensors)` itself checks, on its first launch_cached call, that its
+    tensor tuple is the launcher's varying tensors (same objects, same order). A mismatch is a bug in the caller."""
+    if len(varying) != len(tensors) or any(a is not b for a, b in zip(varying, tensors)):
+        raise RuntimeError("launch replay: the caller's tensor order differs from the kernel's tensor arguments")
+
+
 def _desc_key(desc):
     """What a descriptor's launcher keeps from its example: everything but the base tensor."""
     return ("desc", *(repr(getattr(desc, f.name)) for f in dataclasses.fields(desc) if f.name != "base"))

@@ -105,6 +105,37 @@ def test_mla_plan_without_combine(device):
     assert plan.has_empty and torch.equal(out[1], torch.zeros_like(out[1])), plan
 
 
+def test_mla_plan_replays_checked_runs(device):
+    """A plan checks a run's tensors once per layout and replays the launches after that: new tensors of the
+    same layout give their own results, a new layout (q head-major, lse requested) is checked and launched
+    afresh, and after update() the tensors are checked against the new lengths again."""
+    lens, hq, sq, dc, dr, dtype = [40, 7, 0, 90], 4, 2, 64, 16, torch.float16
+    plan = tileattn.MLADecodePlan(torch.tensor(lens, dtype=torch.int32, device=device), num_heads=hq, q_len=sq,
+                                  head_dim_ckv=dc, head_dim_kpe=dr, page_size=16, dtype=dtype)
+
+    def check(qn, qp, ckv, kpe, table, lens, **kw):
+        seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+        got = plan.run(qn, qp, ckv, kpe, table, **kw)
+        out = got[0] if isinstance(got, tuple) else got
+        ref, _ = mla_decode_ref((qn, qp), (ckv, kpe), table, seqlens)
+        ref_lp, _ = mla_decode_ref((qn, qp), (ckv, kpe), table, seqlens, dtype=dtype)
+        assert_close("out", out, ref, ref_lp)
+
+    for _ in range(2):  # the second set of tensors takes the replayed launches
+        ckv, kpe, table, _ = make_cache(lens, 16, dc, dr, dtype, device)
+        qn, qp = (randn(len(lens), sq, hq, d, dtype=dtype, device=device) for d in (dc, dr))
+        check(qn, qp, ckv, kpe, table, lens)
+    assert plan.launchers
+    qn_t = randn(len(lens), hq, sq, dc, dtype=dtype, device=device).transpose(1, 2)  # a new layout
+    check(qn_t, qp, ckv, kpe, table, lens, return_lse=True)
+    longer = [40, 7, 0, 2000]
+    plan.update(torch.tensor(longer, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="block table"):
+        plan.run(qn, qp, ckv, kpe, table)  # the same tensors as before, but the table is now too narrow
+    ckv, kpe, table, _ = make_cache(longer, 16, dc, dr, dtype, device)
+    check(qn, qp, ckv, kpe, table, longer)
+
+
 def test_mla_chunk_choice():
     from tileattn.ops.common.paging import choose_chunk
     assert choose_chunk([32768] * 16, 64, 132) == 4096  # 128 pieces: one wave of 132 SMs

@@ -8,7 +8,7 @@ portable kernel for that call).
 import torch
 
 from ... import hw
-from ...launcher import launch_cached
+from ...launcher import check_order, launch_cached
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
@@ -62,28 +62,36 @@ class Sm90Backend(Backend):
                      and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))), None)
 
     def launch(self, plan, r):
-        """Run the split kernel of plan's schedule on run r (plan.MLARun) through launcher.launch_cached;
-        returns the compiled kernel."""
+        """Run the split kernel of plan's schedule on run r (plan.MLARun); returns the compiled kernel.
+
+        The first run of a plan key (plan.run's) builds the descriptors and goes through launcher.launch_cached;
+        later runs hand its launcher the new tensors (plan.launchers: the descriptors only change base)."""
         cfg = plan.sm90
-        dh = plan.dc // 2
         num_tiles = plan.row_blocks * plan.capacity
         grid = (min(num_tiles, plan.programs or hw.device_info(r.q_nope.device).num_sms),)
-        qn = gluon_desc(_rows_view(r.q_nope), [1, BLOCK_M, dh])
-        ckv = gluon_desc(r.ckv_cache, [1, cfg.block_n, dh])
-        kpe = gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr])
+        qn, qp = _rows_view(r.q_nope), _rows_view(r.q_pe)
         tail = (r.block_table, plan.seqlens, plan.work, r.out, r.lse, plan.o_part, plan.lse_part, r.kv_scale)
+        # the kernel's tensor arguments in order (a descriptor by its base)
+        tensors = (qn, r.ckv_cache, r.kpe_cache, qp, *tail) if cfg.qk_shard else (qn, qp, r.ckv_cache,
+                                                                                   r.kpe_cache, *tail)
+        launcher = plan.launchers.get(self.name)
+        if launcher is not None:
+            launcher(grid, *tensors)
+            return launcher.compiled
+        dh = plan.dc // 2
+        descs = [gluon_desc(qn, [1, BLOCK_M, dh]), gluon_desc(r.ckv_cache, [1, cfg.block_n, dh]),
+                 gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr])]
         strides = (r.block_table.stride(0), *r.out.stride()[:3], r.lse.stride(0), r.lse.stride(1))
         dims = (plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks, plan.scale * LOG2E)
         opts = dict(PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
                     RETURN_LSE=r.return_lse, num_warps=4)
         if cfg.qk_shard:
-            from .gluon_sm90_shard import mla_split_sm90_shard_kernel
-            qp = _rows_view(r.q_pe)
-            launcher, _ = launch_cached(mla_split_sm90_shard_kernel, grid, (
-                qn, ckv, kpe, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims), opts)
+            from .gluon_sm90_shard import mla_split_sm90_shard_kernel as kernel
+            args = (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims)
         else:
-            from .gluon_sm90 import mla_split_sm90_kernel
-            qp = gluon_desc(_rows_view(r.q_pe), [1, BLOCK_M, plan.dr])
-            launcher, _ = launch_cached(mla_split_sm90_kernel, grid, (qn, qp, ckv, kpe, *tail, *strides, *dims),
-                                        opts)
+            from .gluon_sm90 import mla_split_sm90_kernel as kernel
+            args = (descs[0], gluon_desc(qp, [1, BLOCK_M, plan.dr]), *descs[1:], *tail, *strides, *dims)
+        launcher, varying = launch_cached(kernel, grid, args, opts)
+        check_order(varying, tensors)
+        plan.launchers[self.name] = launcher
         return launcher.compiled

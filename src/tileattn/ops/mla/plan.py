@@ -17,7 +17,7 @@ import torch
 import triton
 
 from ... import hw
-from ...launcher import launch_cached
+from ...launcher import check_order, launch_cached
 from ..common.backend import force_backend
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
@@ -66,6 +66,16 @@ class MLARun:
     out: torch.Tensor | None = None
     lse: torch.Tensor | None = None
     return_lse: bool = False
+
+
+def _run_key(r):
+    """What run's checks and launches depend on in run r's tensors (shapes, strides, dtypes, devices, 16-byte
+    alignment) and options; None when an argument is not a tensor (the checks then say which)."""
+    try:
+        return (r.return_lse, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15) for t in (
+            r.q_nope, r.q_pe, r.ckv_cache, r.kpe_cache, r.block_table, r.out, r.lse)])
+    except AttributeError:
+        return None
 
 
 _warned = set()
@@ -131,6 +141,10 @@ class MLADecodePlan:
         self.compiled = None  # the split kernel of the last run (its metadata.shared: the real shared memory)
         self.lse = torch.empty(self.batch, num_heads, q_len, dtype=torch.float32, device=dev)
         self.kv_scale = torch.ones(1, dtype=torch.float32, device=dev)  # a number passed to run goes here
+        # run's fast path: the key (_run_key) of the last checked run since update(), whether its tensors suit
+        # TMA, and the launchers made for a key (backend name or "combine" -> launcher.KernelLauncher)
+        self._checked = self._launch_key = self._tma_ok = None
+        self.launchers = {}
         self.update(cache_seqlens)
 
     def _choose_kernels(self):
@@ -166,6 +180,7 @@ class MLADecodePlan:
         self.seqlens.copy_(cache_seqlens)
         self.num_items, self.num_slots, self.chunk = len(items), slots, chunk
         self.has_empty = bool(lens) and min(lens) == 0  # an empty sequence's out / lse come from the combine
+        self._checked = None  # the next run checks its tensors against the new lengths
         return self
 
     def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
@@ -178,7 +193,17 @@ class MLADecodePlan:
         float32 scale of an fp8 cache), a number or a one-element float32 tensor (a captured graph reads the
         tensor's current value). Returns out (and lse with return_lse); see the class docstring."""
         r = MLARun(q_nope, q_pe, ckv_cache, kpe_cache, block_table, kv_scale, out, lse, return_lse)
-        check_run_args(self, r)
+        r.out = self.out if out is None else out
+        r.lse = self.lse if lse is None else lse
+        key = _run_key(r)
+        if key is None or key != self._checked:
+            # a new tensor layout (or the first run since update): check everything once, then runs with the
+            # same key skip the checks and replay the launches made for it (self.launchers)
+            check_run_args(self, r)
+            self._checked, self._tma_ok = key, tensors_ok(r)
+            if key != self._launch_key:
+                self.launchers.clear()
+                self._launch_key = key
         check_kv_scale(kv_scale, self)
         if torch.is_grad_enabled() and (q_nope.requires_grad or q_pe.requires_grad or ckv_cache.requires_grad
                                         or kpe_cache.requires_grad):
@@ -188,9 +213,8 @@ class MLADecodePlan:
         if not isinstance(kv_scale, torch.Tensor):
             self.kv_scale.fill_(float(kv_scale))
             r.kv_scale = self.kv_scale
-        out = r.out = self.out if out is None else out
-        lse = r.lse = self.lse if lse is None else lse
-        backend = dispatch.SM90 if self.sm90 and tensors_ok(r) else dispatch.TRITON
+        out, lse = r.out, r.lse
+        backend = dispatch.SM90 if self.sm90 and self._tma_ok else dispatch.TRITON
         self.compiled = backend.launch(self, r)
         if not (self.num_slots or self.has_empty or capturing):
             # nothing to merge (every sequence is one work item that wrote its output) and no empty sequence to
@@ -198,11 +222,17 @@ class MLADecodePlan:
             # graph always has it: update() may split sequences later.
             return (out, lse) if return_lse else out
         block_r = max(1, min(self.block_m, 16384 // self.dc))
-        launch_cached(mla_combine_kernel, (triton.cdiv(self.rows, block_r), self.batch), (
-            self.o_part, self.lse_part, self.splits, out, lse,
-            *out.stride()[:3], lse.stride(0), lse.stride(1),
-            self.num_heads, self.q_len,
-        ), dict(DC=self.dc, BLOCK_R=block_r, RETURN_LSE=return_lse, num_warps=4))
+        grid = (triton.cdiv(self.rows, block_r), self.batch)
+        tensors = (self.o_part, self.lse_part, self.splits, out, lse)
+        launcher = self.launchers.get("combine")
+        if launcher is not None:
+            launcher(grid, *tensors)
+        else:
+            launcher, varying = launch_cached(mla_combine_kernel, grid, (
+                *tensors, *out.stride()[:3], lse.stride(0), lse.stride(1), self.num_heads, self.q_len,
+            ), dict(DC=self.dc, BLOCK_R=block_r, RETURN_LSE=return_lse, num_warps=4))
+            check_order(varying, tensors)
+            self.launchers["combine"] = launcher
         return (out, lse) if return_lse else out
 
     def __repr__(self) -> str:
