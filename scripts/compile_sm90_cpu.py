@@ -160,11 +160,14 @@ def flex(dt, D, which, gluon=True):
         flex_bwd(p, c, torch.randn_like(q), None)
 
 
-def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False):
+def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False, portable=False):
     import tileattn
-    from tileattn.ops.mla.configs import SM90_SHARD
+    from tileattn.ops.mla.configs import SM90_FP8_SHARD, SM90_SHARD
     B, P, DC, DR = 4, 64, 512, 64
-    with tileattn.force_backend(config=SM90_SHARD) if qk_shard else contextlib.nullcontext():
+    force = tileattn.force_backend("mla.triton") if portable else \
+        tileattn.force_backend(config=SM90_FP8_SHARD if fp8_cache else SM90_SHARD) if qk_shard else \
+        contextlib.nullcontext()
+    with force:
         plan = tileattn.MLADecodePlan(torch.full((B,), 1000, dtype=torch.int32), num_heads=hq, q_len=sq,
                                       page_size=P,
                                       dtype=dt, cache_dtype=torch.float8_e4m3fn if fp8_cache else None)
@@ -237,8 +240,10 @@ def variants():
     out["flexsm90-e4m3-D64-causal"] = lambda: flex(e4, 64, "causal")
     out["mla-sm90-hq64"] = lambda: mla()
     out["mla-sm90-shard-hq128"] = lambda: mla(hq=128, qk_shard=True)
-    out["mla-triton-hq16"] = lambda: mla(hq=16)
-    out["mla-triton-hq64-fp8"] = lambda: mla(fp8_cache=True)
+    out["mla-triton-hq16"] = lambda: mla(hq=16, portable=True)
+    out["mla-triton-hq64-fp8"] = lambda: mla(fp8_cache=True, portable=True)
+    out["mla-sm90-hq64-fp8"] = lambda: mla(fp8_cache=True)
+    out["mla-sm90-shard-hq128-fp8"] = lambda: mla(hq=128, qk_shard=True, fp8_cache=True)
     return out
 
 
@@ -301,6 +306,7 @@ def main():
     p.add_argument("--large-d", action="store_true", help="the large-D Gluon kernel")
     p.add_argument("--mla", action="store_true", help="the MLA decode Gluon split kernel")
     p.add_argument("--shard", action="store_true", help="with --mla: the QK_SHARD kernel")
+    p.add_argument("--fp8-cache", action="store_true", help="with --mla: an e4m3 cache (the converter partition)")
     p.add_argument("--bwd", default=None, metavar="M,N,WARPS,STAGES",
                    help="the dense backward's dK/dV kernel with these tiles")
     p.add_argument("--bwd-sm90", action="store_true", help="the dense backward's Hopper (Gluon) kernel")
@@ -334,7 +340,8 @@ def main():
             backward(DT[a.dtype], a.d, a.causal)
         name = "bwd_dkdv_kernel"
     elif a.mla:
-        mla(DT[a.dtype] if a.dtype in ("fp16", "bf16") else torch.bfloat16, a.hq, a.sq, qk_shard=a.shard)
+        mla(DT[a.dtype] if a.dtype in ("fp16", "bf16") else torch.bfloat16, a.hq, a.sq, qk_shard=a.shard,
+            fp8_cache=a.fp8_cache)
         name = "mla_split_sm90_shard_kernel" if a.shard else "mla_split_sm90_kernel"
     elif a.large_d:
         dense(DT[a.dtype], a.d, a.dv or a.d, backend="dense.large_d_sm90", H=2, causal=a.causal, return_lse=a.lse)

@@ -86,7 +86,8 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
        M(64, 8, 2, 1), M(32, 8, 2, 1), M(32, 8, 3, 1), M(32, 4, 2, 1), M(64, 8, 1, 1), M(32, 4, 2, 2), M(64, 4, 2, 2),
        M(16, 4, 1, 2), M(16, 4, 1, 4)]
 # mla-sched: Hopper configs against the table's choice (QK_SHARD stages and registers)
-MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4)]
+MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4), G(32, 2),
+             G(16, 8), G(64, 2)]
 MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
 # decode: (block_n, warps, stages); then programs per SM with the table's config
 DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (128, 4, 2), (32, 4, 6), (64, 2, 3))]
@@ -541,6 +542,7 @@ def mla_sched(a):
     from tileattn.bench.common import read_bandwidth
     from tileattn.bench.mla import DC, DR, check, make_inputs
     from tileattn.ops.mla import plan as plan_mod
+    from profile_kernels import kernel_times
     print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
     cfgs = [None] + [MLA_SCHED[i] for i in (a.configs or ())]
     for shape in a.shapes.split(";"):
@@ -562,9 +564,10 @@ def mla_sched(a):
                     line.append(f"w{waves} {mla_name(plan.config)}: WRONG {info}")
                     continue
                 ms, gms, us = do_bench(fn), _graph_ms(fn), _host_us(fn)
+                kernels = " + ".join(f"{k_ms * 1e3:.1f}" for k_ms, _ in kernel_times(fn)) if a.kernels else ""
                 line.append(f"w{waves} {mla_name(plan.config)} items={plan.num_items}: eager {ms:.3f} ms "
                             f"graph {gms:.3f} ms ({nbytes / gms / 1e6:.0f} GB/s, {flops / gms / 1e9:.0f} TFLOPS) "
-                            f"host {us:.0f} us")
+                            f"host {us:.0f} us" + (f" kernels {kernels} us" if kernels else ""))
             except Exception as e:  # noqa: BLE001
                 line.append(f"w{waves}: {err(e, 80)}")
             finally:
@@ -697,6 +700,8 @@ def main():
                    help="';'-separated BATCHxKVxHQxSQ (page 64, bf16)")
     p.add_argument("--waves", type=ints, default="1", help="plan._WAVES values")
     p.add_argument("--configs", type=ints, default=None, help="indices into MLA_SCHED, besides the table's")
+    p.add_argument("--kernels", action="store_true", help="also each kernel's GPU us per call (torch.profiler, "
+                   "run last per case: it may leave launch hooks that slow later eager calls)")
     p.set_defaults(func=mla_sched)
     p = sub.add_parser("decode", help="attention over a paged KV cache: configs against the read bandwidth")
     p.add_argument("--quick", action="store_true", help="six shapes")

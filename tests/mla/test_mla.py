@@ -11,7 +11,7 @@ import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.mla.configs import SM90_SHARD
+from tileattn.ops.mla.configs import SM90_FP8_CONFIGS, SM90_FP8_SHARD, SM90_SHARD
 from tileattn.ops.mla.reference import mla_decode_ref
 
 from tests.helpers import assert_close, paged_caches, randn
@@ -231,6 +231,7 @@ def test_gpu_mla_sm90(page_size, hq, sq, causal, device):
 
 
 SHARD = SM90_SHARD  # the table's QK_SHARD config
+FP8_SHARD, FP8_BOTH = SM90_FP8_SHARD, SM90_FP8_CONFIGS[0]  # the fp8 table's kernels
 
 
 @pytest.mark.gpu
@@ -286,12 +287,30 @@ def test_gpu_mla_sm90_fallback(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 64])
-@pytest.mark.parametrize("hq,sq", [(16, 1), (128, 2)])
+@pytest.mark.parametrize("hq,sq", [(16, 1), (64, 1), (20, 3), (128, 2)])
 def test_gpu_mla_fp8_cache(page_size, hq, sq, device):
-    run_case([1, 63, 64, 65, 0, 1000, 4097], page_size, hq, sq, 512, 64, torch.bfloat16, device,
-             cache_dtype=torch.float8_e4m3fn, kv_scale=torch.tensor([0.05], device=device), plan_form=True)
+    """e4m3 caches: on the Hopper kernels (the converter partition) where pages hold whole steps, else the
+    portable kernel; a scale tensor and a number."""
+    plan = run_case([1, 63, 64, 65, 0, 1000, 4097], page_size, hq, sq, 512, 64, torch.bfloat16, device,
+                    cache_dtype=torch.float8_e4m3fn, kv_scale=torch.tensor([0.05], device=device), plan_form=True)
+    assert (plan.sm90 is not None) == (_sm90(device) and page_size == 64), plan
+    assert plan.sm90 is None or plan.sm90.fp8_stages > 0, plan
     run_case([3, 700], page_size, hq, sq, 512, 64, torch.bfloat16, device, cache_dtype=torch.float8_e4m3fn,
              kv_scale=2.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [1, 3])
+@pytest.mark.parametrize("shard", [False, True], ids=["both", "qk_shard"])
+def test_gpu_mla_sm90_fp8_few_ctas(programs, shard, device):
+    """The converter's ring phases over many tiles per CTA (fp16 q: the widening to fp16), both Hopper kernels."""
+    if not _sm90(device):
+        pytest.skip("no Hopper kernel on this GPU")
+    config = FP8_SHARD if shard else FP8_BOTH
+    plan = run_case([1, 31, 32, 33, 0, 96, 129, 3000, 191], 64, 128 if shard else 64, 2, 512, 64, torch.float16,
+                    device, plan_form=True, programs=programs, config=config, cache_dtype=torch.float8_e4m3fn,
+                    kv_scale=0.3)
+    assert plan.sm90 == config, plan
 
 
 @pytest.mark.gpu

@@ -65,6 +65,9 @@ class MLASm90Config:
     # QK_SHARD: the warpgroups take turns computing a step's scores and share P through shared memory
     # (gluon_sm90_shard.py; no score computed twice); off: both compute every step's scores
     qk_shard: bool = False
+    # fp8 caches: cache steps in flight in fp8, which the converter warpgroup widens into the `stages` 16-bit
+    # steps the consumers read (gluon_producer.py); 0: 16-bit caches, loaded straight into the 16-bit ring
+    fp8_stages: int = 0
 
 
 # Best first; the first that fits the page size and the shared-memory budget is used. Shared memory at
@@ -73,13 +76,15 @@ class MLASm90Config:
 # GB/s for 32 tokens x 4 stages / 32 x 3 / 64 x 2, and the portable kernel's best:
 #   batch 768 x 2K, Hq 64: 2574 / 2497 / 2281, portable 1721;  batch 16 x 32K, Hq 64: 2475 / 2329 / 2056, 1535;
 #   batch 768 x 1K, Hq 32: 2538 / 2441 / 2180, portable 2120;  batch 768 x 1K, Hq 16: 2568 / 2453 / 2157, 2638.
-# So 16 rows or fewer (a 64-row tile would be mostly padding) stay on the portable kernel.
+# 16 rows: on the H100 (2026-11-24, scripts/sweep.py mla-sched --kernels, Hq 16, Sq 1) the Gluon kernel (32 x 4)
+# against the portable one: batch 128 kv 1K 0.081 / 0.104 ms, kv 4K 0.232 / 0.369; batch 768 kv 1K 0.362 / 0.356.
+# So from 16 rows up the Gluon kernel; fewer (a 64-row tile mostly padding, not measured) stay portable.
 SM90_CONFIGS = [
     MLASm90Config(block_n=32, stages=4),
     MLASm90Config(block_n=32, stages=3),
     MLASm90Config(block_n=64, stages=2),
 ]
-MIN_ROWS = 17
+MIN_ROWS = 16
 # QK_SHARD (gluon_sm90_shard.py) first for more than one 64-row tile per work item. Measured on the H100
 # (2026-11-24, bench mla --groups qk_shard, bf16, page 64), ms on / off: Hq 128 batch 128 kv 1K-8K 0.127 / 0.133,
 # 0.199 / 0.225, 0.349 / 0.421, 0.665 / 0.821 (287-439 TFLOPS against 275-356); batch 768 1.13-1.27x. At Hq 16-64
@@ -90,16 +95,43 @@ SHARD_MIN_ROWS = BLOCK_M + 1
 
 def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int:
     """The Q slot, `stages` cache steps, 1 KB for barriers and alignment; with qk_shard the Q slot holds only
-    the nope part (the rope part lives in registers) and two P tiles and the row statistics are added."""
+    the nope part (the rope part lives in registers) and two P tiles and the row statistics are added; with
+    fp8_stages, that many fp8 cache steps."""
+    fp8 = cfg.fp8_stages * cfg.block_n * (dc + dr)
     if cfg.qk_shard:
         return (BLOCK_M * dc + cfg.stages * cfg.block_n * (dc + dr) + 2 * BLOCK_M * cfg.block_n) * elem_bytes \
-            + 2048
-    return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + 1024
+            + fp8 + 2048
+    return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + fp8 + 1024
 
 
-def sm90_configs(rows):
-    """The Gluon kernels' configs for `rows` query rows (Sq * Hq), best first (the forced one alone)."""
+# fp8 (e4m3) caches: three 16-bit steps for the consumers (as QK_SHARD needs), two fp8 steps in flight (the
+# converter frees them as soon as they are widened). Shared memory at Dc = 512, Dr = 64, 32-token steps: the Q
+# slot 72 KB + three 36 KB steps + two 18 KB fp8 steps.
+SM90_FP8_CONFIGS = [
+    MLASm90Config(block_n=32, stages=3, fp8_stages=2),
+]
+SM90_FP8_SHARD = MLASm90Config(block_n=32, stages=3, qk_shard=True, fp8_stages=2)
+
+
+# the converter partition (gluon_producer.py): warps and registers per thread (setmaxnreg). Two warps keep the
+# kernel at three warpgroups' worth of warps (a fourth warpgroup would cap every thread at 128 registers, less than
+# the consumers' accumulators need).
+CONVERTER_WARPS = 2
+CONVERTER_REGS = 56
+
+
+def widen_rows(d):
+    """Rows of a [rows, d] fp8 cache box the converter widens per pass (16 bytes per thread; at least 8, the
+    shared-memory swizzle's period): an fp8 config's block_n must be a multiple for d = Dc / 2 and Dr."""
+    return max(8, 32 // min(32, d // 16) * CONVERTER_WARPS)
+
+
+def sm90_configs(rows, fp8=False):
+    """The Gluon kernels' configs for `rows` query rows (Sq * Hq) and 16-bit (or fp8) caches, best first (the
+    forced one alone)."""
     forced = forced_config(MLASm90Config)
     if forced is not None:
         return [forced]
+    if fp8:
+        return [SM90_FP8_SHARD] + SM90_FP8_CONFIGS if rows >= SHARD_MIN_ROWS else SM90_FP8_CONFIGS + [SM90_FP8_SHARD]
     return [SM90_SHARD] + SM90_CONFIGS if rows >= SHARD_MIN_ROWS else SM90_CONFIGS + [SM90_SHARD]

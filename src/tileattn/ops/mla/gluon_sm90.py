@@ -34,31 +34,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common import softmax
-from ..common.gluon_compat import thread_barrier, tma_load
+from ..common.gluon_compat import thread_barrier
+from .gluon_producer import CONVERTER_REGS, CONVERTER_WARPS, _buf, _converter, _fp8_rings, _loader, _work_item
 
 LN2 = gl.constexpr(0.6931471805599453)
 
 # the online softmax step, written once as a Triton function and compiled here as Gluon
 _online_softmax = gluon.jit(softmax.online_softmax.fn)
-
-
-@gluon.jit
-def _work_item(r, row_blocks, num_tiles, WORK):
-    """(b, row block, start, end, output slot) of this CTA's tile in round r of the persistent grid; b = -1 when
-    the CTA has no tile this round or the work item is unused (loader and consumers skip it alike)."""
-    t = r * gl.num_programs(0) + gl.program_id(0)
-    i_r = t % row_blocks
-    w = t // row_blocks
-    b = -1
-    start = 0
-    end = 0
-    out_slot = -1
-    if t < num_tiles:
-        b = gl.load(WORK + w * 4)
-        start = gl.load(WORK + w * 4 + 1)
-        end = gl.load(WORK + w * 4 + 2)
-        out_slot = gl.load(WORK + w * 4 + 3)
-    return b, i_r, start, end, out_slot
 
 
 @gluon.jit
@@ -84,77 +66,6 @@ def _scores(qn_bufs, qp_buf, c_bufs, p_bufs, s, zero):
     qk = warpgroup_mma(_buf(qn_bufs, 0), _buf(c_bufs, 2 * s).permute((1, 0)), zero, use_acc=False, is_async=True)
     qk = warpgroup_mma(_buf(qn_bufs, 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
     return warpgroup_mma(_buf(qp_buf, 0), _buf(p_bufs, s).permute((1, 0)), qk, is_async=True)
-
-
-@gluon.jit
-def _page_of(bt_row, n0, num_pages, PAGE: gl.constexpr):
-    """Page id of token n0 (clamped into the cache: a bad id reads wrong rows, never outside)."""
-    page = gl.load(bt_row + n0 // PAGE)
-    return gl.minimum(gl.maximum(page, 0), num_pages - 1)
-
-
-@gluon.jit
-def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
-            kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks,
-            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True):
-    """QP_SMEM: the Q slot holds the rope part too (else only the nope halves: qp_desc and qp_buf unused)."""
-    BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
-    DH: gl.constexpr = ckv_desc.block_type.shape[2]
-    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
-    kv = 0  # cache steps loaded so far by this CTA: ring slot and phase
-    j = 0  # tiles started so far: phase of the Q slot
-    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
-        b, i_r, start, end, _ = _work_item(r, row_blocks, num_tiles, WORK)
-        if b >= 0:
-            n_blocks = gl.cdiv(end - start, BLOCK_N)
-            bt_row = BT + b.to(gl.int64) * stride_bt
-            # the Q slot frees only when the previous tile is done: its first STAGES steps go first (their
-            # buffers are freed by the previous tile's consumers, which need nothing more from the loader)
-            first = gl.minimum(n_blocks, STAGES)
-            _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, 0, first, start, bt_row,
-                        num_pages, PAGE, STAGES)
-            mbarrier.wait(q_empty.index(0), (j & 1) ^ 1)
-            if QP_SMEM:
-                mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
-                tma_load(qp_desc, [b, i_r * BLOCK_M, 0], q_ready.index(0), qp_buf.index(0))
-            else:
-                mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes)
-            for h in gl.static_range(2):
-                tma_load(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0), qn_bufs.index(h))
-            _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, first, n_blocks, start, bt_row,
-                        num_pages, PAGE, STAGES)
-            j += 1
-            kv += n_blocks
-
-
-@gluon.jit
-def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row,
-                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr):
-    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it."""
-    DH: gl.constexpr = ckv_desc.block_type.shape[2]
-    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
-    nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
-    # (an empty range still reads a page id: the tile's last step's, never past the sequence's row)
-    page = _page_of(bt_row, start + gl.minimum(it_lo, it_hi - 1) * BLOCK_N, num_pages, PAGE)
-    for it in range(it_lo, it_hi):
-        s = (kv + it) % STAGES
-        n0 = start + it * BLOCK_N
-        # the next step's page id is read while this one waits for its buffer
-        next_page = _page_of(bt_row, gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N), num_pages, PAGE)
-        mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
-        mbarrier.expect(kv_ready.index(s), nbytes)
-        slot = n0 % PAGE
-        for h in gl.static_range(2):
-            tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s),
-                                            c_bufs.index(2 * s + h))
-        tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
-        page = next_page
-
-
-@gluon.jit
-def _buf(bufs, i):
-    """Buffer i of a ring allocated in its descriptor's [1, rows, cols] block shape, as a [rows, cols] view."""
-    return bufs.index(i).reshape([bufs.shape[2], bufs.shape[3]])
 
 
 @gluon.jit
@@ -322,20 +233,20 @@ def mla_split_sm90_kernel(
     stride_bt, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
     PAGE: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
-    RETURN_LSE: gl.constexpr,
+    RETURN_LSE: gl.constexpr, F_STAGES: gl.constexpr = 0, C_LAYOUT: gl.constexpr = None,
+    P_LAYOUT: gl.constexpr = None,
 ):
     """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
 
     Descriptors: qn over q_nope as [B, Sq * Hq, DC] with block [1, 64, DC / 2]; qp over q_pe as [B, Sq * Hq, DR]
     with block [1, 64, DR]; ckv over [num_pages, page_size, DC] with block [1, BLOCK_N, DC / 2]; kpe over
     [num_pages, page_size, DR] with block [1, BLOCK_N, DR]. WORK, O, LSE, OP, LSEP, KVS and sm_scale as in
-    kernels.mla_split_kernel (16-bit caches only).
+    kernels.mla_split_kernel. F_STAGES > 0: fp8 caches, streamed through F_STAGES fp8 steps and widened into
+    the STAGES 16-bit ones (C_LAYOUT / P_LAYOUT: their shared layouts, those of 16-bit descriptors; gluon_producer.py).
     """
     # one Q slot (nope halves + rope), STAGES cache steps (ckv halves + kpe), in the descriptors' block shapes
     qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
     qp_buf = gl.allocate_shared_memory(qp_desc.dtype, [1] + qp_desc.block_type.shape, qp_desc.layout)
-    c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, ckv_desc.layout)
-    p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -345,14 +256,33 @@ def mla_split_sm90_kernel(
     for s in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=2)
-
-    gl.warp_specialize([
-        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE,
-                     OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
-                     row_blocks, sm_scale, 0, STAGES, CAUSAL, RETURN_LSE)),
-        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE,
-                     OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
-                     row_blocks, sm_scale, 1, STAGES, CAUSAL, RETURN_LSE)),
-        (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
-                   kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    if F_STAGES > 0:
+        c_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, C_LAYOUT)
+        p_bufs = gl.allocate_shared_memory(qn_desc.dtype, [STAGES] + kpe_desc.block_type.shape, P_LAYOUT)
+        f_c, f_p, f_ready, f_empty = _fp8_rings(ckv_desc, kpe_desc, F_STAGES)
+        gl.warp_specialize([
+            (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O,
+                         LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                         num_tiles, row_blocks, sm_scale, 0, STAGES, CAUSAL, RETURN_LSE)),
+            (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O,
+                         LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                         num_tiles, row_blocks, sm_scale, 1, STAGES, CAUSAL, RETURN_LSE)),
+            (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, f_c, f_p, q_ready, q_empty, f_ready,
+                       f_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, F_STAGES)),
+            (_converter, (f_c, f_p, c_bufs, p_bufs, f_ready, f_empty, kv_ready, kv_empty, WORK, num_tiles,
+                          row_blocks, F_STAGES, STAGES)),
+        ], [4, 1, CONVERTER_WARPS], [CONSUMER_REGS, 24, CONVERTER_REGS])
+    else:
+        c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape,
+                                           ckv_desc.layout)
+        p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
+        gl.warp_specialize([
+            (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O,
+                         LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                         num_tiles, row_blocks, sm_scale, 0, STAGES, CAUSAL, RETURN_LSE)),
+            (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O,
+                         LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                         num_tiles, row_blocks, sm_scale, 1, STAGES, CAUSAL, RETURN_LSE)),
+            (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty,
+                       kv_ready, kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])

@@ -1,9 +1,9 @@
 """Backend "mla.sm90": the Hopper Gluon split kernels (gluon_sm90.py; gluon_sm90_shard.py for QK_SHARD configs).
 
-It serves plans on an H100/H200 with triton 3.6, 16-bit caches, Dc / 2 and Dr powers of two up to 256, pages
-holding whole cache steps and a config within the shared-memory budget; it prefers more than 16 query rows
-(configs.MIN_ROWS). `tensors_ok(...)` checks, per run, that the tensors suit TMA (else the plan runs the
-portable kernel for that call).
+It serves plans on an H100/H200 with triton 3.6, 16-bit or fp8 (e4m3) caches (fp8: widened by a converter
+warpgroup, gluon_producer.py), Dc / 2 and Dr powers of two up to 256, pages holding whole cache steps and a
+config within the shared-memory budget; it prefers 16 query rows or more (configs.MIN_ROWS). `tensors_ok(...)`
+checks, per run, that the tensors suit TMA (else the plan runs the portable kernel for that call).
 """
 import torch
 
@@ -11,9 +11,9 @@ from ... import hw
 from ...launcher import check_order, launch_cached
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
-from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
+from ..common.tma import gluon_desc, gluon_sm90_reason, nvmma_layout, tma_ok
 from .checks import is_pow2
-from .configs import BLOCK_M, MIN_ROWS, sm90_configs, smem_bytes
+from .configs import BLOCK_M, MIN_ROWS, sm90_configs, smem_bytes, widen_rows
 
 
 def _rows_view(q):
@@ -38,14 +38,14 @@ class Sm90Backend(Backend):
         why = gluon_sm90_reason(plan.device)
         if why:
             return False, why
-        if plan.cache_dtype not in (torch.float16, torch.bfloat16):
+        if plan.cache_dtype not in (torch.float16, torch.bfloat16, torch.float8_e4m3fn):
             return False, f"{plan.cache_dtype} caches run on the Triton kernel"
         # the accumulator of one warpgroup is 64 x Dc / 2 float32: at most 128 registers per thread
         if not (is_pow2(plan.dc) and 32 <= plan.dc <= 512 and is_pow2(plan.dr) and 16 <= plan.dr <= 256):
             return False, f"Dc={plan.dc}, Dr={plan.dr}: it serves powers of two, Dc in 32..512, Dr in 16..256"
         if self.config(plan) is None:
-            return False, (f"no config fits pages of {plan.page_size} tokens and the shared-memory budget of "
-                           f"{hw.device_info(plan.device).smem_per_block} bytes")
+            return False, (f"no config fits pages of {plan.page_size} tokens, the shared-memory budget of "
+                           f"{hw.device_info(plan.device).smem_per_block} bytes and {plan.cache_dtype} caches")
         return True, ""
 
     def prefers(self, plan):
@@ -54,11 +54,14 @@ class Sm90Backend(Backend):
         return True, ""
 
     def config(self, plan):
-        """The first config that fits the plan's page size and the shared-memory budget, or None (a qk_shard
-        config also needs >= 3 stages of >= 32 tokens and Dr <= 64: the rope part of Q is held in registers)."""
+        """The first config that fits the plan's page size, cache dtype and the shared-memory budget, or None (a
+        qk_shard config also needs >= 3 stages of >= 32 tokens and Dr <= 64: the rope part of Q is held in
+        registers; an fp8 config, steps the converter's passes divide)."""
         budget = hw.device_info(plan.device).smem_per_block
-        return next((cfg for cfg in sm90_configs(plan.rows) if plan.page_size % cfg.block_n == 0
-                     and smem_bytes(cfg, plan.dc, plan.dr) <= budget
+        fp8 = plan.cache_dtype == torch.float8_e4m3fn
+        return next((cfg for cfg in sm90_configs(plan.rows, fp8) if plan.page_size % cfg.block_n == 0
+                     and smem_bytes(cfg, plan.dc, plan.dr) <= budget and (cfg.fp8_stages > 0) == fp8
+                     and (not fp8 or all(cfg.block_n % widen_rows(d) == 0 for d in (plan.dc // 2, plan.dr)))
                      and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))), None)
 
     def launch(self, plan, r):
@@ -85,6 +88,9 @@ class Sm90Backend(Backend):
         dims = (plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks, plan.scale * LOG2E)
         opts = dict(PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
                     RETURN_LSE=r.return_lse, num_warps=4)
+        if cfg.fp8_stages:  # the 16-bit ring the converter fills: the layouts of 16-bit descriptors' boxes
+            opts.update(F_STAGES=cfg.fp8_stages, C_LAYOUT=nvmma_layout([1, cfg.block_n, dh], plan.dtype),
+                        P_LAYOUT=nvmma_layout([1, cfg.block_n, plan.dr], plan.dtype))
         if cfg.qk_shard:
             from .gluon_sm90_shard import mla_split_sm90_shard_kernel as kernel
             args = (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims)

@@ -1,0 +1,172 @@
+"""The producer side of the Hopper MLA kernels (gluon_sm90.py, gluon_sm90_shard.py): what fills the ring of cache
+steps the consumer warpgroups read, and the work-item helpers both sides share.
+
+  - `_loader` (one warp): a tile's Q, then its cache steps through the ring with TMA (see gluon_sm90.py).
+  - fp8 (e4m3) caches: the consumers' wgmmas take 16-bit operands (Q stays in q's dtype, so the scores keep its
+    precision; fp8 wgmma would need Q quantized and V transposed). The loader then streams the steps into a
+    ring of F_STAGES fp8 buffers (`f_ready` / `f_empty`, `_fp8_rings`), and `_converter` (a warpgroup) widens
+    each step into the 16-bit ring the consumers read (`kv_ready` / `kv_empty`, as the loader fills it for
+    16-bit caches). The widening is exact (every e4m3 value is a bf16 and an fp16 value); the cache scale is
+    applied by the consumers (scores and output), as for 16-bit caches. An fp8 step frees as soon as it is
+    widened, so the fp8 ring keeps loads in flight while the 16-bit ring holds the steps the consumers still
+    read: the bytes read per token halve.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from ..common.gluon_compat import thread_barrier, tma_load
+from . import configs
+
+
+@gluon.jit
+def _work_item(r, row_blocks, num_tiles, WORK):
+    """(b, row block, start, end, output slot) of this CTA's tile in round r of the persistent grid; b = -1 when
+    the CTA has no tile this round or the work item is unused (loader and consumers skip it alike)."""
+    t = r * gl.num_programs(0) + gl.program_id(0)
+    i_r = t % row_blocks
+    w = t // row_blocks
+    b = -1
+    start = 0
+    end = 0
+    out_slot = -1
+    if t < num_tiles:
+        b = gl.load(WORK + w * 4)
+        start = gl.load(WORK + w * 4 + 1)
+        end = gl.load(WORK + w * 4 + 2)
+        out_slot = gl.load(WORK + w * 4 + 3)
+    return b, i_r, start, end, out_slot
+
+
+@gluon.jit
+def _buf(bufs, i):
+    """Buffer i of a ring allocated in its descriptor's [1, rows, cols] block shape, as a [rows, cols] view."""
+    return bufs.index(i).reshape([bufs.shape[2], bufs.shape[3]])
+
+
+@gluon.jit
+def _page_of(bt_row, n0, num_pages, PAGE: gl.constexpr):
+    """Page id of token n0 (clamped into the cache: a bad id reads wrong rows, never outside)."""
+    page = gl.load(bt_row + n0 // PAGE)
+    return gl.minimum(gl.maximum(page, 0), num_pages - 1)
+
+
+@gluon.jit
+def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
+            kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks,
+            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True):
+    """QP_SMEM: the Q slot holds the rope part too (else only the nope halves: qp_desc and qp_buf unused)."""
+    BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
+    DH: gl.constexpr = ckv_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
+    kv = 0  # cache steps loaded so far by this CTA: ring slot and phase
+    j = 0  # tiles started so far: phase of the Q slot
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        b, i_r, start, end, _ = _work_item(r, row_blocks, num_tiles, WORK)
+        if b >= 0:
+            n_blocks = gl.cdiv(end - start, BLOCK_N)
+            bt_row = BT + b.to(gl.int64) * stride_bt
+            # the Q slot frees only when the previous tile is done: its first STAGES steps go first (their
+            # buffers are freed by the previous tile's consumers, which need nothing more from the loader)
+            first = gl.minimum(n_blocks, STAGES)
+            _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, 0, first, start, bt_row,
+                        num_pages, PAGE, STAGES)
+            mbarrier.wait(q_empty.index(0), (j & 1) ^ 1)
+            if QP_SMEM:
+                mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
+                tma_load(qp_desc, [b, i_r * BLOCK_M, 0], q_ready.index(0), qp_buf.index(0))
+            else:
+                mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes)
+            for h in gl.static_range(2):
+                tma_load(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0), qn_bufs.index(h))
+            _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, first, n_blocks, start, bt_row,
+                        num_pages, PAGE, STAGES)
+            j += 1
+            kv += n_blocks
+
+
+@gluon.jit
+def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row,
+                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr):
+    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it."""
+    DH: gl.constexpr = ckv_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
+    nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
+    # (an empty range still reads a page id: the tile's last step's, never past the sequence's row)
+    page = _page_of(bt_row, start + gl.minimum(it_lo, it_hi - 1) * BLOCK_N, num_pages, PAGE)
+    for it in range(it_lo, it_hi):
+        s = (kv + it) % STAGES
+        n0 = start + it * BLOCK_N
+        # the next step's page id is read while this one waits for its buffer
+        next_page = _page_of(bt_row, gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N), num_pages, PAGE)
+        mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
+        mbarrier.expect(kv_ready.index(s), nbytes)
+        slot = n0 % PAGE
+        for h in gl.static_range(2):
+            tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s),
+                                            c_bufs.index(2 * s + h))
+        tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
+        page = next_page
+
+
+# ---- fp8 caches ----------------------------------------------------------------------------------------------
+CONVERTER_WARPS = gl.constexpr(configs.CONVERTER_WARPS)
+CONVERTER_REGS = gl.constexpr(configs.CONVERTER_REGS)
+
+
+@gluon.jit
+def _fp8_rings(ckv_desc, kpe_desc, F_STAGES: gl.constexpr):
+    """The fp8 ring the loader fills for the converter (_converter): F_STAGES steps in the descriptors' block
+    shapes, with their ready (TMA) and empty (converter) barriers."""
+    f_c = gl.allocate_shared_memory(ckv_desc.dtype, [2 * F_STAGES] + ckv_desc.block_type.shape, ckv_desc.layout)
+    f_p = gl.allocate_shared_memory(kpe_desc.dtype, [F_STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
+    f_ready = gl.allocate_shared_memory(gl.int64, [F_STAGES, 1], mbarrier.MBarrierLayout())
+    f_empty = gl.allocate_shared_memory(gl.int64, [F_STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(F_STAGES):
+        mbarrier.init(f_ready.index(s), count=1)
+        mbarrier.init(f_empty.index(s), count=1)
+    return f_c, f_p, f_ready, f_empty
+
+
+@gluon.jit
+def _widen(src, dst):
+    """dst = src for a [rows, D] fp8 buffer and its 16-bit twin, in passes of configs.widen_rows(D) rows (16 bytes
+    per thread per row group; at least 8 rows, the swizzle's period; launch_sm90 checks that they divide rows)."""
+    ROWS: gl.constexpr = src.shape[0]
+    D: gl.constexpr = src.shape[1]
+    TPW_C: gl.constexpr = D // 16 if D // 16 < 32 else 32
+    TPW_R: gl.constexpr = 32 // TPW_C
+    PASS: gl.constexpr = TPW_R * CONVERTER_WARPS if TPW_R * CONVERTER_WARPS > 8 else 8
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [TPW_R, TPW_C], [CONVERTER_WARPS, 1], [1, 0])
+    for p in gl.static_range(ROWS // PASS):
+        x = src.slice(p * PASS, PASS, dim=0).load(layout)
+        dst.slice(p * PASS, PASS, dim=0).store(x.to(dst.dtype))
+
+
+@gluon.jit
+def _converter(f_c, f_p, c_bufs, p_bufs, f_ready, f_empty, kv_ready, kv_empty, WORK, num_tiles, row_blocks,
+               F_STAGES: gl.constexpr, STAGES: gl.constexpr):
+    """Widens every cache step of this CTA's tiles (in the loader's order) from fp8 ring slot g % F_STAGES into
+    16-bit ring slot g % STAGES, g counting the CTA's steps. The ckv halves and kpe of a step as the loader put
+    them (ckv half h of step s at 2 * s + h)."""
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    kv = 0
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        b, i_r, start, end, _ = _work_item(r, row_blocks, num_tiles, WORK)
+        if b >= 0:
+            n_blocks = gl.cdiv(end - start, BLOCK_N)
+            for it in range(n_blocks):
+                g = kv + it
+                sf = g % F_STAGES
+                sb = g % STAGES
+                mbarrier.wait(f_ready.index(sf), (g // F_STAGES) & 1)
+                mbarrier.wait(kv_empty.index(sb), ((g // STAGES) & 1) ^ 1)
+                for h in gl.static_range(2):
+                    _widen(_buf(f_c, 2 * sf + h), _buf(c_bufs, 2 * sb + h))
+                _widen(_buf(f_p, sf), _buf(p_bufs, sb))
+                # the stores must be visible to the consumers' wgmmas (the async proxy) before they are told
+                fence_async_shared()
+                thread_barrier()
+                mbarrier.arrive(f_empty.index(sf))
+                mbarrier.arrive(kv_ready.index(sb))
+            kv += n_blocks
