@@ -88,6 +88,9 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
 # mla-sched: Hopper configs against the table's choice (QK_SHARD stages and registers)
 MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4), G(32, 2),
              G(16, 8), G(64, 2)]
+# mla-sched --fp8: (block_n, 16-bit stages, fp8 stages), QK_SHARD or not
+MLA_SCHED_FP8 = [G(32, 3, fp8_stages=2), G(32, 2, fp8_stages=4), G(32, 3, qk_shard=True, fp8_stages=2),
+                 G(32, 2, fp8_stages=3)]
 MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
 # decode: (block_n, warps, stages); then programs per SM with the table's config
 DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (128, 4, 2), (32, 4, 6), (64, 2, 3))]
@@ -476,7 +479,8 @@ def large_d(a):
 # ---- MLA decode ----------------------------------------------------------------------------------------------
 def mla_name(cfg):
     if isinstance(cfg, G):
-        return f"sm90 {cfg.block_n}/{cfg.stages}/{cfg.consumer_regs}"
+        return (f"sm90 {cfg.block_n}/{cfg.stages}/{cfg.consumer_regs}" + (" shard" if cfg.qk_shard else "")
+                + (f" fp8x{cfg.fp8_stages}" if cfg.fp8_stages else ""))
     return f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}/{cfg.out_split}"
 
 
@@ -539,17 +543,19 @@ def _host_us(fn, n=200):
 
 def mla_sched(a):
     """Per shape, per (waves, config): eager ms, CUDA-graph ms and host us per call, output checked."""
-    from tileattn.bench.common import read_bandwidth
-    from tileattn.bench.mla import DC, DR, check, make_inputs
-    from tileattn.ops.mla import plan as plan_mod
     from profile_kernels import kernel_times
+    from tileattn.bench.common import read_bandwidth
+    from tileattn.bench.mla import DC, DR, FP8_SCALE, check, make_inputs
+    from tileattn.ops.mla import plan as plan_mod
     print(f"read bandwidth {read_bandwidth():.0f} GB/s", flush=True)
-    cfgs = [None] + [MLA_SCHED[i] for i in (a.configs or ())]
+    cfgs = [None] + [(MLA_SCHED_FP8 if a.fp8 else MLA_SCHED)[i] for i in (a.configs or ())]
     for shape in a.shapes.split(";"):
         batch, kv, hq, sq = (int(x) for x in shape.split("x"))
-        inputs = make_inputs(batch, kv, hq, sq, 64, torch.bfloat16)
+        fp8 = torch.float8_e4m3fn if a.fp8 else None
+        inputs = make_inputs(batch, kv, hq, sq, 64, torch.bfloat16, cache_dtype=fp8)
         qn, qp, ckv, kpe, table, seqlens = inputs
-        nbytes = 2 * (batch * kv * (DC + DR) + batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
+        scale = FP8_SCALE if a.fp8 else 1.0
+        nbytes = (1 if a.fp8 else 2) * batch * kv * (DC + DR) + 2 * (batch * sq * hq * (DC + DR) + batch * sq * hq * DC)
         flops = 2 * batch * sq * hq * kv * (2 * DC + DR)
         line = []
         for waves, cfg in itertools.product(a.waves, cfgs):
@@ -557,9 +563,9 @@ def mla_sched(a):
             plan_mod._WAVES = waves
             try:
                 with forced(cfg):
-                    plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=64)
-                fn = lambda: plan.run(qn, qp, ckv, kpe, table)  # noqa: E731
-                ok, info = check(fn(), inputs, sample=8)
+                    plan = tileattn.MLADecodePlan(seqlens, num_heads=hq, q_len=sq, page_size=64, cache_dtype=fp8)
+                fn = lambda: plan.run(qn, qp, ckv, kpe, table, kv_scale=scale)  # noqa: E731
+                ok, info = check(fn(), inputs, sample=8, kv_scale=scale)
                 if not ok:
                     line.append(f"w{waves} {mla_name(plan.config)}: WRONG {info}")
                     continue
@@ -700,6 +706,7 @@ def main():
                    help="';'-separated BATCHxKVxHQxSQ (page 64, bf16)")
     p.add_argument("--waves", type=ints, default="1", help="plan._WAVES values")
     p.add_argument("--configs", type=ints, default=None, help="indices into MLA_SCHED, besides the table's")
+    p.add_argument("--fp8", action="store_true", help="e4m3 caches (the fp8 configs: MLA_SCHED_FP8)")
     p.add_argument("--kernels", action="store_true", help="also each kernel's GPU us per call (torch.profiler, "
                    "run last per case: it may leave launch hooks that slow later eager calls)")
     p.set_defaults(func=mla_sched)

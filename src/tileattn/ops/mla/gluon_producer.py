@@ -128,10 +128,39 @@ def _fp8_rings(ckv_desc, kpe_desc, F_STAGES: gl.constexpr):
     return f_c, f_p, f_ready, f_empty
 
 
+# e4m3 -> 16-bit on the integer pipe, four values per 32-bit register (the conversion instructions run at a
+# quarter of the ALU's rate, and the converter's widening was measured to limit the kernel): each byte goes to the
+# high byte of a 16-bit lane, the exponent and mantissa bits shift into the target's fields (exponent bias 7
+# where the target's is 127 / 15) and one exact multiply by 2^120 / 2^8 rebiases, subnormals included. An e4m3
+# NaN (magnitude 0x7f) comes out as 480, not NaN.
+_SPREAD = """{
+.reg .b32 z, lo, hi, s, k;
+mov.b32 z, 0;
+mov.b32 k, SCALE;
+prmt.b32 lo, $2, z, 0x1404;
+prmt.b32 hi, $2, z, 0x3424;
+and.b32 s, lo, 0x80008000;
+shr.b32 lo, lo, SHIFT;
+and.b32 lo, lo, MASK;
+or.b32 lo, lo, s;
+and.b32 s, hi, 0x80008000;
+shr.b32 hi, hi, SHIFT;
+and.b32 hi, hi, MASK;
+or.b32 hi, hi, s;
+mul.rn.TYPE $0, lo, k;
+mul.rn.TYPE $1, hi, k;
+}"""
+_TO_BF16 = gl.constexpr(_SPREAD.replace("SHIFT", "4").replace("MASK", "0x07F007F0").replace("TYPE", "bf16x2")
+                        .replace("SCALE", "0x7B807B80"))
+_TO_F16 = gl.constexpr(_SPREAD.replace("SHIFT", "1").replace("MASK", "0x3F803F80").replace("TYPE", "f16x2")
+                       .replace("SCALE", "0x5C005C00"))
+
+
 @gluon.jit
 def _widen(src, dst):
-    """dst = src for a [rows, D] fp8 buffer and its 16-bit twin, in passes of configs.widen_rows(D) rows (16 bytes
-    per thread per row group; at least 8 rows, the swizzle's period; launch_sm90 checks that they divide rows)."""
+    """dst = src for a [rows, D] fp8 (e4m3) buffer and its 16-bit twin, in passes of configs.widen_rows(D) rows (16
+    bytes per thread per row group; at least 8 rows, the swizzle's period; launch_sm90 checks that they divide
+    rows)."""
     ROWS: gl.constexpr = src.shape[0]
     D: gl.constexpr = src.shape[1]
     TPW_C: gl.constexpr = D // 16 if D // 16 < 32 else 32
@@ -139,8 +168,12 @@ def _widen(src, dst):
     PASS: gl.constexpr = TPW_R * CONVERTER_WARPS if TPW_R * CONVERTER_WARPS > 8 else 8
     layout: gl.constexpr = gl.BlockedLayout([1, 16], [TPW_R, TPW_C], [CONVERTER_WARPS, 1], [1, 0])
     for p in gl.static_range(ROWS // PASS):
-        x = src.slice(p * PASS, PASS, dim=0).load(layout)
-        dst.slice(p * PASS, PASS, dim=0).store(x.to(dst.dtype))
+        x = src.slice(p * PASS, PASS, dim=0).load(layout).to(gl.uint8, bitcast=True)
+        if dst.dtype == gl.bfloat16:
+            y = gl.inline_asm_elementwise(_TO_BF16, "=r,=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=4)
+        else:
+            y = gl.inline_asm_elementwise(_TO_F16, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+        dst.slice(p * PASS, PASS, dim=0).store(y)
 
 
 @gluon.jit
