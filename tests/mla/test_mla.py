@@ -11,7 +11,7 @@ import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.mla.configs import SM90_FP8_CONFIGS, SM90_FP8_SHARD, SM90_SHARD
+from tileattn.ops.mla.configs import SM90_FP8_CONFIGS, SM90_SHARD
 from tileattn.ops.mla.reference import mla_decode_ref
 
 from tests.helpers import assert_close, paged_caches, randn
@@ -231,7 +231,7 @@ def test_gpu_mla_sm90(page_size, hq, sq, causal, device):
 
 
 SHARD = SM90_SHARD  # the table's QK_SHARD config
-FP8_SHARD, FP8_BOTH = SM90_FP8_SHARD, SM90_FP8_CONFIGS[0]  # the fp8 table's kernels
+FP8 = SM90_FP8_CONFIGS[0]  # the fp8 table's config
 
 
 @pytest.mark.gpu
@@ -301,16 +301,14 @@ def test_gpu_mla_fp8_cache(page_size, hq, sq, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("programs", [1, 3])
-@pytest.mark.parametrize("shard", [False, True], ids=["both", "qk_shard"])
-def test_gpu_mla_sm90_fp8_few_ctas(programs, shard, device):
-    """The converter's ring phases over many tiles per CTA (fp16 q: the widening to fp16), both Hopper kernels."""
+@pytest.mark.parametrize("hq", [64, 128])
+def test_gpu_mla_sm90_fp8_few_ctas(programs, hq, device):
+    """The fp8 ring's phases over many tiles per CTA (tiles of 1-94 steps; fp16 q: the widening to fp16)."""
     if not _sm90(device):
         pytest.skip("no Hopper kernel on this GPU")
-    config = FP8_SHARD if shard else FP8_BOTH
-    plan = run_case([1, 31, 32, 33, 0, 96, 129, 3000, 191], 64, 128 if shard else 64, 2, 512, 64, torch.float16,
-                    device, plan_form=True, programs=programs, config=config, cache_dtype=torch.float8_e4m3fn,
-                    kv_scale=0.3)
-    assert plan.sm90 == config, plan
+    plan = run_case([1, 31, 32, 33, 0, 96, 129, 3000, 191], 64, hq, 2, 512, 64, torch.float16, device,
+                    plan_form=True, programs=programs, config=FP8, cache_dtype=torch.float8_e4m3fn, kv_scale=0.3)
+    assert plan.sm90 == FP8, plan
 
 
 @pytest.mark.gpu

@@ -104,26 +104,19 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
     return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + fp8 + 1024
 
 
-# fp8 (e4m3) caches: three 16-bit steps for the consumers (as QK_SHARD needs), two fp8 steps in flight (the
-# converter frees them as soon as they are widened). Shared memory at Dc = 512, Dr = 64, 32-token steps: the Q
-# slot 72 KB + three 36 KB steps + two 18 KB fp8 steps.
+# fp8 (e4m3) caches (the kernel without QK_SHARD): three 16-bit steps (one being widened while the consumers read
+# two), two fp8 steps in flight (freed as soon as they are widened). Shared memory at Dc = 512, Dr = 64, 32-token
+# steps: the Q slot 72 KB + three 36 KB steps + two 18 KB fp8 steps.
 SM90_FP8_CONFIGS = [
     MLASm90Config(block_n=32, stages=3, fp8_stages=2),
 ]
-SM90_FP8_SHARD = MLASm90Config(block_n=32, stages=3, qk_shard=True, fp8_stages=2)
-
-
-# the converter partition (gluon_producer.py): warps and registers per thread (setmaxnreg). Two warps keep the
-# kernel at three warpgroups' worth of warps (a fourth warpgroup would cap every thread at 128 registers, less than
-# the consumers' accumulators need).
-CONVERTER_WARPS = 2
-CONVERTER_REGS = 56
 
 
 def widen_rows(d):
-    """Rows of a [rows, d] fp8 cache box the converter widens per pass (16 bytes per thread; at least 8, the
-    shared-memory swizzle's period): an fp8 config's block_n must be a multiple for d = Dc / 2 and Dr."""
-    return max(8, 32 // min(32, d // 16) * CONVERTER_WARPS)
+    """Rows of a [rows, d] fp8 cache box a consumer warpgroup widens per pass (gluon_producer._widen: 16 bytes
+    per thread; at least 8, the shared-memory swizzle's period): an fp8 config's block_n must be a multiple for
+    d = Dc / 2 and Dr."""
+    return max(8, 32 // min(32, d // 16) * 4)
 
 
 def sm90_configs(rows, fp8=False):
@@ -133,5 +126,5 @@ def sm90_configs(rows, fp8=False):
     if forced is not None:
         return [forced]
     if fp8:
-        return [SM90_FP8_SHARD] + SM90_FP8_CONFIGS if rows >= SHARD_MIN_ROWS else SM90_FP8_CONFIGS + [SM90_FP8_SHARD]
+        return SM90_FP8_CONFIGS
     return [SM90_SHARD] + SM90_CONFIGS if rows >= SHARD_MIN_ROWS else SM90_CONFIGS + [SM90_SHARD]

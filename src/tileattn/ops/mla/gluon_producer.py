@@ -1,22 +1,21 @@
-"""The producer side of the Hopper MLA kernels (gluon_sm90.py, gluon_sm90_shard.py): what fills the ring of cache
+"""The producer side of the Hopper MLA kernel(s) (gluon_sm90.py, gluon_sm90_shard.py): what fills the ring of cache
 steps the consumer warpgroups read, and the work-item helpers both sides share.
 
   - `_loader` (one warp): a tile's Q, then its cache steps through the ring with TMA (see gluon_sm90.py).
-  - fp8 (e4m3) caches: the consumers' wgmmas take 16-bit operands (Q stays in q's dtype, so the scores keep its
-    precision; fp8 wgmma would need Q quantized and V transposed). The loader then streams the steps into a
-    ring of F_STAGES fp8 buffers (`f_ready` / `f_empty`, `_fp8_rings`), and `_converter` (a warpgroup) widens
-    each step into the 16-bit ring the consumers read (`kv_ready` / `kv_empty`, as the loader fills it for
-    16-bit caches). The widening is exact (every e4m3 value is a bf16 and an fp16 value); the cache scale is
-    applied by the consumers (scores and output), as for 16-bit caches. An fp8 step frees as soon as it is
-    widened, so the fp8 ring keeps loads in flight while the 16-bit ring holds the steps the consumers still
-    read: the bytes read per token halve.
+  - fp8 (e4m3) caches (gluon_sm90.py): the consumers' wgmmas take 16-bit operands (Q stays in q's dtype, so the
+    scores keep its precision; fp8 wgmma would need Q quantized and V transposed). The loader then streams the
+    steps into a ring of F_STAGES fp8 buffers (`_fp8_rings`: `f_ready` / `f_empty`), and each consumer warpgroup
+    widens its share of the next step (its ckv half; warpgroup 0 also kpe) into the 16-bit ring while its
+    wgmmas of the current step run (`_widen_step`); `kv_ready` then counts both shares. The widening is exact
+    (every e4m3 value is a bf16 and an fp16 value); the cache scale is applied by the consumers (scores and
+    output), as for 16-bit caches. An fp8 step frees as soon as it is widened, so the fp8 ring keeps the loads
+    in flight while the 16-bit ring holds the steps the consumers still read.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from ..common.gluon_compat import thread_barrier, tma_load
-from . import configs
 
 
 @gluon.jit
@@ -110,13 +109,9 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
 
 
 # ---- fp8 caches ----------------------------------------------------------------------------------------------
-CONVERTER_WARPS = gl.constexpr(configs.CONVERTER_WARPS)
-CONVERTER_REGS = gl.constexpr(configs.CONVERTER_REGS)
-
-
 @gluon.jit
 def _fp8_rings(ckv_desc, kpe_desc, F_STAGES: gl.constexpr):
-    """The fp8 ring the loader fills for the converter (_converter): F_STAGES steps in the descriptors' block
+    """The fp8 ring the loader fills for the consumers' widening (_widen_step): F_STAGES steps in the descriptors' block
     shapes, with their ready (TMA) and empty (converter) barriers."""
     f_c = gl.allocate_shared_memory(ckv_desc.dtype, [2 * F_STAGES] + ckv_desc.block_type.shape, ckv_desc.layout)
     f_p = gl.allocate_shared_memory(kpe_desc.dtype, [F_STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
@@ -124,7 +119,7 @@ def _fp8_rings(ckv_desc, kpe_desc, F_STAGES: gl.constexpr):
     f_empty = gl.allocate_shared_memory(gl.int64, [F_STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(F_STAGES):
         mbarrier.init(f_ready.index(s), count=1)
-        mbarrier.init(f_empty.index(s), count=1)
+        mbarrier.init(f_empty.index(s), count=2)  # both consumer warpgroups' shares
     return f_c, f_p, f_ready, f_empty
 
 
@@ -158,15 +153,15 @@ _TO_F16 = gl.constexpr(_SPREAD.replace("SHIFT", "1").replace("MASK", "0x3F803F80
 
 @gluon.jit
 def _widen(src, dst):
-    """dst = src for a [rows, D] fp8 (e4m3) buffer and its 16-bit twin, in passes of configs.widen_rows(D) rows (16
-    bytes per thread per row group; at least 8 rows, the swizzle's period; launch_sm90 checks that they divide
-    rows)."""
+    """dst = src for a [rows, D] fp8 (e4m3) buffer and its 16-bit twin, by one warpgroup in passes of
+    configs.widen_rows(D) rows (16 bytes per thread per row group; at least 8 rows, the swizzle's period;
+    launch_sm90 checks that they divide rows)."""
     ROWS: gl.constexpr = src.shape[0]
     D: gl.constexpr = src.shape[1]
     TPW_C: gl.constexpr = D // 16 if D // 16 < 32 else 32
     TPW_R: gl.constexpr = 32 // TPW_C
-    PASS: gl.constexpr = TPW_R * CONVERTER_WARPS if TPW_R * CONVERTER_WARPS > 8 else 8
-    layout: gl.constexpr = gl.BlockedLayout([1, 16], [TPW_R, TPW_C], [CONVERTER_WARPS, 1], [1, 0])
+    PASS: gl.constexpr = TPW_R * 4 if TPW_R * 4 > 8 else 8
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [TPW_R, TPW_C], [4, 1], [1, 0])
     for p in gl.static_range(ROWS // PASS):
         x = src.slice(p * PASS, PASS, dim=0).load(layout).to(gl.uint8, bitcast=True)
         if dst.dtype == gl.bfloat16:
@@ -177,29 +172,21 @@ def _widen(src, dst):
 
 
 @gluon.jit
-def _converter(f_c, f_p, c_bufs, p_bufs, f_ready, f_empty, kv_ready, kv_empty, WORK, num_tiles, row_blocks,
-               F_STAGES: gl.constexpr, STAGES: gl.constexpr):
-    """Widens every cache step of this CTA's tiles (in the loader's order) from fp8 ring slot g % F_STAGES into
-    16-bit ring slot g % STAGES, g counting the CTA's steps. The ckv halves and kpe of a step as the loader put
-    them (ckv half h of step s at 2 * s + h)."""
-    BLOCK_N: gl.constexpr = c_bufs.shape[2]
-    kv = 0
-    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
-        b, i_r, start, end, _ = _work_item(r, row_blocks, num_tiles, WORK)
-        if b >= 0:
-            n_blocks = gl.cdiv(end - start, BLOCK_N)
-            for it in range(n_blocks):
-                g = kv + it
-                sf = g % F_STAGES
-                sb = g % STAGES
-                mbarrier.wait(f_ready.index(sf), (g // F_STAGES) & 1)
-                mbarrier.wait(kv_empty.index(sb), ((g // STAGES) & 1) ^ 1)
-                for h in gl.static_range(2):
-                    _widen(_buf(f_c, 2 * sf + h), _buf(c_bufs, 2 * sb + h))
-                _widen(_buf(f_p, sf), _buf(p_bufs, sb))
-                # the stores must be visible to the consumers' wgmmas (the async proxy) before they are told
-                fence_async_shared()
-                thread_barrier()
-                mbarrier.arrive(f_empty.index(sf))
-                mbarrier.arrive(kv_ready.index(sb))
-            kv += n_blocks
+def _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, g, WG: gl.constexpr, F_STAGES: gl.constexpr,
+                STAGES: gl.constexpr):
+    """Consumer warpgroup WG's share of cache step g (this CTA's count, as the loader's): its ckv half (and for
+    warpgroup 0 the kpe part) widened from fp8 ring slot g % F_STAGES into 16-bit ring slot g % STAGES, once
+    both warpgroups have freed that slot's previous step. fp8: _fp8_rings' (f_c, f_p, f_ready, f_empty)."""
+    f_c, f_p, f_ready, f_empty = fp8
+    sf = g % F_STAGES
+    sb = g % STAGES
+    mbarrier.wait(f_ready.index(sf), (g // F_STAGES) & 1)
+    mbarrier.wait(kv_empty.index(sb), ((g // STAGES) & 1) ^ 1)
+    _widen(_buf(f_c, 2 * sf + WG), _buf(c_bufs, 2 * sb + WG))
+    if WG == 0:
+        _widen(_buf(f_p, sf), _buf(p_bufs, sb))
+    # the stores must be visible to both warpgroups' wgmmas (the async proxy) before kv_ready says so
+    fence_async_shared()
+    thread_barrier()
+    mbarrier.arrive(f_empty.index(sf))
+    mbarrier.arrive(kv_ready.index(sb))

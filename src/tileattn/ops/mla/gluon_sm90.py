@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..common import softmax
 from ..common.gluon_compat import thread_barrier
-from .gluon_producer import CONVERTER_REGS, CONVERTER_WARPS, _buf, _converter, _fp8_rings, _loader, _work_item
+from .gluon_producer import _buf, _fp8_rings, _loader, _widen_step, _work_item
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -87,11 +87,12 @@ def _zero_tail(v_smem, n0, seqlen):
 
 @gluon.jit
 def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_bufs, qp_buf, c_bufs, p_bufs,
-           kv_ready, kv_empty, sm_scale, WG: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr,
-           s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+           kv_ready, kv_empty, fp8, sm_scale, WG: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr,
+           F_STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
     """Steps b in [b_start, b_end): S of step b and P V of step b - 1 go to the tensor cores together; p_op
     holds P of step b - 1. MASKED: scores at tokens >= limit (per row) are masked and V rows past the sequence
-    zeroed. The branch for the latter sits where no wgmma is in flight."""
+    zeroed. The branch for the latter sits where no wgmma is in flight. F_STAGES > 0 (fp8 caches): under the
+    two products the warpgroup widens its share of step b + 1 (the caller keeps b + 1 within the tile)."""
     BLOCK_M: gl.constexpr = qp_buf.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -107,6 +108,8 @@ def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_buf
                 _zero_tail(_buf(c_bufs, 2 * s + WG), n0, seqlen)
         qk = _scores(qn_bufs, qp_buf, c_bufs, p_bufs, s, s_zero)
         acc = warpgroup_mma(p_op, _buf(c_bufs, 2 * sp + WG), acc, is_async=True)
+        if F_STAGES > 0:
+            _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + it + 1, WG, F_STAGES, STAGES)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         if MASKED:
             qk = gl.where((n0 + o_n)[None, :] < limit[:, None], qk, float("-inf"))
@@ -120,9 +123,10 @@ def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_buf
 
 
 @gluon.jit
-def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O, LSE, OP,
+def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O, LSE, OP,
               LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
-              sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+              sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, F_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+              RETURN_LSE: gl.constexpr):
     BLOCK_M: gl.constexpr = qp_buf.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     DH: gl.constexpr = c_bufs.shape[3]
@@ -150,16 +154,27 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_em
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row)
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
             acc = gl.zeros([BLOCK_M, DH], gl.float32, layout=o_layout)
+            if F_STAGES > 0:
+                _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv, WG, F_STAGES, STAGES)
             mbarrier.wait(q_ready.index(0), j & 1)
-            acc, m_i, l_i, p_op = _first_step(acc, m_i, l_i, kv, start, seqlen, limit, b_full, qn_bufs, qp_buf,
-                                              c_bufs, p_bufs, kv_ready, sm_scale, WG, STAGES, s_layout, o_layout,
-                                              p_layout)
+            acc, m_i, l_i, p_op = _first_step(acc, m_i, l_i, kv, start, seqlen, limit, n_blocks, qn_bufs, qp_buf,
+                                              c_bufs, p_bufs, kv_ready, kv_empty, fp8, sm_scale, WG, STAGES, F_STAGES,
+                                              s_layout, o_layout, p_layout)
             acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, 1, b_full, qn_bufs,
-                                         qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, sm_scale, WG, False, STAGES,
-                                         s_layout, o_layout, p_layout)
-            acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, gl.maximum(b_full, 1),
-                                         n_blocks, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, sm_scale,
-                                         WG, True, STAGES, s_layout, o_layout, p_layout)
+                                         qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, fp8, sm_scale, WG, False, STAGES,
+                                         F_STAGES, s_layout, o_layout, p_layout)
+            if F_STAGES > 0:  # the tile's last step has no next one to widen
+                acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, gl.maximum(b_full, 1),
+                                             n_blocks - 1, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, fp8,
+                                             sm_scale, WG, True, STAGES, F_STAGES, s_layout, o_layout, p_layout)
+                acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit,
+                                             gl.maximum(gl.maximum(b_full, 1), n_blocks - 1), n_blocks, qn_bufs,
+                                             qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, fp8, sm_scale, WG, True,
+                                             STAGES, 0, s_layout, o_layout, p_layout)
+            else:
+                acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, gl.maximum(b_full, 1),
+                                             n_blocks, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, fp8,
+                                             sm_scale, WG, True, STAGES, 0, s_layout, o_layout, p_layout)
             mbarrier.arrive(q_empty.index(0))  # every S wgmma of the tile was waited on
             sp = (kv + n_blocks - 1) % STAGES
             acc = warpgroup_mma(p_op, _buf(c_bufs, 2 * sp + WG), acc, is_async=True)
@@ -208,11 +223,12 @@ def _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LS
 
 
 @gluon.jit
-def _first_step(acc, m_i, l_i, kv, start, seqlen, limit, b_full, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready,
-                sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                p_layout: gl.constexpr):
+def _first_step(acc, m_i, l_i, kv, start, seqlen, limit, n_blocks, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready,
+                kv_empty, fp8, sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, F_STAGES: gl.constexpr,
+                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
     """Step 0 of a tile: its scores and softmax (masked: the rule holds trivially on a fully visible step), no
-    P V yet (the pipelined steps issue it with step 1's scores)."""
+    P V yet (the pipelined steps issue it with step 1's scores). F_STAGES > 0: the warpgroup has widened its
+    share of step 0 (the caller) and widens that of step 1 here."""
     BLOCK_M: gl.constexpr = qp_buf.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     s = kv % STAGES
@@ -221,6 +237,9 @@ def _first_step(acc, m_i, l_i, kv, start, seqlen, limit, b_full, qn_bufs, qp_buf
         _zero_tail(_buf(c_bufs, 2 * s + WG), start, seqlen)
     qk = _scores(qn_bufs, qp_buf, c_bufs, p_bufs, s, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))
     qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+    if F_STAGES > 0:
+        if n_blocks > 1:
+            _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 1, WG, F_STAGES, STAGES)
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     qk = gl.where((start + o_n)[None, :] < limit[:, None], qk, float("-inf"))
     p, _, m_i, l_i = _online_softmax(qk, m_i, l_i, sm_scale)
@@ -254,35 +273,29 @@ def mla_split_sm90_kernel(
     mbarrier.init(q_ready.index(0), count=1)
     mbarrier.init(q_empty.index(0), count=2)
     for s in gl.static_range(STAGES):
-        mbarrier.init(kv_ready.index(s), count=1)
+        # fp8 caches: a step is ready when both warpgroups widened their shares
+        mbarrier.init(kv_ready.index(s), count=2 if F_STAGES > 0 else 1)
         mbarrier.init(kv_empty.index(s), count=2)
     if F_STAGES > 0:
         c_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, C_LAYOUT)
         p_bufs = gl.allocate_shared_memory(qn_desc.dtype, [STAGES] + kpe_desc.block_type.shape, P_LAYOUT)
-        f_c, f_p, f_ready, f_empty = _fp8_rings(ckv_desc, kpe_desc, F_STAGES)
-        gl.warp_specialize([
-            (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O,
-                         LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
-                         num_tiles, row_blocks, sm_scale, 0, STAGES, CAUSAL, RETURN_LSE)),
-            (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O,
-                         LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
-                         num_tiles, row_blocks, sm_scale, 1, STAGES, CAUSAL, RETURN_LSE)),
-            (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, f_c, f_p, q_ready, q_empty, f_ready,
-                       f_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, F_STAGES)),
-            (_converter, (f_c, f_p, c_bufs, p_bufs, f_ready, f_empty, kv_ready, kv_empty, WORK, num_tiles,
-                          row_blocks, F_STAGES, STAGES)),
-        ], [4, 1, CONVERTER_WARPS], [CONSUMER_REGS, 24, CONVERTER_REGS])
+        fp8 = _fp8_rings(ckv_desc, kpe_desc, F_STAGES)
+        f_c, f_p, f_ready, f_empty = fp8
+        l_c, l_p, l_ready, l_empty, l_stages = f_c, f_p, f_ready, f_empty, F_STAGES  # what the loader fills
     else:
         c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape,
                                            ckv_desc.layout)
         p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
-        gl.warp_specialize([
-            (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O,
-                         LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
-                         num_tiles, row_blocks, sm_scale, 0, STAGES, CAUSAL, RETURN_LSE)),
-            (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, WORK, SEQLENS, O,
-                         LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
-                         num_tiles, row_blocks, sm_scale, 1, STAGES, CAUSAL, RETURN_LSE)),
-            (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty,
-                       kv_ready, kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        fp8 = (c_bufs, p_bufs, kv_ready, kv_empty)  # unused
+        l_c, l_p, l_ready, l_empty, l_stages = c_bufs, p_bufs, kv_ready, kv_empty, STAGES
+
+    gl.warp_specialize([
+        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O,
+                     LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                     num_tiles, row_blocks, sm_scale, 0, STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O,
+                     LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                     num_tiles, row_blocks, sm_scale, 1, STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+        (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, l_c, l_p, q_ready, q_empty, l_ready,
+                   l_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, l_stages)),
+    ], [4, 1], [CONSUMER_REGS, 24])

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import thread_barrier
-from .gluon_producer import CONVERTER_REGS, CONVERTER_WARPS, _buf, _converter, _fp8_rings, _loader, _work_item
+from .gluon_producer import _buf, _loader, _work_item
 from .gluon_sm90 import _epilogue, _visible, _zero_tail
 
 
@@ -244,19 +244,19 @@ def mla_split_sm90_shard_kernel(
     stride_qpb, stride_qpr, stride_bt, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
     PAGE: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
-    RETURN_LSE: gl.constexpr, F_STAGES: gl.constexpr = 0, C_LAYOUT: gl.constexpr = None,
-    P_LAYOUT: gl.constexpr = None,
+    RETURN_LSE: gl.constexpr,
 ):
     """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
 
     Descriptors as in gluon_sm90.mla_split_sm90_kernel (no q_pe descriptor: QP is q_pe as [B, Sq * Hq, DR] with
-    strides stride_qpb, stride_qpr and unit columns, read into registers); so are F_STAGES, C_LAYOUT and
-    P_LAYOUT (fp8 caches).
+    strides stride_qpb, stride_qpr and unit columns, read into registers). ckv's block must be 64 tokens.
     """
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     # one Q slot (nope halves), STAGES cache steps (ckv halves + kpe), the two P tiles and their row statistics
     qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
+    c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, ckv_desc.layout)
+    p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
     x_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128 if BLOCK_N >= 64 else 2 * BLOCK_N,
                                                   element_bitwidth=16, rank=2)
     x_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2, BLOCK_M, BLOCK_N], x_layout)
@@ -278,38 +278,15 @@ def mla_split_sm90_shard_kernel(
         mbarrier.init(p_ready.index(w), count=1)
         mbarrier.init(p_free.index(w), count=1)
 
-    if F_STAGES > 0:
-        c_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, C_LAYOUT)
-        p_bufs = gl.allocate_shared_memory(qn_desc.dtype, [STAGES] + kpe_desc.block_type.shape, P_LAYOUT)
-        f_c, f_p, f_ready, f_empty = _fp8_rings(ckv_desc, kpe_desc, F_STAGES)
-        gl.warp_specialize([
-            (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty,
-                         p_ready, p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
-                         stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
-                         0, STAGES, CAUSAL, RETURN_LSE)),
-            (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty,
-                         p_ready, p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
-                         stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
-                         1, STAGES, CAUSAL, RETURN_LSE)),
-            (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, f_c, f_p, q_ready, q_empty, f_ready,
-                       f_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, F_STAGES, False)),
-            (_converter, (f_c, f_p, c_bufs, p_bufs, f_ready, f_empty, kv_ready, kv_empty, WORK, num_tiles,
-                          row_blocks, F_STAGES, STAGES)),
-        ], [4, 1, CONVERTER_WARPS], [CONSUMER_REGS, 24, CONVERTER_REGS])
-    else:
-        c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape,
-                                           ckv_desc.layout)
-        p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
-        gl.warp_specialize([
-            (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty,
-                         p_ready, p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
-                         stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
-                         0, STAGES, CAUSAL, RETURN_LSE)),
-            (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty,
-                         p_ready, p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
-                         stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
-                         1, STAGES, CAUSAL, RETURN_LSE)),
-            (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
-                       kv_ready, kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES,
-                       False)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+    gl.warp_specialize([
+        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
+                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
+                     stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 0, STAGES,
+                     CAUSAL, RETURN_LSE)),
+        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
+                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
+                     stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 1, STAGES,
+                     CAUSAL, RETURN_LSE)),
+        (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
+                   kv_ready, kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES, False)),
+    ], [4, 1], [CONSUMER_REGS, 24])
