@@ -106,9 +106,11 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
 
 # fp8 (e4m3) caches (the kernel without QK_SHARD): three 16-bit steps (one being widened while the consumers read
 # two), two fp8 steps in flight (freed as soon as they are widened). Shared memory at Dc = 512, Dr = 64, 32-token
-# steps: the Q slot 72 KB + three 36 KB steps + two 18 KB fp8 steps.
+# steps: the Q slot 72 KB + three 36 KB steps + two 18 KB fp8 steps. Measured on the H100 (2026-11-24,
+# scripts/sweep.py mla-sched --fp8 --configs 1, page 64), ms with 232 / 240 consumer registers: batch 768 kv 1K
+# Hq 64 0.458 / 0.467, Hq 16 0.412 / 0.432; batch 128 kv 4K Hq 64 0.287 / 0.289; kv 2K Hq 128 0.296 / 0.291.
 SM90_FP8_CONFIGS = [
-    MLASm90Config(block_n=32, stages=3, fp8_stages=2),
+    MLASm90Config(block_n=32, stages=3, consumer_regs=232, fp8_stages=2),
 ]
 
 
