@@ -88,6 +88,14 @@ def _gather(m_i, l_i, m_buf, r_buf, p_ready, ready_phase, sm_scale, row_layout: 
 
 
 @gluon.jit
+def _release(p_free):
+    """Frees the other warpgroup's P buffer, m and row sums: every thread's reads of them (_gather's loads by all
+    four warps) come before the single-thread arrive."""
+    thread_barrier()
+    mbarrier.arrive(p_free)
+
+
+@gluon.jit
 def _other_pv(acc, alpha, x_buf, v_smem, n0, seqlen, o_row: gl.constexpr):
     """Rescale acc (no product of it in flight) and issue acc += P V of the other warpgroup's step starting at
     token n0, P from shared memory; V rows past the sequence zeroed first."""
@@ -182,7 +190,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                                                     m_bufs.index(1), r_bufs.index(1), p_free.index(1),
                                                     (c_own & 1) ^ 1, p_ready.index(1), s_layout)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                    mbarrier.arrive(p_free.index(0))
+                    _release(p_free.index(0))
                     mbarrier.arrive(kv_empty.index(sp))
             for k in range(1, n_own):
                 o = 2 * k + WG  # this warpgroup's step; o - 1 is the other's, o - 2 this one's previous
@@ -208,7 +216,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                                                 m_bufs.index(WG), r_bufs.index(WG), p_free.index(WG),
                                                 ((c_own + k) & 1) ^ 1, p_ready.index(WG), s_layout)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                mbarrier.arrive(p_free.index(OTHER))
+                _release(p_free.index(OTHER))
                 mbarrier.arrive(kv_empty.index(sp))
             if n_own > 0:  # the P V of this warpgroup's last step
                 o = 2 * n_own - 2 + WG
@@ -227,7 +235,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                 acc = _other_pv(acc, alpha, x_bufs.index(OTHER), _buf(c_bufs, 2 * sl + WG), start + last * BLOCK_N,
                                 seqlen, o_row)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                mbarrier.arrive(p_free.index(OTHER))
+                _release(p_free.index(OTHER))
                 mbarrier.arrive(kv_empty.index(sl))
 
             _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LSEP, stride_ob, stride_os,
