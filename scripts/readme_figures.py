@@ -45,6 +45,10 @@ FIGURES = (
      "fraction of the measured read bandwidth", F),
     ("mla", "min_gbps_seed_shapes", "the same rows: slowest row's cache read rate", GBS),
     ("mla", "hq128_min_tflops", "MLA decode, Hq 128 (batch 128/768, kv 1K-8K): slowest row", TF),
+    ("mla", "b128_min_fraction_of_read_bw", "MLA decode, batch 128, kv 1K-8K, Hq 16-64: slowest row as a fraction "
+     "of the measured read bandwidth", F),
+    ("mla", "fp8_cache_speedup_vs_bf16_geomean", "MLA decode with an e4m3 cache vs a bf16 cache (geomean over the "
+     "seed, batch 128 and Hq 128 rows)", X),
     ("mla", "qk_shard_on_vs_off", "MLA decode: QK_SHARD kernel vs both warpgroups computing the scores (geomean, "
      "batch 768 Hq 16-64 and Hq 128 rows)", X),
     ("decode", "min_fraction_of_read_bw_b32plus", "KV-cache decode (bf16, D=128), batch >= 32, kv >= 4K: slowest "

@@ -100,6 +100,9 @@ class MLADecodePlan:
     outputs of split sequences, about num_SMs * 64 rows * Dc * 4 bytes (17 MB on an H100 at Dc = 512).
     `run` does not check page ids (that would need a sync); out-of-range ids are clamped in the kernel, so
     they never read outside the cache but give wrong rows: `tileattn.mla_decode` checks them on the host.
+    `run` checks its tensors once per layout (shapes, strides, dtypes, devices, alignment) and replays the
+    launches made for it; `update` checks the next run again. On the Hopper kernel an e4m3 NaN in a cache reads
+    as 480 (the widening to 16 bits is done with integer operations); the portable kernel keeps NaN.
     """
 
     def __init__(self, cache_seqlens: torch.Tensor, *, num_heads: int, q_len: int = 1, head_dim_ckv: int = 512,
