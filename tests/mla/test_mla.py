@@ -289,7 +289,7 @@ def test_gpu_mla_sm90_fallback(device):
 @pytest.mark.parametrize("page_size", [1, 64])
 @pytest.mark.parametrize("hq,sq", [(16, 1), (64, 1), (20, 3), (128, 2)])
 def test_gpu_mla_fp8_cache(page_size, hq, sq, device):
-    """e4m3 caches: on the Hopper kernels (the converter partition) where pages hold whole steps, else the
+    """e4m3 caches: on the Hopper kernels (the consumers widen the steps) where pages hold whole steps, else the
     portable kernel; a scale tensor and a number."""
     plan = run_case([1, 63, 64, 65, 0, 1000, 4097], page_size, hq, sq, 512, 64, torch.bfloat16, device,
                     cache_dtype=torch.float8_e4m3fn, kv_scale=torch.tensor([0.05], device=device), plan_form=True)

@@ -65,7 +65,7 @@ class MLASm90Config:
     # QK_SHARD: the warpgroups take turns computing a step's scores and share P through shared memory
     # (gluon_sm90_shard.py; no score computed twice); off: both compute every step's scores
     qk_shard: bool = False
-    # fp8 caches: cache steps in flight in fp8, which the converter warpgroup widens into the `stages` 16-bit
+    # fp8 caches: cache steps in flight in fp8, which the consumer warpgroups widen into the `stages` 16-bit
     # steps the consumers read (gluon_producer.py); 0: 16-bit caches, loaded straight into the 16-bit ring
     fp8_stages: int = 0
 

@@ -112,7 +112,7 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
 @gluon.jit
 def _fp8_rings(ckv_desc, kpe_desc, F_STAGES: gl.constexpr):
     """The fp8 ring the loader fills for the consumers' widening (_widen_step): F_STAGES steps in the descriptors' block
-    shapes, with their ready (TMA) and empty (converter) barriers."""
+    shapes, with their ready (TMA) and empty (both consumer warpgroups' widening) barriers."""
     f_c = gl.allocate_shared_memory(ckv_desc.dtype, [2 * F_STAGES] + ckv_desc.block_type.shape, ckv_desc.layout)
     f_p = gl.allocate_shared_memory(kpe_desc.dtype, [F_STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
     f_ready = gl.allocate_shared_memory(gl.int64, [F_STAGES, 1], mbarrier.MBarrierLayout())
@@ -124,7 +124,7 @@ def _fp8_rings(ckv_desc, kpe_desc, F_STAGES: gl.constexpr):
 
 
 # e4m3 -> 16-bit on the integer pipe, four values per 32-bit register (the conversion instructions run at a
-# quarter of the ALU's rate, and the converter's widening was measured to limit the kernel): each byte goes to the
+# quarter of the ALU's rate, and widening with them was measured to limit the kernel): each byte goes to the
 # high byte of a 16-bit lane, the exponent and mantissa bits shift into the target's fields (exponent bias 7
 # where the target's is 127 / 15) and one exact multiply by 2^120 / 2^8 rebiases, subnormals included. An e4m3
 # NaN (magnitude 0x7f) comes out as 480, not NaN.

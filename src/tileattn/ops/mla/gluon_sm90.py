@@ -19,6 +19,9 @@ its cache from L2 together). Partitions:
     S, so the same P and row sums), and O += P V with P from registers and V = its half of the ckv buffer.
     Within a warpgroup, the scores of step i and the P V of step i - 1 go to the tensor cores together
     (FlashAttention-3's intra-warpgroup pipeline).
+  - fp8 (e4m3) caches (F_STAGES > 0): the loader streams the steps into an fp8 ring instead, and each consumer
+    widens its share of step i + 1 into the 16-bit ring while the wgmmas of step i run (gluon_producer.py).
+(The loader and the work-item helpers are in gluon_producer.py.)
 
 Rows of the cache past a sequence's end (the tail of its last page) may hold anything, NaN included: the
 scores are masked with a select, and before the P V of a step that crosses the end each warpgroup zeroes

@@ -1,7 +1,7 @@
 """Backend "mla.sm90": the Hopper Gluon split kernels (gluon_sm90.py; gluon_sm90_shard.py for QK_SHARD configs).
 
-It serves plans on an H100/H200 with triton 3.6, 16-bit or fp8 (e4m3) caches (fp8: widened by a converter
-warpgroup, gluon_producer.py), Dc / 2 and Dr powers of two up to 256, pages holding whole cache steps and a
+It serves plans on an H100/H200 with triton 3.6, 16-bit or fp8 (e4m3) caches (fp8: widened by the consumer
+warpgroups, gluon_producer.py), Dc / 2 and Dr powers of two up to 256, pages holding whole cache steps and a
 config within the shared-memory budget; it prefers 16 query rows or more (configs.MIN_ROWS). `tensors_ok(...)`
 checks, per run, that the tensors suit TMA (else the plan runs the portable kernel for that call).
 """
@@ -90,7 +90,7 @@ class Sm90Backend(Backend):
         dims = (plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks, plan.scale * LOG2E)
         opts = dict(PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
                     RETURN_LSE=r.return_lse, num_warps=4)
-        if cfg.fp8_stages:  # the 16-bit ring the converter fills: the layouts of 16-bit descriptors' boxes
+        if cfg.fp8_stages:  # the 16-bit ring the consumers fill: the layouts of 16-bit descriptors' boxes
             opts.update(F_STAGES=cfg.fp8_stages, C_LAYOUT=nvmma_layout([1, cfg.block_n, dh], plan.dtype),
                         P_LAYOUT=nvmma_layout([1, cfg.block_n, plan.dr], plan.dtype))
         if cfg.qk_shard:

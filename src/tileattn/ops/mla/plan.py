@@ -74,7 +74,7 @@ def _run_key(r):
     try:
         return (r.return_lse, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15) for t in (
             r.q_nope, r.q_pe, r.ckv_cache, r.kpe_cache, r.block_table, r.out, r.lse)])
-    except AttributeError:
+    except (AttributeError, RuntimeError):  # not a tensor, or one without storage: the checks say which
         return None
 
 
