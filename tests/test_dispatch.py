@@ -156,11 +156,13 @@ def test_flex_and_mla_routes(h100):
     def mp(hq, cache=BF16, page=64):
         return types.SimpleNamespace(device=CUDA, rows=hq, dc=512, dr=64, page_size=page, cache_dtype=cache)
     assert mla.select(mp(64))[0].name == "mla.sm90"
-    assert mla.select(mp(16))[0].name == "mla.triton"  # 16 rows: the Gluon kernel's 64-row tile is padding
-    assert mla.select(mp(64, cache=E4M3))[0].name == "mla.triton"
+    assert mla.select(mp(16))[0].name == "mla.sm90"  # configs.MIN_ROWS: measured faster from 16 rows up
+    assert mla.select(mp(8))[0].name == "mla.triton"  # fewer: the Gluon kernel's 64-row tile is mostly padding
+    assert mla.select(mp(64, cache=E4M3))[0].name == "mla.sm90"  # fp8 caches: the consumers widen the steps
+    assert mla.select(mp(64, cache=E4M3, page=16))[0].name == "mla.triton"
     assert mla.select(mp(64, page=16))[0].name == "mla.triton"  # pages must hold whole 32-token steps
     with tileattn.force_backend("mla.sm90"):  # forced: the row preference is not asked
-        assert mla.select(mp(16))[0].name == "mla.sm90"
+        assert mla.select(mp(8))[0].name == "mla.sm90"
     with tileattn.force_backend(config=MLAConfig(32, 4, 2, 1)):
         assert mla.select(mp(64))[0].name == "mla.triton"
 
