@@ -288,11 +288,23 @@ def launch_cached(kernel, grid, args, kwargs):
 _PLAIN = (int, float, bool, type(None), str)
 
 
-def check_order(varying, tensors):
-    """A caller that replays `launcher(grid, *tensors)` itself checks, on its first launch_cached call, that its
-    tensor tuple is the launcher's varying tensors (same objects, same order). A mismatch is a bug in the caller."""
+def launch_kept(kept, name, grid, tensors, build):
+    """A caller-kept launch: `kept[name]` (a KernelLauncher) replays on `tensors` (the kernel's tensor arguments,
+    descriptors by their base, in argument order); when absent, `build()` -> (kernel, args, kwargs) goes through
+    launch_cached once, and the launcher is kept after checking that `tensors` are its varying tensors (same
+    objects, same order). The caller owns the key under which `kept` stays valid: every frozen argument (scalars,
+    shapes, strides, dtypes, options) must be the same as the build's. Returns the launcher."""
+    launcher = kept.get(name)
+    if launcher is not None:
+        launcher(grid, *tensors)
+        return launcher
+    kernel, args, kwargs = build()
+    launcher, varying = launch_cached(kernel, grid, args, kwargs)
     if len(varying) != len(tensors) or any(a is not b for a, b in zip(varying, tensors)):
-        raise RuntimeError("launch replay: the caller's tensor order differs from the kernel's tensor arguments")
+        raise RuntimeError(f"launch_kept({name!r}): the caller's tensor order differs from the kernel's tensor "
+                           "arguments")
+    kept[name] = launcher
+    return launcher
 
 
 def _desc_key(desc):

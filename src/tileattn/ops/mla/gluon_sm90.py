@@ -283,8 +283,8 @@ def mla_split_sm90_kernel(
         c_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, C_LAYOUT)
         p_bufs = gl.allocate_shared_memory(qn_desc.dtype, [STAGES] + kpe_desc.block_type.shape, P_LAYOUT)
         fp8 = _fp8_rings(ckv_desc, kpe_desc, F_STAGES)
-        f_c, f_p, f_ready, f_empty = fp8
-        l_c, l_p, l_ready, l_empty, l_stages = f_c, f_p, f_ready, f_empty, F_STAGES  # what the loader fills
+        l_c, l_p, l_ready, l_empty = fp8  # what the loader fills
+        l_stages = F_STAGES
     else:
         c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape,
                                            ckv_desc.layout)

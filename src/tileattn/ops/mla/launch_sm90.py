@@ -8,7 +8,7 @@ checks, per run, that the tensors suit TMA (else the plan runs the portable kern
 import torch
 
 from ... import hw
-from ...launcher import check_order, launch_cached
+from ...launcher import launch_kept
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc, gluon_sm90_reason, nvmma_layout, tma_ok
@@ -79,27 +79,24 @@ class Sm90Backend(Backend):
         # the kernel's tensor arguments in order (a descriptor by its base)
         tensors = (qn, r.ckv_cache, r.kpe_cache, qp, *tail) if cfg.qk_shard else (qn, qp, r.ckv_cache,
                                                                                    r.kpe_cache, *tail)
-        launcher = plan.launchers.get(self.name)
-        if launcher is not None:
-            launcher(grid, *tensors)
-            return launcher.compiled
-        dh = plan.dc // 2
-        descs = [gluon_desc(qn, [1, BLOCK_M, dh]), gluon_desc(r.ckv_cache, [1, cfg.block_n, dh]),
-                 gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr])]
-        strides = (r.block_table.stride(0), *r.out.stride()[:3], r.lse.stride(0), r.lse.stride(1))
-        dims = (plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks, plan.scale * LOG2E)
-        opts = dict(PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
-                    RETURN_LSE=r.return_lse, num_warps=4)
-        if cfg.fp8_stages:  # the 16-bit ring the consumers fill: the layouts of 16-bit descriptors' boxes
-            opts.update(F_STAGES=cfg.fp8_stages, C_LAYOUT=nvmma_layout([1, cfg.block_n, dh], plan.dtype),
-                        P_LAYOUT=nvmma_layout([1, cfg.block_n, plan.dr], plan.dtype))
-        if cfg.qk_shard:
-            from .gluon_sm90_shard import mla_split_sm90_shard_kernel as kernel
-            args = (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims)
-        else:
+
+        def build():
+            dh = plan.dc // 2
+            descs = [gluon_desc(qn, [1, BLOCK_M, dh]), gluon_desc(r.ckv_cache, [1, cfg.block_n, dh]),
+                     gluon_desc(r.kpe_cache, [1, cfg.block_n, plan.dr])]
+            strides = (r.block_table.stride(0), *r.out.stride()[:3], r.lse.stride(0), r.lse.stride(1))
+            dims = (plan.num_heads, plan.q_len, r.ckv_cache.shape[0], num_tiles, plan.row_blocks,
+                    plan.scale * LOG2E)
+            opts = dict(PAGE=plan.page_size, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, CAUSAL=plan.causal,
+                        RETURN_LSE=r.return_lse, num_warps=4)
+            if cfg.fp8_stages:  # the 16-bit ring the consumers fill: the layouts of 16-bit descriptors' boxes
+                opts.update(F_STAGES=cfg.fp8_stages, C_LAYOUT=nvmma_layout([1, cfg.block_n, dh], plan.dtype),
+                            P_LAYOUT=nvmma_layout([1, cfg.block_n, plan.dr], plan.dtype))
+            if cfg.qk_shard:
+                from .gluon_sm90_shard import mla_split_sm90_shard_kernel as kernel
+                return kernel, (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims), opts
             from .gluon_sm90 import mla_split_sm90_kernel as kernel
-            args = (descs[0], gluon_desc(qp, [1, BLOCK_M, plan.dr]), *descs[1:], *tail, *strides, *dims)
-        launcher, varying = launch_cached(kernel, grid, args, opts)
-        check_order(varying, tensors)
-        plan.launchers[self.name] = launcher
-        return launcher.compiled
+            return kernel, (descs[0], gluon_desc(qp, [1, BLOCK_M, plan.dr]), *descs[1:], *tail, *strides,
+                            *dims), opts
+
+        return launch_kept(plan.launchers, self.name, grid, tensors, build).compiled

@@ -1,7 +1,7 @@
 """Backend "mla.triton": the portable split kernel (kernels.py), any GPU and the interpreter, 16-bit and fp8
 (e4m3) caches. Its config is the first of configs.candidates whose shared memory fits the budget."""
 from ... import hw
-from ...launcher import check_order, launch_cached
+from ...launcher import launch_kept
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from .configs import candidates
@@ -37,14 +37,9 @@ class TritonBackend(Backend):
         first run of a plan key goes through launcher.launch_cached, later ones replay its launcher."""
         cfg = plan.portable
         q_nope, q_pe, ckv_cache, kpe_cache, out, lse = r.q_nope, r.q_pe, r.ckv_cache, r.kpe_cache, r.out, r.lse
-        grid = (plan.row_blocks, plan.capacity, cfg.out_split)
         tensors = (q_nope, q_pe, ckv_cache, kpe_cache, r.block_table, plan.seqlens, plan.work, out, lse, plan.o_part,
                    plan.lse_part, r.kv_scale)
-        launcher = plan.launchers.get(self.name)
-        if launcher is not None:
-            launcher(grid, *tensors)
-            return launcher.compiled
-        launcher, varying = launch_cached(mla_split_kernel, grid, (
+        build = lambda: (mla_split_kernel, (  # noqa: E731
             *tensors,
             *q_nope.stride()[:3], *q_pe.stride()[:3],
             ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
@@ -55,6 +50,5 @@ class TritonBackend(Backend):
             OUT_SPLIT=cfg.out_split, CAUSAL=plan.causal, RETURN_LSE=r.return_lse,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))
-        check_order(varying, tensors)
-        plan.launchers[self.name] = launcher
-        return launcher.compiled
+        grid = (plan.row_blocks, plan.capacity, cfg.out_split)
+        return launch_kept(plan.launchers, self.name, grid, tensors, build).compiled

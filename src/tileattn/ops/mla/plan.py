@@ -17,7 +17,7 @@ import torch
 import triton
 
 from ... import hw
-from ...launcher import check_order, launch_cached
+from ...launcher import launch_kept
 from ..common.backend import force_backend
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
@@ -227,15 +227,9 @@ class MLADecodePlan:
         block_r = max(1, min(self.block_m, 16384 // self.dc))
         grid = (triton.cdiv(self.rows, block_r), self.batch)
         tensors = (self.o_part, self.lse_part, self.splits, out, lse)
-        launcher = self.launchers.get("combine")
-        if launcher is not None:
-            launcher(grid, *tensors)
-        else:
-            launcher, varying = launch_cached(mla_combine_kernel, grid, (
-                *tensors, *out.stride()[:3], lse.stride(0), lse.stride(1), self.num_heads, self.q_len,
-            ), dict(DC=self.dc, BLOCK_R=block_r, RETURN_LSE=return_lse, num_warps=4))
-            check_order(varying, tensors)
-            self.launchers["combine"] = launcher
+        launch_kept(self.launchers, "combine", grid, tensors, lambda: (mla_combine_kernel, (
+            *tensors, *out.stride()[:3], lse.stride(0), lse.stride(1), self.num_heads, self.q_len,
+        ), dict(DC=self.dc, BLOCK_R=block_r, RETURN_LSE=return_lse, num_warps=4)))
         return (out, lse) if return_lse else out
 
     def __repr__(self) -> str:
