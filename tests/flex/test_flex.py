@@ -283,6 +283,28 @@ def test_power_keeps_integer_dtype():
     assert _int_power("x", 2.0) == "(((x).to(tl.float32) * (x).to(tl.float32)))"
 
 
+def test_index_differences_in_float32(device):
+    """An index difference that meets a float (ALiBi's slope * (kv_idx - q_idx)) is evaluated in float32 from the
+    converted index vectors (one float add per score instead of an integer add and a conversion), with the
+    same results; lengths past 2^24, where float32 positions would round, are refused."""
+    from tileattn.ops.flex.trace import compile_mod
+    H = 2
+    slopes = mods.alibi_slopes(H, device=device)
+    assert "((kv_idx).to(tl.float32) - (q_idx).to(tl.float32))" in compile_mod(mods.alibi(slopes), "score").source
+
+    def mixed(s, b, h, qi, kv):
+        return s + slopes[h] * (kv - qi) + (qi - 5).float() * 0.01 - (kv - qi) / 7 + (-kv).float() * 1e-3
+
+    src = compile_mod(mixed, "score").source
+    assert "((q_idx).to(tl.float32) - 5.0)" in src and "(-(kv_idx).to(tl.float32))" in src
+    q, k, v = qkv(1, H, 80, 96, 32, DT, device)
+    check(q, k, v, mixed, mods.causal, block=(32, 32))
+    check(q, k, v, mods.alibi(slopes), None)
+    long = torch.empty(1, H, 1, 32, dtype=DT, device=device).expand(1, H, 2 ** 24 + 1, 32)
+    with pytest.raises(ValueError, match="sequence lengths"):
+        tileattn.flex_attention(q, long, long)
+
+
 def test_block_mask_from_kv_blocks_default_mask_mod(device):
     """A BlockMask built from block lists alone (BlockMask.from_kv_blocks: torch's default noop mask_mod) runs:
     its listed blocks are wholly visible, the same as a block-causal mask_mod's."""

@@ -124,6 +124,10 @@ def value_shape(value):
     return tuple(value.shape)
 
 
+# positions below 2^24 are exact in float32: trace.py evaluates index differences that meet a float in float32
+MAX_SEQLEN = 2 ** 24
+
+
 def check_inputs(query, key, value, enable_gqa, scale):
     for name, t in (("query", query), ("key", key), ("value", value)):
         if name == "value" and isinstance(t, Fp8V):
@@ -159,6 +163,9 @@ def check_inputs(query, key, value, enable_gqa, scale):
         raise ValueError(f"query / value: head dims must be in 16..256, got D={D}, Dv={vshape[3]}")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale: expected a positive number, got {scale}")
+    if max(query.shape[2], key.shape[2]) > MAX_SEQLEN:
+        raise ValueError(f"query / key: sequence lengths {query.shape[2]} / {key.shape[2]}; flex_attention serves "
+                         f"up to {MAX_SEQLEN} tokens (mods may see positions as exact float32 values)")
     hw.check_interpreter_dtype(query.dtype, "query")
 
 

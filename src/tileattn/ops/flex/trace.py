@@ -62,6 +62,11 @@ _FUNCS2 = {
     "eq": "({} == {})", "ne": "({} != {})", "pow": "_pow({}, {})", "bitwise_and": "({} & {})",
     "bitwise_or": "({} | {})",
 }
+_ARITH = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
+          operator.pow: "pow"}
+_ARITH_NAMES = {"add", "sub", "mul", "div", "true_divide", "pow"}
+_FLOAT_FUNCS = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "float", "div",
+                "true_divide"}
 _DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
            torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1", torch.float64: "tl.float32"}
 
@@ -281,6 +286,44 @@ class _Writer:
     def __init__(self, gm, name, arg_names, grad=False):
         self.gm, self.name, self.arg_names, self.grad = gm, name, arg_names, grad
         self.lines, self.vars, self.captures, self.tans = [], {}, [], {}
+        self.floats = set()  # nodes whose value is a float tensor (where that is known)
+        self.fidx = {}  # node -> float32 expression of an index difference (_float_index)
+
+    def _float_leaf(self, a):
+        """float32 expression of q_idx / kv_idx or an integer literal, exact below 2^24; else None."""
+        if isinstance(a, torch.fx.Node) and a.op == "placeholder" and self.vars.get(a) in ("q_idx", "kv_idx"):
+            return f"({self.vars[a]}).to(tl.float32)"
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) < 2 ** 24:
+            return repr(float(a))
+        return None
+
+    def _float_index(self, n, op, args):
+        """Records in fidx a float32 form of one + / - / negation over q_idx, kv_idx and integer literals (e.g.
+        kv_idx - q_idx). Where such a value meets a float (ALiBi's slope * (kv_idx - q_idx)), the float form is
+        used: the index vectors are converted once ([BLOCK_M, 1] and [1, BLOCK_N]) and the tile takes one float
+        add, instead of an integer add and an int -> float conversion per element (the conversion runs at a
+        quarter of the FMA rate). Bit-identical: both operands are exact in float32 below 2^24, and one
+        rounded add equals the conversion of the exact integer result (flex lengths are checked below 2^24)."""
+        leaves = [self._float_leaf(a) for a in args]
+        if any(x is None for x in leaves) or not any(isinstance(a, torch.fx.Node) for a in args):
+            return
+        if op == "neg" and len(args) == 1:
+            self.fidx[n] = f"(-{leaves[0]})"
+        elif op in ("add", "sub") and len(args) == 2:
+            self.fidx[n] = f"({leaves[0]} {'+' if op == 'add' else '-'} {leaves[1]})"
+
+    def _is_float(self, a):
+        return isinstance(a, float) or (isinstance(a, torch.fx.Node) and a in self.floats)
+
+    def _arith_refs(self, args, div=False):
+        """The operands of an arithmetic op: an index difference next to a float operand (or divided: true
+        division converts it anyway) in its float form."""
+        refs = [self.ref(a) for a in args]
+        if len(args) == 2:
+            for i in (0, 1):
+                if args[i] in self.fidx and (self._is_float(args[1 - i]) or div):
+                    refs[i] = self.fidx[args[i]]
+        return refs
 
     def ref(self, a):
         if isinstance(a, torch.fx.Node):
@@ -329,8 +372,11 @@ class _Writer:
         if (n.target is operator.pow or (n.op == "call_method" and n.target == "pow")) and _whole(args[1]):
             return _int_power(self.ref(args[0]), args[1])
         if n.op == "call_function" and n.target in _BINARY:
-            return _BINARY[n.target].format(self.ref(args[0]), self.ref(args[1]))
+            self._float_index(n, _ARITH.get(n.target), args)
+            return _BINARY[n.target].format(*self._arith_refs(args, div=n.target is operator.truediv))
         if n.op == "call_function" and n.target in _UNARY:
+            if n.target is operator.neg:
+                self._float_index(n, "neg", args)
             return _UNARY[n.target].format(self.ref(args[0]))
         name = None
         if n.op == "call_function" and getattr(n.target, "__module__", None) in ("torch", "torch._C._VariableFunctions",
@@ -362,12 +408,41 @@ class _Writer:
                 raise FlexCompileError(f"{self.name}: .to({dt!r}) is not supported (pass a torch dtype)")
             if dt == torch.bool:
                 return f"(({self.ref(args[0])}) != 0)"
+            if dt == torch.float32 and args[0] in self.fidx:
+                return self.fidx[args[0]]
             return f"({self.ref(args[0])}).to({_DTYPES[dt]})"
         if name in _FUNCS and len(args) == 1:
+            if name == "float" and args[0] in self.fidx:
+                return self.fidx[args[0]]
+            if name == "neg":
+                self._float_index(n, "neg", args)
             return _FUNCS[name].format(self.ref(args[0]))
         if name in _FUNCS2 and len(args) == 2:
-            return _FUNCS2[name].format(self.ref(args[0]), self.ref(args[1]))
+            if name in ("add", "sub"):
+                self._float_index(n, name, args)
+            return _FUNCS2[name].format(*(self._arith_refs(args, div=name in ("div", "true_divide"))
+                                          if name in _ARITH_NAMES else
+                                          (self.ref(args[0]), self.ref(args[1]))))
         raise FlexCompileError(f"{self.name}: cannot compile {name}() with {len(args)} arguments")
+
+    def _float_result(self, n):
+        """Whether node n's value is a float tensor, from its operation and operands (False where unsure: that
+        only forgoes _float_index's form)."""
+        args = n.args
+        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", None)
+        if n.target in (operator.getitem, ) or name == "__getitem__":
+            t = getattr(self.gm, args[0].target, None) if isinstance(args[0], torch.fx.Node) else None
+            return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+        if n.target in (operator.truediv, ) or name in _FLOAT_FUNCS:
+            return True
+        if name == "to":
+            dt = n.kwargs.get("dtype", args[1] if len(args) > 1 else None)
+            return isinstance(dt, torch.dtype) and dt.is_floating_point
+        if n.target in _ARITH or name in _ARITH_NAMES or name in ("minimum", "maximum", "clamp", "clip", "where",
+                                                                   "abs", "neg") or n.target in _UNARY:
+            vals = list(args) + list(n.kwargs.values())
+            return any(self._is_float(a) for a in (vals[1:] if name == "where" else vals))
+        return False
 
     def tan(self, a):
         """The derivative of argument a with respect to score (a variable or a literal), None where it is 0."""
@@ -441,6 +516,8 @@ class _Writer:
         for n in self.gm.graph.nodes:
             if n.op == "placeholder":
                 self.vars[n] = self.arg_names[len(self.vars)]
+                if self.vars[n] == "score":
+                    self.floats.add(n)
                 if self.grad and len(self.vars) == 1:
                     self.tans[n] = "1.0"
             elif n.op == "output":
@@ -451,6 +528,8 @@ class _Writer:
                     v = f"v{len(self.lines)}"
                     self.lines.append(f"    {v} = {expr}")
                     self.vars[n] = v
+                    if self._float_result(n):
+                        self.floats.add(n)
                     if self.grad:
                         t = self.tangent(n, v)
                         if t is not None:
