@@ -70,13 +70,17 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
     if HAS_SOFTCAP:
         qk = _tanh(qk * softcap_scale) * softcap_out
     if FLEX:
+        # the positions also as float32 (exact below 2^24; trace.py's _float_index): the block's from its first key
+        # and the hoisted column offsets, one add per column instead of a conversion
+        q_f = o_m.to(gl.float32)[:, None]
+        kv_f = (n0.to(gl.float32) + o_n.to(gl.float32))[None, :]
         if SCORE_MOD is not None:  # (without one the scale is folded into sm_scale: _consumer)
-            qk = SCORE_MOD(qk * fm[2], fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], caps_s)
+            qk = SCORE_MOD(qk * fm[2], fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_s)
     if MASKED:
         keep = _visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
         if FLEX:
             if MASK_MOD is not None:
-                keep = keep & MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], caps_m)
+                keep = keep & MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_m)
         qk = gl.where(keep, qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, 1))
     # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN

@@ -28,12 +28,13 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
     """(P, dS) of one [BLOCK_M, BLOCK_N] tile, float32 (dS: the gradient of the scaled scores); TRANS: both
     transposed, [BLOCK_N, BLOCK_M] (the dK/dV kernel's orientation, see ops/dense/bwd_kernels._probs)."""
     qi, ki = q_axis(o_m, TRANS), k_axis(o_n, TRANS)
+    qf, kf = q_axis(o_m.to(tl.float32), TRANS), k_axis(o_n.to(tl.float32), TRANS)  # (trace.py: _float_index)
     if TRANS:
         s = tl.dot(k, tl.trans(q)) * scale
     else:
         s = tl.dot(q, tl.trans(k)) * scale
     if SCORE_GRAD is not None:
-        z, dz = SCORE_GRAD(s, b, h, qi, ki, caps_s)
+        z, dz = SCORE_GRAD(s, b, h, qi, ki, qf, kf, caps_s)
     else:
         z = s
         dz = 1.0
@@ -42,7 +43,7 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
     if APPLY_MASK or not EVEN:
         keep = q_axis(m_ok, TRANS) & k_axis(n_ok, TRANS)
         if APPLY_MASK and MASK_MOD is not None:
-            keep = keep & MASK_MOD(b, h, qi, ki, caps_m)
+            keep = keep & MASK_MOD(b, h, qi, ki, qf, kf, caps_m)
         p = tl.where(keep, p, 0.0)
     if TRANS:
         dp = tl.dot(v, tl.trans(do))

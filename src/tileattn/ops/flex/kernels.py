@@ -25,11 +25,13 @@ def _tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, n0, offs_m, offs_n, d_ok, dv_ok, b, 
     k = tl.load(k_ptrs + n0 * stride_kn, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
     s = tl.dot(q, k) * scale
     if SCORE_MOD is not None:
-        s = SCORE_MOD(s, b, h, offs_m[:, None], kv_idx[None, :], caps_s)
+        s = SCORE_MOD(s, b, h, offs_m[:, None], kv_idx[None, :], offs_m.to(tl.float32)[:, None],
+                      kv_idx.to(tl.float32)[None, :], caps_s)
     keep = n_ok[None, :]
     if APPLY_MASK:
         if MASK_MOD is not None:
-            keep = keep & MASK_MOD(b, h, offs_m[:, None], kv_idx[None, :], caps_m)
+            keep = keep & MASK_MOD(b, h, offs_m[:, None], kv_idx[None, :], offs_m.to(tl.float32)[:, None],
+                                   kv_idx.to(tl.float32)[None, :], caps_m)
     s = tl.where(keep, s * LOG2E, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)

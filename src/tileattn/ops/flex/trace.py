@@ -6,12 +6,13 @@ of a `@triton.jit` function over tiles:
     score_mod(score, b, h, q_idx, kv_idx) -> score      mask_mod(b, h, q_idx, kv_idx) -> bool
 
 `score` is the float32 [BLOCK_M, BLOCK_N] tile of scaled scores; b and h are scalars; q_idx [BLOCK_M, 1] and
-kv_idx [1, BLOCK_N] int32. What a mod may use: arithmetic and comparisons (+ - * / // % **, < <= > >= == !=,
-& | ^ ~, unary -), torch.where, abs / exp / exp2 / log / log2 / sqrt / rsqrt / sin / cos / tanh / sigmoid /
-minimum / maximum / clamp, casts (.to, .float(), .int(), .long()), Python numbers, and captured tensors
-indexed by expressions (`bias[h, q_idx - kv_idx]`, `doc_ids[b, q_idx]`). A captured tensor becomes a kernel
-argument (its values can change without a recompile); its indices are clamped into range, so a mod can never
-read outside it. Anything else (control flow on the arguments, other torch functions) raises a
+kv_idx [1, BLOCK_N] int32; the generated function also takes the positions as float32 (q_idx_f, kv_idx_f), which
+index differences that meet a float use (_Writer._float_index). What a mod may use: arithmetic and comparisons (+
+- * / // % **, < <= > >= == !=, & | ^ ~, unary -), torch.where, abs / exp / exp2 / log / log2 / sqrt / rsqrt / sin
+/ cos / tanh / sigmoid / minimum / maximum / clamp, casts (.to, .float(), .int(), .long()), Python numbers, and
+captured tensors indexed by expressions (`bias[h, q_idx - kv_idx]`, `doc_ids[b, q_idx]`). A captured tensor
+becomes a kernel argument (its values can change without a recompile); its indices are clamped into range, so a
+mod can never read outside it. Anything else (control flow on the arguments, other torch functions) raises a
 FlexCompileError naming the construct.
 
 Integer // and % follow Python (floor) semantics as torch does; integers are int32 (int64 for captured int64
@@ -292,7 +293,7 @@ class _Writer:
     def _float_leaf(self, a):
         """float32 expression of q_idx / kv_idx or an integer literal, exact below 2^24; else None."""
         if isinstance(a, torch.fx.Node) and a.op == "placeholder" and self.vars.get(a) in ("q_idx", "kv_idx"):
-            return f"({self.vars[a]}).to(tl.float32)"
+            return f"{self.vars[a]}_f"
         if isinstance(a, int) and not isinstance(a, bool) and abs(a) < 2 ** 24:
             return repr(float(a))
         return None
@@ -300,10 +301,11 @@ class _Writer:
     def _float_index(self, n, op, args):
         """Records in fidx a float32 form of one + / - / negation over q_idx, kv_idx and integer literals (e.g.
         kv_idx - q_idx). Where such a value meets a float (ALiBi's slope * (kv_idx - q_idx)), the float form is
-        used: the index vectors are converted once ([BLOCK_M, 1] and [1, BLOCK_N]) and the tile takes one float
-        add, instead of an integer add and an int -> float conversion per element (the conversion runs at a
-        quarter of the FMA rate). Bit-identical: both operands are exact in float32 below 2^24, and one
-        rounded add equals the conversion of the exact integer result (flex lengths are checked below 2^24)."""
+        used: the kernels pass the positions also as float32 vectors (q_idx_f [BLOCK_M, 1], kv_idx_f
+        [1, BLOCK_N], made without a conversion per block) and the tile takes one float add, instead of an
+        integer add and an int -> float conversion per element (conversions run at a quarter of the FMA rate).
+        Bit-identical: both operands are exact in float32 below 2^24, and one rounded add equals the conversion
+        of the exact integer result (flex lengths are checked below 2^24)."""
         leaves = [self._float_leaf(a) for a in args]
         if any(x is None for x in leaves) or not any(isinstance(a, torch.fx.Node) for a in args):
             return
@@ -612,7 +614,7 @@ def _emit(gm, kind, name, grad):
         names = [f"c{i}_ptr"] + [f"c{i}_n{k}" for k in range(t.dim())] + [f"c{i}_s{k}" for k in range(t.dim())]
         base = sum(1 + 2 * c.dim() for c in w.captures[:i])
         unpack += [f"    {nm} = caps[{base + j}]" for j, nm in enumerate(names)]
-    params = ", ".join(arg_names)
+    params = ", ".join(arg_names + ["q_idx_f", "kv_idx_f"])
     body = "\n".join(unpack + w.lines + [f"    return {result}"])
     return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures)
 
