@@ -77,11 +77,13 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
         if SCORE_MOD is not None:  # (without one the scale is folded into sm_scale: _consumer)
             qk = SCORE_MOD(qk * fm[2], fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_s)
     if MASKED:
-        keep = _visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
-        if FLEX:
+        if FLEX:  # flex tiles are whole blocks of the mask (Sq, Sk multiples of 128): mask_mod alone decides
             if MASK_MOD is not None:
-                keep = keep & MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_m)
-        qk = gl.where(keep, qk, float("-inf"))
+                qk = gl.where(MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_m), qk,
+                              float("-inf"))
+        else:
+            keep = _visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
+            qk = gl.where(keep, qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, 1))
     # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
