@@ -296,7 +296,11 @@ def test_index_differences_in_float32(device):
         return s + slopes[h] * (kv - qi) + (qi - 5).float() * 0.01 - (kv - qi) / 7 + (-kv).float() * 1e-3
 
     src = compile_mod(mixed, "score").source
-    assert "(q_idx_f - 5.0)" in src and "(-kv_idx_f)" in src
+    assert "(q_idx_f - 5.0)" in src and "(0.0 - kv_idx_f)" in src
+    # a float16 value computes with an integer in float16, not float32: no float form there
+    half = slopes.half()
+    fp16_src = compile_mod(lambda s, b, h, qi, kv: s + half[h] * (kv - qi), "score").source
+    assert "(kv_idx_f - q_idx_f)" not in fp16_src
     q, k, v = qkv(1, H, 80, 96, 32, DT, device)
     check(q, k, v, mixed, mods.causal, block=(32, 32))
     check(q, k, v, mods.alibi(slopes), None)

@@ -70,7 +70,7 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
     if HAS_SOFTCAP:
         qk = _tanh(qk * softcap_scale) * softcap_out
     if FLEX:
-        # the positions also as float32 (exact below 2^24; trace.py's _float_index): the block's from its first key
+        # the positions also as float32 (exact below 2^24; ops/flex/lowering.py): the block's from its first key
         # and the hoisted column offsets, one add per column instead of a conversion
         q_f = o_m.to(gl.float32)[:, None]
         kv_f = (n0.to(gl.float32) + o_n.to(gl.float32))[None, :]

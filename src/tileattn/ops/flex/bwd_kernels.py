@@ -28,7 +28,7 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
     """(P, dS) of one [BLOCK_M, BLOCK_N] tile, float32 (dS: the gradient of the scaled scores); TRANS: both
     transposed, [BLOCK_N, BLOCK_M] (the dK/dV kernel's orientation, see ops/dense/bwd_kernels._probs)."""
     qi, ki = q_axis(o_m, TRANS), k_axis(o_n, TRANS)
-    qf, kf = q_axis(o_m.to(tl.float32), TRANS), k_axis(o_n.to(tl.float32), TRANS)  # (trace.py: _float_index)
+    qf, kf = q_axis(o_m.to(tl.float32), TRANS), k_axis(o_n.to(tl.float32), TRANS)  # (lowering.py: FloatIndex)
     if TRANS:
         s = tl.dot(k, tl.trans(q)) * scale
     else:

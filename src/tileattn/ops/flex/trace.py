@@ -7,7 +7,7 @@ of a `@triton.jit` function over tiles:
 
 `score` is the float32 [BLOCK_M, BLOCK_N] tile of scaled scores; b and h are scalars; q_idx [BLOCK_M, 1] and
 kv_idx [1, BLOCK_N] int32; the generated function also takes the positions as float32 (q_idx_f, kv_idx_f), which
-index differences that meet a float use (_Writer._float_index). What a mod may use: arithmetic and comparisons (+
+index differences that meet a float use (lowering.FloatIndex). What a mod may use: arithmetic and comparisons (+
 - * / // % **, < <= > >= == !=, & | ^ ~, unary -), torch.where, abs / exp / exp2 / log / log2 / sqrt / rsqrt / sin
 / cos / tanh / sigmoid / minimum / maximum / clamp, casts (.to, .float(), .int(), .long()), Python numbers, and
 captured tensors indexed by expressions (`bias[h, q_idx - kv_idx]`, `doc_ids[b, q_idx]`). A captured tensor
@@ -30,6 +30,8 @@ import weakref
 
 import torch
 import torch.fx
+
+from .lowering import _ARITH, _ARITH_NAMES, FloatIndex, _int_power, _whole
 
 
 class FlexCompileError(ValueError):
@@ -63,11 +65,6 @@ _FUNCS2 = {
     "eq": "({} == {})", "ne": "({} != {})", "pow": "_pow({}, {})", "bitwise_and": "({} & {})",
     "bitwise_or": "({} | {})",
 }
-_ARITH = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
-          operator.pow: "pow"}
-_ARITH_NAMES = {"add", "sub", "mul", "div", "true_divide", "pow"}
-_FLOAT_FUNCS = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "float", "div",
-                "true_divide"}
 _DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
            torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1", torch.float64: "tl.float32"}
 
@@ -117,33 +114,6 @@ def _tanh(x):
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 '''
-
-
-MAX_PRODUCT_POWER = 16  # x ** n for a constant whole n up to this: repeated products (exact, any sign of x)
-
-
-def _whole(e):
-    """A constant whole exponent that _int_power writes as products."""
-    return isinstance(e, (int, float)) and not isinstance(e, bool) and float(e).is_integer() and \
-        abs(e) <= MAX_PRODUCT_POWER
-
-
-def _int_power(x, e):
-    """x ** e (e a constant whole number) as products, by squaring: keeps x's sign and an integer x's dtype, as
-    torch does (a float e makes the result float, a negative one 1 / x ** -e)."""
-    n = abs(int(e))
-    base = f"({x}).to(tl.float32)" if isinstance(e, float) else x
-    if n == 0:
-        return f"({base} * 0 + 1)"
-    terms, p, k = [], base, n
-    while k:
-        if k & 1:
-            terms.append(p)
-        k >>= 1
-        if k:
-            p = f"({p} * {p})"
-    prod = "(" + " * ".join(terms) + ")"
-    return f"(1.0 / {prod})" if e < 0 else prod
 
 
 class ModSpec:
@@ -280,52 +250,16 @@ _NON_DIFF_NAMES = {"floor_divide", "remainder", "lt", "le", "gt", "ge", "eq", "n
                    "new_zeros"}
 
 
-class _Writer:
+class _Writer(FloatIndex):
     """Writes a traced mod's graph as lines of Triton code. With grad, every value that depends on the first
     argument (score) also gets its derivative with respect to it (forward mode), for the backward pass."""
 
     def __init__(self, gm, name, arg_names, grad=False):
         self.gm, self.name, self.arg_names, self.grad = gm, name, arg_names, grad
         self.lines, self.vars, self.captures, self.tans = [], {}, [], {}
-        self.floats = set()  # nodes whose value is a float tensor (where that is known)
+        self.floats = set()  # nodes whose value is a float32 tensor (where that is known)
+        self.low = set()  # nodes whose value is float16 / bfloat16
         self.fidx = {}  # node -> float32 expression of an index difference (_float_index)
-
-    def _float_leaf(self, a):
-        """float32 expression of q_idx / kv_idx or an integer literal, exact below 2^24; else None."""
-        if isinstance(a, torch.fx.Node) and a.op == "placeholder" and self.vars.get(a) in ("q_idx", "kv_idx"):
-            return f"{self.vars[a]}_f"
-        if isinstance(a, int) and not isinstance(a, bool) and abs(a) < 2 ** 24:
-            return repr(float(a))
-        return None
-
-    def _float_index(self, n, op, args):
-        """Records in fidx a float32 form of one + / - / negation over q_idx, kv_idx and integer literals (e.g.
-        kv_idx - q_idx). Where such a value meets a float (ALiBi's slope * (kv_idx - q_idx)), the float form is
-        used: the kernels pass the positions also as float32 vectors (q_idx_f [BLOCK_M, 1], kv_idx_f
-        [1, BLOCK_N], made without a conversion per block) and the tile takes one float add, instead of an
-        integer add and an int -> float conversion per element (conversions run at a quarter of the FMA rate).
-        Bit-identical: both operands are exact in float32 below 2^24, and one rounded add equals the conversion
-        of the exact integer result (flex lengths are checked below 2^24)."""
-        leaves = [self._float_leaf(a) for a in args]
-        if any(x is None for x in leaves) or not any(isinstance(a, torch.fx.Node) for a in args):
-            return
-        if op == "neg" and len(args) == 1:
-            self.fidx[n] = f"(-{leaves[0]})"
-        elif op in ("add", "sub") and len(args) == 2:
-            self.fidx[n] = f"({leaves[0]} {'+' if op == 'add' else '-'} {leaves[1]})"
-
-    def _is_float(self, a):
-        return isinstance(a, float) or (isinstance(a, torch.fx.Node) and a in self.floats)
-
-    def _arith_refs(self, args, div=False):
-        """The operands of an arithmetic op: an index difference next to a float operand (or divided: true
-        division converts it anyway) in its float form."""
-        refs = [self.ref(a) for a in args]
-        if len(args) == 2:
-            for i in (0, 1):
-                if args[i] in self.fidx and (self._is_float(args[1 - i]) or div):
-                    refs[i] = self.fidx[args[i]]
-        return refs
 
     def ref(self, a):
         if isinstance(a, torch.fx.Node):
@@ -426,25 +360,6 @@ class _Writer:
                                           if name in _ARITH_NAMES else
                                           (self.ref(args[0]), self.ref(args[1]))))
         raise FlexCompileError(f"{self.name}: cannot compile {name}() with {len(args)} arguments")
-
-    def _float_result(self, n):
-        """Whether node n's value is a float tensor, from its operation and operands (False where unsure: that
-        only forgoes _float_index's form)."""
-        args = n.args
-        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", None)
-        if n.target in (operator.getitem, ) or name == "__getitem__":
-            t = getattr(self.gm, args[0].target, None) if isinstance(args[0], torch.fx.Node) else None
-            return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
-        if n.target in (operator.truediv, ) or name in _FLOAT_FUNCS:
-            return True
-        if name == "to":
-            dt = n.kwargs.get("dtype", args[1] if len(args) > 1 else None)
-            return isinstance(dt, torch.dtype) and dt.is_floating_point
-        if n.target in _ARITH or name in _ARITH_NAMES or name in ("minimum", "maximum", "clamp", "clip", "where",
-                                                                   "abs", "neg") or n.target in _UNARY:
-            vals = list(args) + list(n.kwargs.values())
-            return any(self._is_float(a) for a in (vals[1:] if name == "where" else vals))
-        return False
 
     def tan(self, a):
         """The derivative of argument a with respect to score (a variable or a literal), None where it is 0."""
