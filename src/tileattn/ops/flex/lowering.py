@@ -47,7 +47,8 @@ def _int_power(x, e):
 
 
 class FloatIndex:
-    """Mixin of trace._Writer: needs self.vars, self.gm; keeps self.floats, self.low, self.fidx."""
+    """Mixin of trace._Writer: needs self.vars, self.gm, self.ref; keeps self.floats, self.low, self.fidx
+    (note_types after each node)."""
 
     def _float_leaf(self, a):
         """float32 expression of q_idx / kv_idx or an integer literal, exact below 2^24; else None."""
@@ -56,6 +57,16 @@ class FloatIndex:
         if isinstance(a, int) and not isinstance(a, bool) and abs(a) < 2 ** 24:
             return repr(float(a))
         return None
+
+    def note_types(self, n):
+        """After node n is written: records whether its value is float32 (floats) or float16 / bfloat16 (low),
+        and the float32 form of an index difference (fidx)."""
+        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", None)
+        op = _ARITH.get(n.target, "neg" if n.target is operator.neg else name)
+        if op in ("add", "sub", "neg"):
+            self._float_index(n, op, n.args)
+        if self._float_result(n):
+            self.floats.add(n)
 
     def _float_index(self, n, op, args):
         """Records in fidx a float32 form of one + / - / negation over q_idx, kv_idx and integer literals (e.g.

@@ -31,7 +31,7 @@ import weakref
 import torch
 import torch.fx
 
-from .lowering import _ARITH, _ARITH_NAMES, FloatIndex, _int_power, _whole
+from .lowering import _ARITH_NAMES, FloatIndex, _int_power, _whole
 
 
 class FlexCompileError(ValueError):
@@ -259,7 +259,7 @@ class _Writer(FloatIndex):
         self.lines, self.vars, self.captures, self.tans = [], {}, [], {}
         self.floats = set()  # nodes whose value is a float32 tensor (where that is known)
         self.low = set()  # nodes whose value is float16 / bfloat16
-        self.fidx = {}  # node -> float32 expression of an index difference (_float_index)
+        self.fidx = {}  # node -> float32 expression of an index difference (FloatIndex.note_types)
 
     def ref(self, a):
         if isinstance(a, torch.fx.Node):
@@ -308,11 +308,8 @@ class _Writer(FloatIndex):
         if (n.target is operator.pow or (n.op == "call_method" and n.target == "pow")) and _whole(args[1]):
             return _int_power(self.ref(args[0]), args[1])
         if n.op == "call_function" and n.target in _BINARY:
-            self._float_index(n, _ARITH.get(n.target), args)
             return _BINARY[n.target].format(*self._arith_refs(args, div=n.target is operator.truediv))
         if n.op == "call_function" and n.target in _UNARY:
-            if n.target is operator.neg:
-                self._float_index(n, "neg", args)
             return _UNARY[n.target].format(self.ref(args[0]))
         name = None
         if n.op == "call_function" and getattr(n.target, "__module__", None) in ("torch", "torch._C._VariableFunctions",
@@ -350,12 +347,8 @@ class _Writer(FloatIndex):
         if name in _FUNCS and len(args) == 1:
             if name == "float" and args[0] in self.fidx:
                 return self.fidx[args[0]]
-            if name == "neg":
-                self._float_index(n, "neg", args)
             return _FUNCS[name].format(self.ref(args[0]))
         if name in _FUNCS2 and len(args) == 2:
-            if name in ("add", "sub"):
-                self._float_index(n, name, args)
             return _FUNCS2[name].format(*(self._arith_refs(args, div=name in ("div", "true_divide"))
                                           if name in _ARITH_NAMES else
                                           (self.ref(args[0]), self.ref(args[1]))))
@@ -445,8 +438,7 @@ class _Writer(FloatIndex):
                     v = f"v{len(self.lines)}"
                     self.lines.append(f"    {v} = {expr}")
                     self.vars[n] = v
-                    if self._float_result(n):
-                        self.floats.add(n)
+                    self.note_types(n)
                     if self.grad:
                         t = self.tangent(n, v)
                         if t is not None:
