@@ -128,8 +128,9 @@ def backward(dt, D, causal, varlen=False):
     attn_bwd(AttnProblem.of(c, opts), c, do, None)
 
 
-def flex(dt, D, which, gluon=True):
-    """The flex kernels (Gluon forward, or the Triton forward and backward) on synthetic block lists."""
+def flex(dt, D, which, gluon=True, bwd_sm90=False):
+    """The flex kernels (Gluon forward, or the Triton forward and backward; bwd_sm90: the Hopper backward
+    alone, TILEATTN_SM90_BWD=1) on synthetic block lists."""
     from tileattn import mods
     from tileattn.ops.flex.bwd import flex_bwd
     from tileattn.ops.flex.launch_sm90 import Sm90Backend
@@ -141,7 +142,8 @@ def flex(dt, D, which, gluon=True):
     odt = torch.bfloat16 if dt.itemsize == 1 else dt
     smod = mmod = lists = None
     if which == "alibi":
-        smod = compile_mod(mods.alibi(mods.alibi_slopes(H, device="cpu")), "score")
+        fn = mods.alibi(mods.alibi_slopes(H, device="cpu"))  # (held: the trace holds captures weakly)
+        smod = compile_mod(fn, "score")
     elif which == "softcap":
         smod = compile_mod(lambda s, b, h, qi, ki: 30.0 * torch.tanh(s / 30.0), "score")
     else:
@@ -153,7 +155,9 @@ def flex(dt, D, which, gluon=True):
     p = FlexProblem(B, H, H, N, N, D, D, dt, odt, q.device, D ** -0.5, smod, mmod, lists is not None,
                     return_lse=True, tma=True)
     c = FlexCall(q, k, v, torch.empty(B, H, N, D, dtype=odt), torch.empty(B, H, N), lists, lists)
-    if gluon:
+    if bwd_sm90:
+        _with_env("TILEATTN_SM90_BWD", "1", flex_bwd, p, c, torch.randn_like(q), None)
+    elif gluon:
         Sm90Backend().run(p, c)
     else:
         TritonBackend().run(p, c)
@@ -237,6 +241,9 @@ def variants():
         out[f"flexsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w)
         out[f"flextriton-bf16-D128-{which}"] = lambda w=which: flex(f16, 128, w, gluon=False)
     out["flexsm90-e4m3-D64-causal"] = lambda: flex(e4, 64, "causal")
+    for which in ("alibi", "softcap", "causal"):
+        out[f"flexbwdsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w, bwd_sm90=True)
+    out["flexbwdsm90-f16-D64-causal"] = lambda: flex(f16, 64, "causal", bwd_sm90=True)
     out["mla-sm90-hq64"] = lambda: mla()
     out["mla-sm90-shard-hq128"] = lambda: mla(hq=128, qk_shard=True)
     out["mla-triton-hq16"] = lambda: mla(hq=16, portable=True)

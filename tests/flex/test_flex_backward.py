@@ -17,7 +17,8 @@ warnings.filterwarnings("ignore", message=".*flex_attention called without torch
 
 
 def check_grads(q, k, v, score_mod=None, mask_mod=None, scale=None, gqa=False, block=(128, 128), with_lse=False,
-                mask_b=None, mask_h=None):
+                mask_b=None, mask_h=None, ref_score_mod=None):
+    """ref_score_mod: the reference's score mod when it must differ (equal where the mask shows the score)."""
     B, H, Sq, _ = q.shape
     Sk = k.shape[2]
     bm = None
@@ -41,7 +42,7 @@ def check_grads(q, k, v, score_mod=None, mask_mod=None, scale=None, gqa=False, b
 
     def ref(dtype):
         xr = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        o, l = flex_ref(*xr, score_mod=score_mod, mask_mod=mask_mod, scale=scale, dtype=dtype)
+        o, l = flex_ref(*xr, score_mod=ref_score_mod or score_mod, mask_mod=mask_mod, scale=scale, dtype=dtype)
         return torch.autograd.grad(loss(o, l), xr)
     r32, rlp = ref(torch.float32), ref(q.dtype)
     for name, g, r, rl in zip(("dq", "dk", "dv"), got, r32, rlp):
@@ -130,3 +131,103 @@ def test_power_backward(device):
     """The gradient through `score ** 2` and a negative-base distance power (whole exponents: products)."""
     q, k, v = qkv(1, 2, 48, 48, 32, DT, device)
     check_grads(q, k, v, lambda s, b, h, qi, kv: s - 0.1 * s ** 2 - 0.001 * (qi - kv).float() ** 2, None)
+
+
+# ---- the Hopper backward (ops/flex/launch_bwd_sm90.py), forced with TILEATTN_SM90_BWD=1 -------------------------
+@pytest.fixture
+def sm90_bwd(monkeypatch):
+    """Forces the flex Hopper backward and counts its launches (a test that expects it checks the count)."""
+    from tileattn.ops.flex import launch_bwd_sm90
+    monkeypatch.setenv("TILEATTN_SM90_BWD", "1")
+    ran = []
+    real = launch_bwd_sm90.flex_bwd_sm90
+    monkeypatch.setattr(launch_bwd_sm90, "flex_bwd_sm90", lambda *a: (ran.append(1), real(*a))[1])
+    return ran
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "prefix_lm", "alibi_causal",
+                                  "softcap_causal", "rel_bias", "alibi_softcap"])
+def test_gpu_flex_backward_sm90(name, D, dtype, device, sm90_bwd):
+    S = 1024
+    q, k, v = qkv(2, 4, S, S, D, dtype, device)
+    score_mod, mask_mod = ready_mods(S, 4, device)[name]
+    check_grads(q, k, v, score_mod, mask_mod, with_lse=True)
+    assert sm90_bwd
+
+
+@pytest.mark.gpu
+def test_gpu_flex_backward_sm90_gqa_rows_unseen(device, sm90_bwd):
+    """GQA with a mask broadcast over batch and heads, Sq != Sk, query blocks that see no key at all (their dQ
+    sums are never written: the conversion zeroes them) and a score mod whose derivative is not finite where
+    the mask hides it."""
+    q, k, v = qkv(2, 8, 512, 768, 128, torch.bfloat16, device, hkv=2)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= 200) & (kv_idx <= q_idx + 100)
+
+    def score_mod(score, b, h, q_idx, kv_idx):  # d / d score is NaN where the mask hides the score
+        return score * (1.0 + 0.01 * torch.sqrt((q_idx + 100 - kv_idx).float()))
+
+    def ref_mod(score, b, h, q_idx, kv_idx):  # (autograd through torch.where would turn its NaN into the grads)
+        return score * (1.0 + 0.01 * torch.sqrt((q_idx + 100 - kv_idx).clamp(min=0).float()))
+
+    check_grads(q, k, v, score_mod, mask_mod, gqa=True, with_lse=True, mask_b=1, mask_h=1, ref_score_mod=ref_mod)
+    assert sm90_bwd
+
+
+@pytest.mark.gpu
+def test_gpu_flex_backward_sm90_no_block_mask_and_noop(device, sm90_bwd):
+    """A score mod without a block mask (every block full), and a mask from BlockMask.from_kv_blocks (torch's
+    default noop mask_mod: its partial blocks are not masked)."""
+    q, k, v = qkv(1, 4, 384, 384, 64, torch.float16, device)
+    check_grads(q, k, v, mods.alibi(mods.alibi_slopes(4, device=device)), None)
+    num = torch.tensor([[[1, 2, 1]]], dtype=torch.int32, device=device)
+    idx = torch.tensor([[[[2, 0, 0], [0, 1, 0], [1, 0, 0]]]], dtype=torch.int32, device=device)
+    bm = flex_mod.BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=128, seq_lengths=(384, 384))
+    x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    dout = randn(1, 4, 384, 64, dtype=torch.float16, device=device)
+    got = torch.autograd.grad(tileattn.flex_attention(*x, block_mask=bm), x, dout)
+    visible = torch.zeros(384, 384, dtype=torch.bool, device=device)
+    for i, row in enumerate(idx[0, 0].tolist()):
+        for j in row[:num[0, 0, i]]:
+            visible[128 * i:128 * (i + 1), 128 * j:128 * (j + 1)] = True
+    xr = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    s = (xr[0] @ xr[1].transpose(-1, -2)) * 64 ** -0.5
+    ref = torch.autograd.grad(torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ xr[2], xr, dout.float())
+    xl = [t.detach().requires_grad_() for t in (q, k, v)]
+    sl = (xl[0] @ xl[1].transpose(-1, -2)) * 64 ** -0.5
+    low = torch.autograd.grad(torch.softmax(sl.float().masked_fill(~visible, float("-inf")), -1).half() @ xl[2], xl,
+                              dout)
+    for name, g, r, rl in zip(("dq", "dk", "dv"), got, ref, low):
+        assert_close(name, g, r, rl)
+    assert len(sm90_bwd) == 2
+
+
+@pytest.mark.gpu
+def test_gpu_flex_backward_sm90_deterministic(device, sm90_bwd):
+    q, k, v = (t.requires_grad_() for t in qkv(2, 8, 2048, 2048, 128, torch.bfloat16, device, hkv=2))
+    bm = flex_mod.create_block_mask(mods.document(mods.document_ids_from_lengths([700, 1000, 348], device=device),
+                                                  causal=True), 2, 8, 2048, 2048, device=device)
+    dout = randn(2, 8, 2048, 128, dtype=torch.bfloat16, device=device)
+    runs = [torch.autograd.grad(tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=True), (q, k, v), dout)
+            for _ in range(3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    assert len(sm90_bwd) == 3
+
+
+def test_mod_derivative_not_finite_where_masked(device):
+    """A score mod whose value and derivative are NaN where the mask hides the score (times the sqrt of a
+    negative distance) gives finite gradients: hidden scores contribute nothing."""
+    q, k, v = qkv(1, 2, 64, 64, 32, DT, device)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score * (1.0 + 0.01 * torch.sqrt((q_idx - kv_idx).float()))
+
+    def ref_mod(score, b, h, q_idx, kv_idx):  # (autograd through torch.where would turn its NaN into the grads)
+        return score * (1.0 + 0.01 * torch.sqrt((q_idx - kv_idx).clamp(min=0).float()))
+
+    check_grads(q, k, v, score_mod, mods.causal, block=(32, 32), ref_score_mod=ref_mod)

@@ -1,7 +1,7 @@
 """Backward pieces shared by the dense and flex backward kernels (Triton jit): where a sequence's rows are,
 row tiles, the per-row statistics, the broadcasts of (possibly transposed) tiles, the walks of the backward
-programs over their blocks (query_steps, key_steps, masked_step), and the preprocess kernel
-delta = rowsum(dO * O) - dlse.
+programs over their blocks (query_steps, key_steps, masked_step), the preprocess kernel
+delta = rowsum(dO * O) - dlse, and the Hopper backward's dQ conversion.
 """
 import triton
 import triton.language as tl
@@ -149,3 +149,27 @@ def key_steps(m0, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M: tl.constex
 def masked_step(i, lo, full_hi, n_before, BLOCK: tl.constexpr):
     """Start of masked step i: below the unmasked range for the first n_before, above it after."""
     return tl.where(i < n_before, lo + i * BLOCK, full_hi + (i - n_before) * BLOCK)
+
+
+@triton.jit
+def bwd_dq_convert_kernel(ACC, DQ, LSE, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                          num_heads, rows_per_head, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                          ZERO_UNSEEN: tl.constexpr):
+    """Grid (cdiv(Sq, BLOCK_M), B * Hq): dQ = scale * the float32 sums of the Hopper backward (gluon_bwd_sm90.py;
+    ACC [B * Hq, rows_per_head, D]) in dQ's dtype and strides. ZERO_UNSEEN: rows whose lse (LSE [B, Hq, Sq]) is
+    -inf saw no key and get 0 whatever ACC holds (a query block that no key block sees is never written: flex
+    allocates the sums without zeroing them)."""
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, D)
+    m_ok = (o_m < seqlen_q)[:, None]
+    x = tl.load(ACC + (i_bh.to(tl.int64) * rows_per_head + o_m)[:, None] * D + o_d[None, :], mask=m_ok)
+    i_b = (i_bh // num_heads).to(tl.int64)
+    i_h = (i_bh % num_heads).to(tl.int64)
+    x = x * scale
+    if ZERO_UNSEEN:
+        lse = tl.load(LSE + i_b * stride_lb + i_h * stride_lh + o_m, mask=o_m < seqlen_q, other=0.0)
+        x = tl.where((lse == float("-inf"))[:, None], 0.0, x)
+    tl.store(DQ + i_b * stride_dqb + i_h * stride_dqh + o_m.to(tl.int64)[:, None] * stride_dqs + o_d[None, :],
+             x.to(DQ.dtype.element_ty), mask=m_ok)

@@ -41,9 +41,10 @@ def _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexp
 
 
 @gluon.jit
-def _flex_lists(fx, i_b, i_h, i_m):
-    """Flex: (partial blocks, full blocks, partial list, full list) of query block i_m of (i_b, i_h), from the
-    block mask's tensors in fx (see attn_fwd_sm90_kernel)."""
+def flex_lists(fx, i_b, i_h, i_m):
+    """Flex: (partial blocks, full blocks, partial list, full list) of block i_m of (i_b, i_h), from the block
+    mask's tensors in fx (see flex_fwd_sm90_kernel): a query block's key blocks in the forward lists, a key
+    block's query blocks in the transposed ones (the backward's)."""
     n_part = gl.load(fx[0] + i_b * fx[4] + i_h * fx[5] + i_m * fx[6])
     part = fx[1] + i_b * fx[7] + i_h * fx[8] + i_m * fx[9]
     n_full = gl.load(fx[2] + i_b * fx[10] + i_h * fx[11] + i_m * fx[12])
@@ -57,7 +58,7 @@ def tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right, RO
     """(first query row, first key, key blocks, partial blocks, partial list, full list) of a tile. Dense: the
     window model's key range (lists unused); flex: the block mask's partial blocks, then its full ones."""
     if FLEX:
-        n_part, n_full, part, full = _flex_lists(fx, i_b, i_h, i_m)
+        n_part, n_full, part, full = flex_lists(fx, i_b, i_h, i_m)
         return i_m * ROWS, 0, n_part + n_full, n_part, part, full
     else:
         m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS, BLOCK_N, HAS_LEFT,

@@ -240,20 +240,3 @@ def bwd_dq_kernel(
                           HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, True, ACC)
     tl.store(DQ + dqb + i_h * stride_dqh + qrows[:, None] * stride_dqs + o_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (o_d < D)[None, :])
-
-
-@triton.jit
-def bwd_dq_convert_kernel(ACC, DQ, stride_dqb, stride_dqs, stride_dqh, seqlen_q, num_heads, rows_per_head, scale,
-                          D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Grid (cdiv(Sq, BLOCK_M), B * Hq): dQ = scale * the float32 sums of the Hopper backward (gluon_bwd_sm90.py;
-    ACC [B * Hq, rows_per_head, D]) in dQ's dtype and strides."""
-    i_m = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_d = tl.arange(0, D)
-    m_ok = (o_m < seqlen_q)[:, None]
-    x = tl.load(ACC + (i_bh.to(tl.int64) * rows_per_head + o_m)[:, None] * D + o_d[None, :], mask=m_ok)
-    i_b = (i_bh // num_heads).to(tl.int64)
-    i_h = (i_bh % num_heads).to(tl.int64)
-    tl.store(DQ + i_b * stride_dqb + i_h * stride_dqh + o_m.to(tl.int64)[:, None] * stride_dqs + o_d[None, :],
-             (x * scale).to(DQ.dtype.element_ty), mask=m_ok)

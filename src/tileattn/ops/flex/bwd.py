@@ -1,6 +1,7 @@
-"""Launch of flex attention backward (bwd_kernels.py): delta (ops/common's preprocess), dK/dV, dQ.
+"""Flex attention backward: delta (ops/common's preprocess), then dK, dV and dQ on the Hopper kernel
+(launch_bwd_sm90.py, where it serves) or the Triton kernels (bwd_kernels.py).
 
-Gradients come in the dtypes and layouts ([B, H, S, D]) of query, key and value; deterministic. Tiles: the
+Gradients come in the dtypes and layouts ([B, H, S, D]) of query, key and value; deterministic. Triton tiles: the
 shared backward table (ops/common/configs.py, BwdConfig) kept within the mask's blocks.
 """
 import torch
@@ -8,6 +9,7 @@ import triton
 
 from ..common.bwd_kernels import bwd_preprocess_kernel
 from ..common.configs import bwd_config
+from . import launch_bwd_sm90
 from .bwd_kernels import flex_bwd_dkdv_kernel, flex_bwd_dq_kernel
 from .problem import mask_strides, mod_captures
 from .trace import capture_args
@@ -47,6 +49,9 @@ def flex_bwd(p, c, dout, dlse):
         *((dlse.stride(0), dlse.stride(1)) if dlse is not None else (0, 0)), lse, Sq, H, B * H,
         DV=Dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=False, HAS_DLSE=dlse is not None, num_warps=4,
     )
+    if not launch_bwd_sm90.reason(p, dout) and lse.stride() == delta.stride():
+        launch_bwd_sm90.flex_bwd_sm90(p, c, dout, delta, (dq, dk, dv))
+        return dq, dk, dv
     dense = lists is None
     (km, kn, kw, ks), (qm, qn, qw, qs) = _tiles(max(D, Dv), p.q_block, p.kv_block)
     # whole tiles only (the tiles are powers of two, so the larger one dividing means both do)

@@ -49,7 +49,10 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
         dp = tl.dot(v, tl.trans(do))
     else:
         dp = tl.dot(do, tl.trans(v))
-    return p, p * (dp - q_axis(delta, TRANS)) * dz
+    ds = p * (dp - q_axis(delta, TRANS)) * dz
+    if SCORE_GRAD is not None and (APPLY_MASK or not EVEN):  # a derivative that is not finite where hidden
+        ds = tl.where(keep, ds, 0.0)
+    return p, ds
 
 
 @triton.jit

@@ -143,14 +143,16 @@ class ModSpec:
             raise RuntimeError(f"tileattn flex: a tensor captured by this {self.kind}_mod was freed")
         return caps
 
-    def grad_fn(self):
-        """A score mod's @triton.jit function returning (value, d value / d score), same arguments and
-        captures (made on first use; FlexCompileError names an operation it cannot differentiate)."""
+    def grad_fn(self, gluon=False):
+        """A score mod's @triton.jit function (gluon: @gluon.jit) returning (value, d value / d score), same
+        arguments and captures (made on first use; FlexCompileError names an operation it cannot
+        differentiate)."""
         if self._grad is None:
             src, caps = _emit(self.gm, self.kind, f"{self.kind}_mod (backward)", grad=True)
             assert len(caps) == len(self._captures)
-            self._grad = _define(src, self.kind + "-grad", hashlib.sha1(src.encode()).hexdigest()[:16])
-        return self._grad
+            self._grad = (src, hashlib.sha1(src.encode()).hexdigest()[:16])
+        src, digest = self._grad
+        return _define(src, self.kind + "-grad", digest, gluon=gluon)
 
     def gluon_fn(self):
         return _define(self.source, self.kind, self.src_digest, gluon=True)

@@ -1,0 +1,527 @@
+"""The Hopper (sm90) attention backward pipeline in Gluon: dK, dV and dQ in one kernel, 5 matmuls per tile
+(FlashAttention-3's backward schedule), deterministic. `attn_bwd_pipeline` is the body of the dense kernel
+(ops/dense/gluon_bwd_sm90.py, attn_bwd_sm90_kernel) and of the flex kernel (ops/flex/gluon_bwd_sm90.py,
+flex_bwd_sm90_kernel, FLEX mode: query blocks from a block mask's lists, traced score / mask mods).
+
+One CTA per (key block of BLOCK_N = 128 keys, batch * kv head), the highest key block first. It walks the query
+blocks (BLOCK_M rows) that see its keys, for every query head of the kv head's group, in ascending order (masked
+blocks below the unmasked range, the unmasked range, masked blocks above; flex: the block mask's transposed
+lists, its partial blocks (masked by mask_mod) then its full ones). Partitions:
+  - loader (1 warp): K and V once, then each step's Q and dO tiles into a ring of STAGES slots (TMA), with the
+    rows' lse and delta beside them (through registers: the consumers read them from shared memory where they
+    use them instead of holding 32 registers across the wgmma waits);
+  - two consumer warpgroups, each owning 64 of the keys (rows of the transposed tiles):
+        S^T = K Q^T,  P^T = exp2(S^T * scale * log2 e - lse * log2 e),  dP^T = V dO^T,
+        dS^T = P^T (dP^T - delta)  (times 1 - tanh^2 with a softcap; flex: z, z' = score_mod's value and
+        derivative at scale * S^T, P^T = exp2(z * log2 e - lse * log2 e), dS^T times z'),
+        dV += P^T dO,  dK += dS^T Q  (P^T, dS^T from registers),
+    then both write dS^T into shared memory, and each computes half of the head dim of dQ = dS K from it
+    (wgmma with both operands in shared memory), staged as float32 for the writer;
+  - two dQ writers (1 warp each, even and odd steps): add each step's dQ tile to the query block's float32 sum
+    in global memory, in descending key-block order: a counter per (query head, query block) says how many
+    higher key blocks have added; the writer spins until it is its turn (one lane polls), adds (the first key
+    block of a query block stores instead) and passes the turn on with a release, which orders its adds
+    before the next block's. Adds are vector atomics, or with triton >= 3.9 at D=128 one TMA reduce-add per
+    half (TMA_DQ; launch_bwd_sm90.CONFIGS). Waiting happens in the writers only: the consumers go on with the
+    next tiles while they wait, and two writers keep two query blocks in flight. The turn of a key block is
+    the number of higher key blocks that see the query block: from the masking rule (dense) or by counting
+    them in the query block's forward lists (flex; those lists and the transposed ones must describe the same
+    mask, as torch's BlockMask constructors make them).
+    bwd_kernels.bwd_dq_convert_kernel then writes dQ = scale * sum in dQ's dtype.
+Why this order: under a causal rule (or a window with a right bound) a lower key block's walk starts at a
+lower query block (no rule or a left bound only: all start at block 0, the chain has no slack), so it
+reaches each query block BLOCK_N / BLOCK_M steps after the key block above it, whose add is then long done (the
+walk from the top down with ascending turns made every CTA wait for the chain of all lower key blocks on its
+first query block; the new order measured causal +6-24% on the H100). Programs wait only on programs of the
+same head with a higher key block, which have lower ids: they were dispatched first and are resident or done,
+so the order cannot deadlock. Every float32 sum is formed in the same order on every run: the same inputs give
+bit-identical gradients.
+
+delta = rowsum(dO * O) - dlse comes from bwd_kernels.py's preprocess kernel. Masking model as masking.py (key j
+visible to query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); rows past Sq are zero-filled by TMA
+and get lse = +inf (p = 0), as do rows that saw no key (lse = -inf). Flex tiles are whole blocks of the mask
+(Sq, Sk multiples of 128): mask_mod alone masks.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from . import masking, softmax
+from .gluon_compat import thread_barrier, tma_load, tma_reduce_add, tma_store
+from .gluon_sm90_loader import flex_lists
+
+LOG2E = gl.constexpr(softmax.LOG2E)
+_tanh = gluon.jit(softmax.tanh.fn)
+_key_range = gluon.jit(masking.key_range.fn)
+_query_range = gluon.jit(masking.query_range.fn)
+
+
+# ---- the CTA's schedule (every partition walks the same steps) ----------------------------------------------
+# A walk is one query head's: dense, sched = query_range(...) = (m_lo, f_lo, f_hi, m_hi), the same for every head;
+# flex, the block mask's transposed lists of the CTA's key block, (partial blocks, full blocks, partial list,
+# full list) of Q_BLOCK-row query blocks, each walked in Q_BLOCK / BLOCK_M steps.
+@gluon.jit
+def _head_walk(sched, fx, i_b, i_h, i_n, FLEX: gl.constexpr):
+    if FLEX:
+        return flex_lists(fx, i_b, i_h, i_n)
+    else:
+        return sched
+
+
+@gluon.jit
+def _step_counts(walk, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """(masked steps above the unmasked range, unmasked steps, masked steps below) of a walk."""
+    if FLEX:
+        n_part, n_full, _, _ = walk
+        return 0, n_full * (Q_BLOCK // BLOCK_M), n_part * (Q_BLOCK // BLOCK_M)
+    else:
+        m_lo, f_lo, f_hi, m_hi = walk
+        return gl.cdiv(m_hi - f_hi, BLOCK_M), (f_hi - f_lo) // BLOCK_M, gl.cdiv(f_lo - m_lo, BLOCK_M)
+
+
+@gluon.jit
+def _range_m0(t, walk, RANGE: gl.constexpr, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """First query row of step t of range RANGE (0: masked below the unmasked range, 1: unmasked, 2: masked
+    above; flex: 0 the partial list, 1 the full one)."""
+    if FLEX:
+        PER: gl.constexpr = Q_BLOCK // BLOCK_M
+        lst = walk[2 + RANGE % 2]  # (range 2 is empty in a flex walk)
+        return gl.load(lst + t // PER) * Q_BLOCK + (t % PER) * BLOCK_M
+    else:
+        return walk[RANGE] + t * BLOCK_M
+
+
+@gluon.jit
+def _step_m0(t, walk, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """First query row of step t of a walk (ascending: masked below the unmasked range, unmasked, masked
+    above)."""
+    n_above, n_full, n_below = _step_counts(walk, BLOCK_M, FLEX, Q_BLOCK)
+    if t < n_below:
+        m0 = _range_m0(t, walk, 0, BLOCK_M, FLEX, Q_BLOCK)
+    elif t < n_below + n_full:
+        m0 = _range_m0(t - n_below, walk, 1, BLOCK_M, FLEX, Q_BLOCK)
+    else:
+        m0 = _range_m0(t - n_below - n_full, walk, 2, BLOCK_M, FLEX, Q_BLOCK)
+    return m0
+
+
+# ---- loader --------------------------------------------------------------------------------------------------
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, q_ready, q_empty,
+            lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, i_b, i_hk, i_n, group_size, sched, fx,
+            STAGES: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """TMA loads of K, V and each step's Q and dO tiles; each step's lse and delta rows through registers into
+    stat_bufs (lse as exp2's offset: lse * log2 e, +inf for rows past Sq and rows that saw no key, so p = 0)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    rows = gl.arange(0, BLOCK_M, layout=stat_layout)
+    n0 = i_n * BLOCK_N
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma_load(k_desc, [i_b, n0, i_hk, 0], kv_ready, k_smem)
+    tma_load(v_desc, [i_b, n0, i_hk, 0], kv_ready, v_smem)
+    step = 0
+    for g in range(group_size):
+        i_h = i_hk * group_size + g
+        walk = _head_walk(sched, fx, i_b, i_h, i_n, FLEX)
+        n_above, n_full, n_below = _step_counts(walk, BLOCK_M, FLEX, Q_BLOCK)
+        off = i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh
+        for t in range(n_above + n_full + n_below):
+            m0 = _step_m0(t, walk, BLOCK_M, FLEX, Q_BLOCK)
+            s = step % STAGES
+            m_ok = m0 + rows < seqlen_q
+            lse = gl.load(lse_ptr + off + m0 + rows, mask=m_ok, other=float("inf"))
+            delta = gl.load(delta_ptr + off + m0 + rows, mask=m_ok, other=0.0)
+            mbarrier.wait(q_empty.index(s), ((step // STAGES) & 1) ^ 1)  # fresh slots pass
+            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            tma_load(q_desc, [i_b, m0, i_h, 0], q_ready.index(s), q_bufs.index(s))
+            tma_load(do_desc, [i_b, m0, i_h, 0], q_ready.index(s), do_bufs.index(s))
+            stat_bufs.index(2 * s).store(gl.where(lse == float("-inf"), float("inf"), lse * LOG2E))
+            stat_bufs.index(2 * s + 1).store(delta)
+            mbarrier.arrive(q_ready.index(s))  # (release: the consumers that wait on it see the stores)
+            step += 1
+
+
+# ---- consumers -----------------------------------------------------------------------------------------------
+@gluon.jit
+def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs, dq_bufs, stat_bufs, q_ready,
+          q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
+          softcap_scale, softcap_out, fm, caps_s, caps_m, WG: gl.constexpr, MASKED: gl.constexpr,
+          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
+          DQ_BUFS: gl.constexpr, FLEX: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr):
+    """One query block of this warpgroup's 64 keys: returns (dK, dV) plus its contribution; stages its half of
+    the block's dQ part for the writer. Flex: fm = (batch, query head, scale) for the mods."""
+    BLOCK_M: gl.constexpr = q_bufs.shape[2]
+    D: gl.constexpr = q_bufs.shape[4]
+    DV: gl.constexpr = do_bufs.shape[4]
+    HALF_N: gl.constexpr = k_half.shape[0]
+    dtype: gl.constexpr = q_bufs.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    k_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    v_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DV, 16])
+    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D // 2, 16])
+    s = step % STAGES
+    mbarrier.wait(q_ready.index(s), (step // STAGES) & 1)
+    q_smem = q_bufs.index(s).reshape([BLOCK_M, D])
+    do_smem = do_bufs.index(s).reshape([BLOCK_M, DV])
+    zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
+    st = warpgroup_mma(k_half, q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_half, do_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+    if FLEX:  # the mods' positions, queries along the columns of the transposed tile (float32: lowering.py)
+        o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        o_n = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+        q_i = o_m[None, :]
+        k_i = o_n[:, None]
+        q_f = o_m.to(gl.float32)[None, :]
+        k_f = o_n.to(gl.float32)[:, None]
+    # the row statistics are read from shared memory where they are used (16 registers each: not held across
+    # the wgmma waits)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+    lse = stat_bufs.index(2 * s).load(gl.SliceLayout(0, s_layout))  # times log2 e; +inf where p = 0
+    if SCORE_GRAD is not None:
+        z, dz = SCORE_GRAD(st * fm[2], fm[0], fm[1], q_i, k_i, q_f, k_f, caps_s)
+        pt = gl.exp2(z * LOG2E - lse[None, :])
+    elif HAS_SOFTCAP:
+        th = _tanh(st * softcap_scale)
+        pt = gl.exp2(th * softcap_out - lse[None, :])
+    else:
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+    if MASKED:
+        if FLEX:  # whole tiles: mask_mod alone decides (none: every key of a partial block is visible)
+            if MASK_MOD is not None:
+                vis = MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m)
+                pt = gl.where(vis, pt, 0.0)
+        else:
+            o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+            m_ok = o_m < seqlen_q
+            o_n = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+            vis = (o_n < seqlen_k)[:, None] & m_ok[None, :]
+            if HAS_RIGHT:
+                vis = vis & (o_n[:, None] <= (o_m + off_diag + right)[None, :])
+            if HAS_LEFT:
+                vis = vis & (o_n[:, None] >= (o_m + off_diag - left)[None, :])
+            pt = gl.where(vis, pt, 0.0)
+    dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+    delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
+    dst = pt * (dpt - delta[None, :])
+    if HAS_SOFTCAP:
+        dst = dst * (1.0 - th * th)
+    if SCORE_GRAD is not None:
+        dst = dst * dz
+        if MASKED and MASK_MOD is not None:  # a derivative that is not finite where the mask hides the score
+            dst = gl.where(vis, dst, 0.0)
+    pt16 = gl.convert_layout(pt.to(dtype), gl.DotOperandLayout(operand_index=0, parent=v_layout, k_width=2))
+    dv = warpgroup_mma(pt16, do_smem, dv, is_async=True)
+    ds16 = dst.to(dtype)
+    dk = warpgroup_mma(gl.convert_layout(ds16, gl.DotOperandLayout(operand_index=0, parent=k_layout, k_width=2)),
+                       q_smem, dk, is_async=True)
+    # dS^T into shared memory: both warpgroups' halves make the dQ operand. Buffer step % 2 is free again: a
+    # warpgroup arrives on ds_ready of step i only after its dQ wgmma of step i - 1 has completed
+    b = step % 2
+    ds_bufs.index(b).slice(WG * HALF_N, HALF_N, dim=0).store(ds16)
+    fence_async_shared()
+    thread_barrier()
+    mbarrier.arrive(ds_ready.index(b))
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    mbarrier.arrive(q_empty.index(s))
+    mbarrier.wait(ds_ready.index(b), (step // 2) & 1)
+    # (dQ issued before dV and dK are waited for, releasing the Q / dO slot later, measured 2-3% slower)
+    dq = warpgroup_mma(ds_bufs.index(b).permute((1, 0)), k_smem.slice(WG * (D // 2), D // 2, dim=1),
+                       gl.zeros([BLOCK_M, D // 2], gl.float32, q_layout), use_acc=False)
+    qb = step % DQ_BUFS
+    mbarrier.wait(dq_empty.index(qb), ((step // DQ_BUFS) & 1) ^ 1)
+    dq_bufs.index(qb * 2 + WG).store(dq)
+    fence_async_shared()  # (the TMA writer reads the buffer through the async proxy)
+    thread_barrier()
+    mbarrier.arrive(dq_full.index(qb))
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, q_ready, q_empty, ds_ready,
+              dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh,
+              stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, seqlen_q, seqlen_k, off_diag,
+              left, right, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
+              WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              NEEDS_MASK: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, FLEX: gl.constexpr,
+              Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr):
+    BLOCK_M: gl.constexpr = q_bufs.shape[2]
+    D: gl.constexpr = q_bufs.shape[4]
+    DV: gl.constexpr = do_bufs.shape[4]
+    HALF_N: gl.constexpr = ds_bufs.shape[1] // 2
+    k_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    v_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DV, 16])
+    n0 = i_n * 2 * HALF_N
+    k_full = k_smem.reshape([2 * HALF_N, D])
+    k_half = k_full.slice(WG * HALF_N, HALF_N, dim=0)
+    v_half = v_smem.reshape([2 * HALF_N, DV]).slice(WG * HALF_N, HALF_N, dim=0)
+    dk = gl.zeros([HALF_N, D], gl.float32, k_layout)
+    dv = gl.zeros([HALF_N, DV], gl.float32, v_layout)
+    mbarrier.wait(kv_ready, 0)
+    step = 0
+    for g in range(group_size):  # the query heads of the kv head: the loader and writers track which
+        i_h = i_hk * group_size + g
+        fm = (i_b, i_h, scale)
+        walk = _head_walk(sched, fx, i_b, i_h, i_n, FLEX)
+        n_above, n_full, n_below = _step_counts(walk, BLOCK_M, FLEX, Q_BLOCK)
+        if NEEDS_MASK:
+            for t in range(n_below):
+                dk, dv = _step(dk, dv, step, _range_m0(t, walk, 0, BLOCK_M, FLEX, Q_BLOCK), n0, q_bufs, do_bufs,
+                               k_half, v_half, k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready,
+                               dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                               softcap_out, fm, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                               DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
+                step += 1
+        for t in range(n_full):
+            dk, dv = _step(dk, dv, step, _range_m0(t, walk, 1, BLOCK_M, FLEX, Q_BLOCK), n0, q_bufs, do_bufs, k_half,
+                           v_half, k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full,
+                           dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                           fm, caps_s, caps_m, WG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
+                           SCORE_GRAD, MASK_MOD)
+            step += 1
+        if NEEDS_MASK:
+            for t in range(n_above):
+                dk, dv = _step(dk, dv, step, _range_m0(t, walk, 2, BLOCK_M, FLEX, Q_BLOCK), n0, q_bufs, do_bufs,
+                               k_half, v_half, k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready,
+                               dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                               softcap_out, fm, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                               DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
+                step += 1
+    rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_layout))
+    gl.store(dk_ptr + i_b.to(gl.int64) * stride_kb + i_hk.to(gl.int64) * stride_kh + rows[:, None] * stride_ks
+             + cols[None, :], (dk * scale).to(dk_ptr.dtype.element_ty), mask=(rows < seqlen_k)[:, None])
+    rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, v_layout))
+    cols = gl.arange(0, DV, layout=gl.SliceLayout(0, v_layout))
+    gl.store(dv_ptr + i_b.to(gl.int64) * stride_vb + i_hk.to(gl.int64) * stride_vh + rows[:, None] * stride_vs
+             + cols[None, :], dv.to(dv_ptr.dtype.element_ty), mask=(rows < seqlen_k)[:, None])
+
+
+# ---- dQ writer -----------------------------------------------------------------------------------------------
+@gluon.jit
+def _wait_turn(sem, target):
+    """Lane 0 polls the counter at sem (acquire, 64 ns back-off) until it reads target; the warp barrier then
+    orders the whole warp's later memory operations after it."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred %p<2>; .reg .b32 %l<1>; mov.u32 %l0, %laneid; setp.ne.u32 %p1, %l0, 0; mov.b32 $0, $2; "
+        "@%p1 bra done_${:uid}; spin_${:uid}: ld.global.acquire.gpu.b32 $0, [$1]; setp.ne.s32 %p0, $0, $2; "
+        "@!%p0 bra done_${:uid}; nanosleep.u32 64; bra spin_${:uid}; done_${:uid}: bar.warp.sync -1; }",
+        "=r,l,r", [sem, target], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(sem):
+    """After the warp barrier (every lane's stores ordered before it), lane 0 adds 1 to the counter (release)."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred %p<1>; .reg .b32 %l<1>; bar.warp.sync -1; mov.u32 %l0, %laneid; setp.eq.u32 %p0, %l0, 0; "
+        "@%p0 red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }", "=r,l", [sem], dtype=gl.int32,
+        is_pure=False, pack=1)
+
+
+@gluon.jit
+def _fence_proxy_async():
+    """Orders this thread's generic-proxy memory operations with its bulk-copy (async proxy) ones, both ways."""
+    gl.inline_asm_elementwise("fence.proxy.async; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _count_around(lst, n, kvb, num_kv_blocks):
+    """(entries above kvb, entries below kvb) among the first n of block list lst (entries outside
+    [0, num_kv_blocks) are no key block and not counted); one warp, 128 entries at a time."""
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+    o = gl.arange(0, 128, layout=layout)
+    above = 0
+    below = 0
+    for c in range(0, n, 128):
+        j = gl.load(lst + c + o, mask=c + o < n, other=-1)
+        ok = (j >= 0) & (j < num_kv_blocks)
+        above += gl.sum((ok & (j > kvb)).to(gl.int32), axis=0)
+        below += gl.sum((ok & (j < kvb)).to(gl.int32), axis=0)
+    return above, below
+
+
+@gluon.jit
+def _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """(turn, last) of key block i_n on the query block at m0: how many higher key blocks add to its dQ first,
+    and whether no lower one adds after (then nobody waits for the turn). Dense: from the masking rule's key
+    range; flex: counted in the query block's forward lists fk."""
+    if FLEX:
+        n_part, n_full, part, full = flex_lists(fk, i_b, i_h, m0 // Q_BLOCK)
+        num_kv_blocks = gl.num_programs(0)
+        above, below = _count_around(part, n_part, i_n, num_kv_blocks)
+        above_full, below_full = _count_around(full, n_full, i_n, num_kv_blocks)
+        return above + above_full, below + below_full == 0
+    else:
+        lo, hi, _, _ = _key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
+                                  HAS_RIGHT)
+        # key blocks add from the highest that sees this query block down: turn = how many come first
+        return ((hi - 1) // BLOCK_N) - i_n, i_n * BLOCK_N <= lo
+
+
+@gluon.jit
+def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
+               num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_N: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr,
+               W: gl.constexpr, WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr,
+               Q_BLOCK: gl.constexpr):
+    """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and adds
+    overlap with the other writers' (different query blocks). TMA_DQ (triton >= 3.9): acc is a tensor
+    descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
+    acc is a pointer and the warp adds ROWS rows at a time with vector atomics."""
+    BLOCK_M: gl.constexpr = dq_bufs.shape[1]
+    HALF_D: gl.constexpr = dq_bufs.shape[2]
+    D: gl.constexpr = 2 * HALF_D
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (HALF_D // 4), HALF_D // 4], [1, 1], [1, 0])
+    r_idx = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    c_idx = gl.arange(0, HALF_D, layout=gl.SliceLayout(0, layout))
+    step = 0
+    for g in range(group_size):
+        i_h = i_hk * group_size + g
+        i_bhq = (i_b * num_kv_heads * group_size + i_h).to(gl.int64)
+        walk = _head_walk(sched, fx, i_b, i_h, i_n, FLEX)
+        n_above, n_full, n_below = _step_counts(walk, BLOCK_M, FLEX, Q_BLOCK)
+        for t in range(n_above + n_full + n_below):
+            if step % WRITERS == W:
+                m0 = _step_m0(t, walk, BLOCK_M, FLEX, Q_BLOCK)
+                turn, last = _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N,
+                                   HAS_LEFT, HAS_RIGHT, FLEX, Q_BLOCK)
+                sem = sem_ptr + i_bhq * num_q_blocks + m0 // BLOCK_M
+                qb = step % DQ_BUFS
+                mbarrier.wait(dq_full.index(qb), (step // DQ_BUFS) & 1)
+                if turn > 0:
+                    _wait_turn(sem, turn)
+                if TMA_DQ:
+                    row = (i_bhq * num_q_blocks * BLOCK_M + m0).to(gl.int32)  # < 2^31: launch_bwd_sm90 checks
+                    if turn > 0:
+                        _fence_proxy_async()  # the earlier blocks' adds, acquired above, before this one's
+                        for h in gl.static_range(2):
+                            tma_reduce_add(acc, [row, h * HALF_D], dq_bufs.index(qb * 2 + h))
+                    else:
+                        for h in gl.static_range(2):
+                            tma_store(acc, [row, h * HALF_D], dq_bufs.index(qb * 2 + h))
+                    tma.store_wait(0)  # the halves are read: the consumers may stage the next step's
+                    mbarrier.arrive(dq_empty.index(qb))
+                    if not last:
+                        tma.store_wait(0, read_only=False)  # written to global memory before the turn passes
+                        _fence_proxy_async()
+                        _pass_turn(sem)
+                else:
+                    base = acc + (i_bhq * num_q_blocks * BLOCK_M + m0) * D
+                    for h in gl.static_range(2):
+                        for r in gl.static_range(0, BLOCK_M, ROWS):
+                            x = dq_bufs.index(qb * 2 + h).slice(r, ROWS, dim=0).load(layout)
+                            ptrs = base + (r + r_idx)[:, None] * D + (h * HALF_D + c_idx)[None, :]
+                            if turn > 0:
+                                gl.atomic_add(ptrs, x, sem="relaxed", scope="gpu")  # ordered by the turn
+                            else:
+                                gl.store(ptrs, x)
+                    if not last:
+                        _pass_turn(sem)
+                    mbarrier.arrive(dq_empty.index(qb))
+            step += 1
+    if TMA_DQ:
+        tma.store_wait(0, read_only=False)
+
+
+# ---- the whole kernel ----------------------------------------------------------------------------------------
+@gluon.jit
+def attn_bwd_pipeline(
+    q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr,
+    stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks,
+    scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fk, caps_s, caps_m,
+    STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
+    WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
+    TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr,
+    MASK_MOD: gl.constexpr,
+):
+    """Shared memory, barriers and the partitions. The dense and flex kernels' docstrings say what their
+    arguments hold; fx (the transposed block lists), fk (the forward ones), caps_s / caps_m, SCORE_GRAD /
+    MASK_MOD, Q_BLOCK are the flex mode's block mask and mods (placeholders for dense)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    i_n = gl.num_programs(0) - 1 - gl.program_id(0)  # the highest key block first (it adds to dQ first)
+    i_bh = gl.program_id(1)
+    i_b = i_bh // num_kv_heads
+    i_hk = i_bh % num_kv_heads
+    if ALIGN_BOTTOM_RIGHT:
+        off_diag = seqlen_k - seqlen_q
+    else:
+        off_diag = 0
+    if FLEX:
+        sched = (0, 0, 0, 0)  # (per head: _head_walk)
+    else:
+        sched = _query_range(i_n * BLOCK_N, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                             HAS_RIGHT, NEEDS_MASK)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+    if TMA_DQ:  # the bulk copies' layout (swizzled: the consumers' stores are free of bank conflicts)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, BLOCK_M, D // 2], acc.layout)
+    else:
+        # float32 dQ halves, 8-float groups swizzled over DQ_PHASES rows (as many as the writer's row chunks
+        # allow: a chunk may not split the pattern): a warp's accumulator store (8 rows, 2 floats per lane) takes
+        # max(8 / DQ_PHASES, 2) bank passes (D=64: 4 phases, 2 passes; D=128: 2 phases, 4) instead of 8
+        DQ_PHASES: gl.constexpr = min(D // 16, WRITER_ROWS)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, BLOCK_M, D // 2],
+                                            gl.SwizzledSharedLayout(8, 1, DQ_PHASES, order=[1, 0]))
+    # per Q / dO slot: the rows' lse (times log2 e) and delta, written by the loader
+    stat_bufs = gl.allocate_shared_memory(gl.float32, [STAGES * 2, BLOCK_M],
+                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(s), count=2)  # the TMA bytes, the loader's statistics
+        mbarrier.init(q_empty.index(s), count=2)
+    for s in gl.static_range(2):
+        mbarrier.init(ds_ready.index(s), count=2)
+    for s in gl.static_range(DQ_BUFS):
+        mbarrier.init(dq_full.index(s), count=2)
+        mbarrier.init(dq_empty.index(s), count=1)
+
+    gl.warp_specialize([
+        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, q_ready, q_empty,
+                     ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks,
+                     stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, seqlen_q,
+                     seqlen_k, off_diag, left, right, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
+                     0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD,
+                     MASK_MOD)),
+        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, q_ready, q_empty,
+                     ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks,
+                     stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, seqlen_q,
+                     seqlen_k, off_diag, left, right, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
+                     1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD,
+                     MASK_MOD)),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, q_ready,
+                   q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, i_b, i_hk, i_n, group_size, sched,
+                   fx, STAGES, FLEX, Q_BLOCK)),
+        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
+                      num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                      DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK)),
+        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
+                      num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                      DQ_BUFS, WRITER_ROWS, 1, 2, TMA_DQ, FLEX, Q_BLOCK)),
+    ], [4, 1, 1, 1], [CONSUMER_REGS, WORKER_REGS, WORKER_REGS, WORKER_REGS])

@@ -1,0 +1,73 @@
+"""Host side of the Hopper backward pipeline (gluon_bwd_sm90.py), shared by the dense and flex backward: its
+tiles and config table, what it serves, and the dQ sums and conversion around the kernel."""
+import torch
+import triton
+
+from ... import knobs
+from .bwd_kernels import bwd_dq_convert_kernel
+from .tma import gluon_sm90_reason, tma_ok
+
+BLOCK_M, BLOCK_N = 64, 128
+# per head dim: (Q / dO stages, dQ staging buffers, registers per consumer thread, per loader / writer thread,
+# rows a writer moves per chunk, TMA reduce-adds for dQ where triton has them). Shared memory at D=128: 226 KB of
+# the H100's 227. Chosen on the H100 (2026-11-24, `scripts/sweep.py bwd --sm90-cfgs ...` and `gpu_check.sh
+# ab-bwd`, docs/design/backward.md): at D=128 232 / 40 registers beat 240 / 24 (N=16K non-causal 489 vs 422
+# TFLOPS, 4K 411 vs 392: the dQ writers are the bottleneck and 24 registers spill their loop state; the
+# consumers do not spill at 232); at D=64, 4 dQ buffers, 3 stages or 8-row chunks were within 2%. TMA
+# reduce-adds (triton 3.9) against vector atomics: D=128 +3-9% on every row (N 2K-16K, causal and not), D=64
+# -9-10% at N 2K-4K non-causal and even elsewhere, so D=128 only.
+CONFIGS = {64: (2, 2, 240, 40, 4, False), 128: (2, 2, 232, 40, 2, True)}
+# the default takes problems whose sequences both have at least this many tokens: below, the Triton kernels
+# measured faster or as fast (H100, B=4, H=32, fp16, dense: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128,
+# 80-90 vs 47-136 at D=64: a few steps per program and the dQ turn chain; at N=2K the Hopper kernel is ahead by
+# 2-16% except D=64 causal, 5% behind; at N >= 4K it is ahead on every row, by 4-46%)
+MIN_SEQLEN = 2048
+
+
+def reason(device, dtype, head_dim, head_dim_v, tensors, rows, seqlen):
+    """Why the pipeline does not take a problem ("" when it does): TILEATTN_SM90_BWD, a Hopper GPU with a
+    Gluon-verified triton, fp16 / bf16, D = Dv in CONFIGS, q, k, v, dO (`tensors`, seen as [B, S, H, D]) fit
+    for tensor descriptors, fewer than 2^31 rows of dQ sums (`rows`: B * Hq * padded Sq), and by default the
+    shorter sequence (`seqlen`) at least MIN_SEQLEN."""
+    mode = knobs.sm90_bwd()
+    if mode == "off":
+        return "TILEATTN_SM90_BWD=0"
+    why = gluon_sm90_reason(device)
+    if why:
+        return why
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {dtype}"
+    if head_dim != head_dim_v or head_dim not in CONFIGS:
+        return f"head dims D={head_dim}, Dv={head_dim_v}: it serves D = Dv in {sorted(CONFIGS)}"
+    if not all(tma_ok(t) for t in tensors):
+        return "q, k, v or the output gradient is not aligned for tensor descriptors"
+    if rows >= 2 ** 31:
+        return "2^31 or more rows of dQ sums (int32 coordinates)"
+    if mode == "auto" and seqlen < MIN_SEQLEN:
+        return f"a sequence shorter than {MIN_SEQLEN}: the Triton kernels measured faster there"
+    return ""
+
+
+def config(d):
+    """(stages, dQ buffers, consumer registers, worker registers, writer rows, TMA reduce-adds) for head dim d,
+    the last one only where this triton has them."""
+    from .gluon_compat import TMA_REDUCE
+    stages, dq_bufs, regs, worker_regs, rows, tma_dq = CONFIGS[d]
+    return stages, dq_bufs, regs, worker_regs, rows, bool(tma_dq) and TMA_REDUCE
+
+
+def meta(d):
+    """The kernel's config keywords for head dim d."""
+    stages, dq_bufs, regs, worker_regs, rows, tma_dq = config(d)
+    return dict(STAGES=stages, DQ_BUFS=dq_bufs, CONSUMER_REGS=regs, WORKER_REGS=worker_regs, WRITER_ROWS=rows,
+                TMA_DQ=tma_dq, num_warps=4)
+
+
+def convert(launch, acc, dq, lse, seqlen_q, heads_q, scale, zero_unseen):
+    """Launches dQ = scale * sums (acc [B * Hq * query blocks * BLOCK_M, D] float32) into dq [B, Sq, Hq, D] (a
+    view in any strides); zero_unseen: rows whose lse [B, Hq, Sq] is -inf get 0 (their sums may be unwritten)."""
+    batch, d = dq.shape[0], dq.shape[3]
+    launch(bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, 64), batch * heads_q), (
+        acc, dq, lse, dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1), seqlen_q, heads_q,
+        triton.cdiv(seqlen_q, BLOCK_M) * BLOCK_M, scale), dict(D=d, BLOCK_M=64, ZERO_UNSEEN=zero_unseen,
+                                                               num_warps=4))

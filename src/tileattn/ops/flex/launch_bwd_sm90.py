@@ -1,0 +1,81 @@
+"""Launch of the flex Hopper backward kernel (gluon_bwd_sm90.py, flex_bwd_sm90_kernel; the dense backward's
+pipeline, ops/common/gluon_bwd_sm90.py, over a block mask): which problems it takes and its arguments.
+
+It serves what the flex Hopper forward serves in 16 bits (fp16 / bf16, D = Dv in {64, 128}, 128 x 128 mask
+blocks, Sq and Sk multiples of 128, tensors fit for tensor descriptors) on an H100/H200 with a Gluon-verified
+triton; by default when both sequences have at least MIN_SEQLEN tokens (TILEATTN_SM90_BWD=1: wherever it
+serves, =0: never, as for dense). bwd.py sends the rest to the Triton kernels.
+"""
+import torch
+
+from ..common import launch_bwd_sm90 as pipeline
+from ..common.launch_bwd_sm90 import BLOCK_M, BLOCK_N
+from ..common.softmax import LOG2E
+from ..common.tma import gluon_desc
+from .launch_sm90 import BLOCK
+from .problem import mask_strides, mod_captures
+from .trace import capture_args
+
+
+def reason(p, dout):
+    """Why the Hopper backward does not take problem p with output gradient dout ("" when it does)."""
+    if not p.tma:
+        return "query, key or value is not aligned for tensor descriptors (16-byte base and strides)"
+    if (p.q_block, p.kv_block) != (BLOCK, BLOCK) or p.seqlen_q % BLOCK or p.seqlen_k % BLOCK:
+        return (f"mask blocks {p.q_block} x {p.kv_block} or lengths Sq={p.seqlen_q}, Sk={p.seqlen_k}: it serves "
+                f"{BLOCK} x {BLOCK} blocks and lengths that are multiples of {BLOCK}")
+    if p.batch * p.heads_kv > 65535:
+        return "more than 65535 (batch, kv head) pairs"
+    rows = p.batch * p.heads_q * p.seqlen_q
+    return pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, (dout.transpose(1, 2),), rows,
+                           min(p.seqlen_q, p.seqlen_k))
+
+
+def _lists(lists, num_blocks, rows, device):
+    """(num, idx, full num, full idx) of a block mask's lists (forward or transposed) with an empty full pair
+    where it has none; without a block mask (lists None) every block is full."""
+    if lists is None:
+        zeros = torch.zeros(1, 1, rows, dtype=torch.int32, device=device)
+        counts = torch.full((1, 1, rows), num_blocks, dtype=torch.int32, device=device)
+        idx = torch.arange(num_blocks, dtype=torch.int32, device=device).expand(1, 1, rows, num_blocks)
+        return zeros, zeros[..., None], counts, idx
+    num, idx, fnum, fidx = lists
+    if fnum is None:
+        fnum = torch.zeros(1, 1, num.shape[2], dtype=torch.int32, device=device)
+        fidx = fnum[..., None]
+    return num, idx, fnum, fidx
+
+
+def _fx(lists):
+    return (*lists, *(s for t in lists for s in mask_strides(t)))
+
+
+def flex_bwd_sm90(p, c, dout, delta, grads):
+    """Launches the kernel and the dQ conversion: gradients into grads = (dq, dk, dv) ([B, H, S, D] like the
+    inputs) for call c (its lse, lists and transposed lists), dout and delta ([B, Hq, Sq] float32, lse's
+    strides)."""
+    from .gluon_bwd_sm90 import flex_bwd_sm90_kernel
+    dq, dk, dv = grads
+    d = p.head_dim
+    nq, nk = p.seqlen_q // BLOCK, p.seqlen_k // BLOCK
+    fk = _fx(_lists(c.lists, nk, nq, p.device))
+    fx = _fx(_lists(c.tlists, nq, nk, p.device))
+    q, k, v, do, dk_, dv_ = (t.transpose(1, 2) for t in (c.query, c.key, c.value, dout, dk, dv))  # [B, S, H, D]
+    mb = p.seqlen_q // BLOCK_M
+    meta = pipeline.meta(d)
+    # every query block's sums are written (stored by its first key block, or never: rows that saw no key,
+    # which the conversion zeroes by their lse), so no zero fill
+    acc = torch.empty(p.batch * p.heads_q * p.seqlen_q, d, dtype=torch.float32, device=p.device)
+    turns = torch.zeros(p.batch * p.heads_q * mb, dtype=torch.int32, device=p.device)
+    lse = c.lse
+    smod, mmod = p.score_mod, p.mask_mod
+    flex_bwd_sm90_kernel[(nk, p.batch * p.heads_kv)](
+        gluon_desc(q, [1, BLOCK_M, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
+        gluon_desc(do, [1, BLOCK_M, 1, d]), lse, delta, dk_, dv_,
+        gluon_desc(acc, [BLOCK_M, d // 2]) if meta["TMA_DQ"] else acc, turns, lse.stride(0), lse.stride(1),
+        dk_.stride(0), dk_.stride(1), dk_.stride(2), dv_.stride(0), dv_.stride(1), dv_.stride(2), p.seqlen_q,
+        p.seqlen_k, p.heads_kv, p.group, mb, float(p.scale), float(p.scale * LOG2E), fx, fk,
+        *(capture_args(t) for t in mod_captures(p, c)),
+        SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None, **meta)
+    pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, dq.transpose(1, 2), lse,
+                     p.seqlen_q, p.heads_q, p.scale, True)
