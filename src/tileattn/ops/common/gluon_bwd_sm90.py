@@ -63,52 +63,76 @@ _query_range = gluon.jit(masking.query_range.fn)
 
 
 # ---- the CTA's schedule (every partition walks the same steps) ----------------------------------------------
-# A walk is one query head's: dense, sched = query_range(...) = (m_lo, f_lo, f_hi, m_hi), the same for every head;
-# flex, the block mask's transposed lists of the CTA's key block, (partial blocks, full blocks, partial list,
-# full list) of Q_BLOCK-row query blocks, each walked in Q_BLOCK / BLOCK_M steps.
+# A walk is one query head's. Dense: sched = query_range(...) = (m_lo, f_lo, f_hi, m_hi), the same for every head.
+# Flex: the block mask's transposed lists of the CTA's key block, (partial blocks, full blocks, partial list,
+# full list) of Q_BLOCK-row query blocks, merged in ascending order (as dense: each key block reaches a query
+# block a few steps after the key block above it, so dQ turns rarely wait; the partial list first, then the full
+# one, made every turn wait for the whole walk of the key block above under a sliding window: 14x slower), each
+# block in Q_BLOCK / BLOCK_M steps. The merge keeps (i_p, i_f, a, f): the next entry of each list and its value
+# (NO_BLOCK past the end).
+NO_BLOCK = gl.constexpr(2 ** 30)
+
+
 @gluon.jit
-def _head_walk(sched, fx, i_b, i_h, i_n, FLEX: gl.constexpr):
+def _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """(steps, walk, merge state) of query head i_h."""
     if FLEX:
-        return flex_lists(fx, i_b, i_h, i_n)
+        walk = flex_lists(fx, i_b, i_h, i_n)
+        n_part, n_full, part, full = walk
+        return (n_part + n_full) * (Q_BLOCK // BLOCK_M), walk, (0, 0, _list_entry(part, 0, n_part),
+                                                                _list_entry(full, 0, n_full))
     else:
-        return sched
+        n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
+        return n_above + n_full + n_below, sched, (0, 0, 0, 0)
 
 
 @gluon.jit
-def _step_counts(walk, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
-    """(masked steps above the unmasked range, unmasked steps, masked steps below) of a walk."""
+def _list_entry(lst, i, n):
+    """Entry i of a block list of n entries, NO_BLOCK for i >= n (never reading past the tensor)."""
+    return gl.where(i < n, gl.load(lst + gl.maximum(gl.minimum(i, n - 1), 0)), NO_BLOCK)
+
+
+@gluon.jit
+def _flex_next(t, merge, walk, BLOCK_M: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """The merge state after step t (the next block's entries are loaded a step ahead of their use)."""
+    i_p, i_f, a, f = merge
+    n_part, n_full, part, full = walk
+    done = (t % (Q_BLOCK // BLOCK_M)) == (Q_BLOCK // BLOCK_M) - 1
+    i_p = i_p + (done & (a < f)).to(gl.int32)
+    i_f = i_f + (done & (a > f)).to(gl.int32)
+    return i_p, i_f, _list_entry(part, i_p, n_part), _list_entry(full, i_f, n_full)
+
+
+@gluon.jit
+def _step_counts(sched, BLOCK_M: gl.constexpr):
+    """Dense: (masked steps above the unmasked range, unmasked steps, masked steps below)."""
+    m_lo, f_lo, f_hi, m_hi = sched
+    return gl.cdiv(m_hi - f_hi, BLOCK_M), (f_hi - f_lo) // BLOCK_M, gl.cdiv(f_lo - m_lo, BLOCK_M)
+
+
+@gluon.jit
+def _walk_m0(t, walk, merge, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """First query row of step t (ascending; dense: masked below the unmasked range, unmasked, masked above)."""
     if FLEX:
-        n_part, n_full, _, _ = walk
-        return 0, n_full * (Q_BLOCK // BLOCK_M), n_part * (Q_BLOCK // BLOCK_M)
+        return gl.minimum(merge[2], merge[3]) * Q_BLOCK + (t % (Q_BLOCK // BLOCK_M)) * BLOCK_M
     else:
         m_lo, f_lo, f_hi, m_hi = walk
-        return gl.cdiv(m_hi - f_hi, BLOCK_M), (f_hi - f_lo) // BLOCK_M, gl.cdiv(f_lo - m_lo, BLOCK_M)
+        n_above, n_full, n_below = _step_counts(walk, BLOCK_M)
+        if t < n_below:
+            m0 = m_lo + t * BLOCK_M
+        elif t < n_below + n_full:
+            m0 = f_lo + (t - n_below) * BLOCK_M
+        else:
+            m0 = f_hi + (t - n_below - n_full) * BLOCK_M
+        return m0
 
 
 @gluon.jit
-def _range_m0(t, walk, RANGE: gl.constexpr, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
-    """First query row of step t of range RANGE (0: masked below the unmasked range, 1: unmasked, 2: masked
-    above; flex: 0 the partial list, 1 the full one)."""
+def _walk_next(t, walk, merge, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
     if FLEX:
-        PER: gl.constexpr = Q_BLOCK // BLOCK_M
-        lst = walk[2 + RANGE % 2]  # (range 2 is empty in a flex walk)
-        return gl.load(lst + t // PER) * Q_BLOCK + (t % PER) * BLOCK_M
+        return _flex_next(t, merge, walk, BLOCK_M, Q_BLOCK)
     else:
-        return walk[RANGE] + t * BLOCK_M
-
-
-@gluon.jit
-def _step_m0(t, walk, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
-    """First query row of step t of a walk (ascending: masked below the unmasked range, unmasked, masked
-    above)."""
-    n_above, n_full, n_below = _step_counts(walk, BLOCK_M, FLEX, Q_BLOCK)
-    if t < n_below:
-        m0 = _range_m0(t, walk, 0, BLOCK_M, FLEX, Q_BLOCK)
-    elif t < n_below + n_full:
-        m0 = _range_m0(t - n_below, walk, 1, BLOCK_M, FLEX, Q_BLOCK)
-    else:
-        m0 = _range_m0(t - n_below - n_full, walk, 2, BLOCK_M, FLEX, Q_BLOCK)
-    return m0
+        return merge
 
 
 # ---- loader --------------------------------------------------------------------------------------------------
@@ -129,11 +153,11 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, st
     step = 0
     for g in range(group_size):
         i_h = i_hk * group_size + g
-        walk = _head_walk(sched, fx, i_b, i_h, i_n, FLEX)
-        n_above, n_full, n_below = _step_counts(walk, BLOCK_M, FLEX, Q_BLOCK)
+        n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
         off = i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh
-        for t in range(n_above + n_full + n_below):
-            m0 = _step_m0(t, walk, BLOCK_M, FLEX, Q_BLOCK)
+        for t in range(n_steps):
+            m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+            merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
             s = step % STAGES
             m_ok = m0 + rows < seqlen_q
             lse = gl.load(lse_ptr + off + m0 + rows, mask=m_ok, other=float("inf"))
@@ -272,31 +296,51 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
     for g in range(group_size):  # the query heads of the kv head: the loader and writers track which
         i_h = i_hk * group_size + g
         fm = (i_b, i_h, scale)
-        walk = _head_walk(sched, fx, i_b, i_h, i_n, FLEX)
-        n_above, n_full, n_below = _step_counts(walk, BLOCK_M, FLEX, Q_BLOCK)
-        if NEEDS_MASK:
-            for t in range(n_below):
-                dk, dv = _step(dk, dv, step, _range_m0(t, walk, 0, BLOCK_M, FLEX, Q_BLOCK), n0, q_bufs, do_bufs,
-                               k_half, v_half, k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready,
-                               dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                               softcap_out, fm, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
-                               DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
+        n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
+        if FLEX:  # one merged walk: a block of the partial list is masked (a step's test, uniform per CTA)
+            for t in range(n_steps):
+                m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+                masked = merge[2] < merge[3]
+                merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+                if masked:
+                    dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
+                                   stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
+                                   off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
+                                   WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD,
+                                   MASK_MOD)
+                else:
+                    dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
+                                   stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
+                                   off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
+                                   WG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD,
+                                   MASK_MOD)
                 step += 1
-        for t in range(n_full):
-            dk, dv = _step(dk, dv, step, _range_m0(t, walk, 1, BLOCK_M, FLEX, Q_BLOCK), n0, q_bufs, do_bufs, k_half,
-                           v_half, k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full,
-                           dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-                           fm, caps_s, caps_m, WG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
-                           SCORE_GRAD, MASK_MOD)
-            step += 1
-        if NEEDS_MASK:
-            for t in range(n_above):
-                dk, dv = _step(dk, dv, step, _range_m0(t, walk, 2, BLOCK_M, FLEX, Q_BLOCK), n0, q_bufs, do_bufs,
-                               k_half, v_half, k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready,
-                               dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                               softcap_out, fm, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
-                               DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
+        else:
+            m_lo, f_lo, f_hi, m_hi = sched
+            n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
+            if NEEDS_MASK:
+                for t in range(n_below):
+                    dk, dv = _step(dk, dv, step, m_lo + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
+                                   ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
+                                   seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                                   fm, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS,
+                                   FLEX, SCORE_GRAD, MASK_MOD)
+                    step += 1
+            for t in range(n_full):
+                dk, dv = _step(dk, dv, step, f_lo + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
+                               ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q,
+                               seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, caps_s,
+                               caps_m, WG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD,
+                               MASK_MOD)
                 step += 1
+            if NEEDS_MASK:
+                for t in range(n_above):
+                    dk, dv = _step(dk, dv, step, f_hi + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
+                                   ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
+                                   seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
+                                   fm, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS,
+                                   FLEX, SCORE_GRAD, MASK_MOD)
+                    step += 1
     rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_layout))
     gl.store(dk_ptr + i_b.to(gl.int64) * stride_kb + i_hk.to(gl.int64) * stride_kh + rows[:, None] * stride_ks
@@ -390,11 +434,11 @@ def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_s
     for g in range(group_size):
         i_h = i_hk * group_size + g
         i_bhq = (i_b * num_kv_heads * group_size + i_h).to(gl.int64)
-        walk = _head_walk(sched, fx, i_b, i_h, i_n, FLEX)
-        n_above, n_full, n_below = _step_counts(walk, BLOCK_M, FLEX, Q_BLOCK)
-        for t in range(n_above + n_full + n_below):
+        n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
+        for t in range(n_steps):
+            m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+            merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
             if step % WRITERS == W:
-                m0 = _step_m0(t, walk, BLOCK_M, FLEX, Q_BLOCK)
                 turn, last = _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N,
                                    HAS_LEFT, HAS_RIGHT, FLEX, Q_BLOCK)
                 sem = sem_ptr + i_bhq * num_q_blocks + m0 // BLOCK_M
