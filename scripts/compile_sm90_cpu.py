@@ -141,12 +141,12 @@ def flex(dt, D, which, gluon=True, bwd_sm90=False):
     q, k, v = (_rand(B, H, N, D, dtype=dt) for _ in range(3))
     odt = torch.bfloat16 if dt.itemsize == 1 else dt
     smod = mmod = lists = None
-    if which == "alibi":
-        fn = mods.alibi(mods.alibi_slopes(H, device="cpu"))  # (held: the trace holds captures weakly)
+    fn = mods.alibi(mods.alibi_slopes(H, device="cpu"))  # (held: the trace holds captures weakly)
+    if which.startswith("alibi"):  # alibi, alibi_causal
         smod = compile_mod(fn, "score")
     elif which == "softcap":
         smod = compile_mod(lambda s, b, h, qi, ki: 30.0 * torch.tanh(s / 30.0), "score")
-    else:
+    if which in ("causal", "alibi_causal"):
         mmod = compile_mod(mods.causal, "mask")
         nb = N // 128
         num = torch.full((1, 1, nb), 1, dtype=torch.int32)
@@ -241,7 +241,7 @@ def variants():
         out[f"flexsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w)
         out[f"flextriton-bf16-D128-{which}"] = lambda w=which: flex(f16, 128, w, gluon=False)
     out["flexsm90-e4m3-D64-causal"] = lambda: flex(e4, 64, "causal")
-    for which in ("alibi", "softcap", "causal"):
+    for which in ("alibi", "softcap", "causal", "alibi_causal"):
         out[f"flexbwdsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w, bwd_sm90=True)
     out["flexbwdsm90-f16-D64-causal"] = lambda: flex(f16, 64, "causal", bwd_sm90=True)
     out["mla-sm90-hq64"] = lambda: mla()

@@ -176,11 +176,12 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, st
 @gluon.jit
 def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs, dq_bufs, stat_bufs, q_ready,
           q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
-          softcap_scale, softcap_out, fm, caps_s, caps_m, WG: gl.constexpr, MASKED: gl.constexpr,
+          softcap_scale, softcap_out, fm, full, caps_s, caps_m, WG: gl.constexpr, MASKED: gl.constexpr,
           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
           DQ_BUFS: gl.constexpr, FLEX: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr):
     """One query block of this warpgroup's 64 keys: returns (dK, dV) plus its contribution; stages its half of
-    the block's dQ part for the writer. Flex: fm = (batch, query head, scale) for the mods."""
+    the block's dQ part for the writer. Flex: fm = (batch, query head, scale) for the mods; full: a block of the
+    mask's full list (mask_mod does not apply)."""
     BLOCK_M: gl.constexpr = q_bufs.shape[2]
     D: gl.constexpr = q_bufs.shape[4]
     DV: gl.constexpr = do_bufs.shape[4]
@@ -222,7 +223,7 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     if MASKED:
         if FLEX:  # whole tiles: mask_mod alone decides (none: every key of a partial block is visible)
             if MASK_MOD is not None:
-                vis = MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m)
+                vis = MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m) | full
                 pt = gl.where(vis, pt, 0.0)
         else:
             o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
@@ -297,23 +298,17 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
         i_h = i_hk * group_size + g
         fm = (i_b, i_h, scale)
         n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
-        if FLEX:  # one merged walk: a block of the partial list is masked (a step's test, uniform per CTA)
+        if FLEX:  # one merged walk; mask_mod applies on blocks of the partial list (a runtime flag: two inlined
+            # steps under a branch spilled and computed wrong gradients with an ALiBi score mod)
             for t in range(n_steps):
                 m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
-                masked = merge[2] < merge[3]
+                full = merge[2] > merge[3]
                 merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
-                if masked:
-                    dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
-                                   stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
-                                   off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
-                                   WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD,
-                                   MASK_MOD)
-                else:
-                    dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
-                                   stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
-                                   off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
-                                   WG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD,
-                                   MASK_MOD)
+                dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
+                               stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
+                               off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, full, caps_s,
+                               caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
+                               SCORE_GRAD, MASK_MOD)
                 step += 1
         else:
             m_lo, f_lo, f_hi, m_hi = sched
@@ -323,23 +318,23 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
                     dk, dv = _step(dk, dv, step, m_lo + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
                                    ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
                                    seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-                                   fm, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS,
-                                   FLEX, SCORE_GRAD, MASK_MOD)
+                                   fm, False, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                                   DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
                     step += 1
             for t in range(n_full):
                 dk, dv = _step(dk, dv, step, f_lo + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
                                ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q,
-                               seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, caps_s,
-                               caps_m, WG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD,
-                               MASK_MOD)
+                               seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, False,
+                               caps_s, caps_m, WG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
+                               SCORE_GRAD, MASK_MOD)
                 step += 1
             if NEEDS_MASK:
                 for t in range(n_above):
                     dk, dv = _step(dk, dv, step, f_hi + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
                                    ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
                                    seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-                                   fm, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS,
-                                   FLEX, SCORE_GRAD, MASK_MOD)
+                                   fm, False, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
+                                   DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
                     step += 1
     rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_layout))
