@@ -3,7 +3,7 @@
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
-#                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d]
+#                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
 #                                                        [ncu-fwd] (NCU_CASES: ';'-separated `profile_kernels.py fwd`
@@ -60,6 +60,13 @@ for s in $steps; do
         tests/dense/test_attention.py -k "gpu_matrix and fp16 and (B2-Sq127 or B1-Sq1-) or gpu_varlen or sm90_dispatch or sm90_persistent" \
         > "$OUT/sanitize.log" 2>&1; rc=$?
       summary+=("sanitize rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize.log" | tail -n 2 | tr '\n' ' ')") ;;
+    sanitize-flex-bwd)
+      # the flex Hopper backward (dQ turns counted in the block lists, the merged walk) under memcheck: a score
+      # mod with a causal mask, GQA with query blocks that see no key, no block mask / torch's noop mask
+      timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
+        tests/flex/test_flex_backward.py -k "gpu_flex_backward_sm90 and (alibi_causal-128-bf16 or document-64-fp16 or gqa or noop)" \
+        > "$OUT/sanitize_flex_bwd.log" 2>&1; rc=$?
+      summary+=("sanitize-flex-bwd rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_flex_bwd.log" | tail -n 2 | tr '\n' ' ')") ;;
     sanitize-large-d)
       timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
         tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal) or gpu_large_d_sm90 and Sq300 and (D576 or D520 or D256 or D200 or D264)" \
