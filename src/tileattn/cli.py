@@ -4,7 +4,7 @@
     tileattn info [--all]
     tileattn bench demo
     tileattn bench [dense] [--dtype fp16|bf16] [--long] [--providers ...] [--head-dims ...] [--seqlens ...]
-    tileattn bench fp8 [--fp8-dtypes e4m3,e5m2] [--head-dims 64,128] [--seqlens ...]
+    tileattn bench fp8 [--fp8-dtypes e4m3,e5m2] [--head-dims 64,128,256] [--seqlens ...]
     tileattn bench mla [--dtype bf16|fp16] [--groups seed,page1,long,hq128,b128,fp8,qk_shard]
     tileattn bench flex
     tileattn bench bwd [--dtype fp16|bf16] [--seqlens ...]
@@ -80,7 +80,7 @@ def _parser():
     b.add_argument("--fp8-dtypes", default=None, type=_name_list(("e4m3", "e5m2")),
                    help="fp8: comma-separated subset of e4m3,e5m2 (default: both)")
     b.add_argument("--head-dims", default=None, type=_int_list,
-                   help="dense, fp8 (default 64,128), large-d (default 256,...,1024)")
+                   help="dense (default 64,128), fp8 (64,128,256), large-d (default 256,...,1024)")
     b.add_argument("--seqlens", default=None, type=_int_list, help="dense, fp8, bwd: comma-separated N values; cp: "
                    "tokens per GPU (S_local)")
     b.add_argument("--groups", default=None,
@@ -132,11 +132,11 @@ def _run_suite(args, out, plot):
                            out_json=out, plot=plot)
     if args.suite == "fp8":
         from .bench import fp8
-        return fp8.run(fp8_dtypes=args.fp8_dtypes or ("e4m3", "e5m2"), head_dims=args.head_dims or (64, 128),
+        return fp8.run(fp8_dtypes=args.fp8_dtypes or ("e4m3", "e5m2"), head_dims=args.head_dims or (64, 128, 256),
                        seqlens=args.seqlens, out_json=out, plot=plot)
     from .bench import dense
     grid = dense.Grid(dtype=args.dtype or "fp16", long=args.long, providers=args.providers or dense.PROVIDERS,
-                      head_dims=args.head_dims or (64, 128), seqlens=args.seqlens)
+                      head_dims=args.head_dims or (64, 128, 256), seqlens=args.seqlens)
     return dense.run(grid, out_json=out, plot=plot)
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tileattn
+from tileattn.ops.common.configs import sm90_config
 from tileattn.ops.common.fp8 import fp8_v_layout, quantize_fp8
 from tileattn.ops.common.fp8_kernels import packed_key_pos
 from tileattn.ops.common.tma import gluon_sm90_reason
@@ -167,14 +168,14 @@ def test_fp8_bad_inputs(device):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# GPU: the Hopper Gluon kernel (D = 64 / 128) and the portable one (other head dims, varlen)
+# GPU: the Hopper Gluon kernel (D = 64 / 128 / 256) and the portable one (other head dims, varlen)
 # ---------------------------------------------------------------------------------------------------------
 GPU_SHAPES = [(2, 127, 127, 4, 4), (1, 1, 300, 8, 2), (1, 1024, 1024, 4, 1), (2, 300, 1000, 4, 2),
               (1, 1000, 300, 2, 2)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128, 96])
+@pytest.mark.parametrize("D", [64, 128, 96, 256])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "B{}-Sq{}-Sk{}-H{}-Hkv{}".format(*s))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("variant", ["e4m3-tensor-packed", "e4m3-number-row", "e5m2-tensor-row", "e4m3-none-seq"])
@@ -188,22 +189,23 @@ def test_gpu_fp8_matrix(D, shape, causal, variant):
 @pytest.mark.gpu
 @pytest.mark.parametrize("opts", [dict(softcap=30.0, causal=True), dict(window=(100, 0)),
                                   dict(window=(64, 64), softcap=10.0)], ids=["softcap", "window", "both"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_fp8_options(D, opts):
     q, k, v = (randn(2, 517, 4, D, dtype=torch.float32, device="cuda") for _ in range(3))
     _check(q, k, v, E4M3, "tensor", "packed", **opts)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_fp8_takes_sm90_kernel(D):
     """On an H100 both V layouts run the Gluon kernel (row-major V through the per-call transpose)."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("sm90 only")
+    if gluon_sm90_reason(torch.device("cuda")):
+        pytest.skip("the Gluon kernels need a Hopper GPU and triton 3.6")
     q, k, v = (randn(1, 256, 2, D, dtype=torch.float32, device="cuda").to(E4M3) for _ in range(3))
-    assert dispatch.select(plans.describe(q, k, v, causal=True)[0])[0].name == "dense.sm90"
-    a = tileattn.attention(q, k, v, causal=True)
-    b = tileattn.attention(q, k, fp8_v_layout(v), causal=True)
+    causal = sm90_config(D, E4M3).serves_causal
+    assert dispatch.select(plans.describe(q, k, v, causal=causal)[0])[0].name == "dense.sm90"
+    a = tileattn.attention(q, k, v, causal=causal)
+    b = tileattn.attention(q, k, fp8_v_layout(v), causal=causal)
     assert torch.equal(a, b)  # the same kernel on the same values
 
 
@@ -260,14 +262,15 @@ EDGES = {  # (B, Sq, Sk, Hq, Hkv), options
 @pytest.mark.parametrize("variant", ["e4m3-packed", "e4m3-row", "e5m2-row"])
 def test_gpu_fp8_edges(D, edge, variant):
     """A single key, and rows that see no key (bottom-right causal or a window with Sq > Sk): out = 0 and
-    lse = -inf there, never NaN or unwritten rows, and the reference elsewhere. D = 64 and 128 take the Hopper
-    kernel on an H100 (a single key: its variant compiled with Sk a run-time value, gluon_sm90.py; before it,
-    2-38 of 512 rows were NaN in every trial), D = 256 the portable one."""
+    lse = -inf there, never NaN or unwritten rows, and the reference elsewhere. On an H100 the Hopper kernel
+    takes every head dim here (a single key: its variant compiled with Sk a run-time value, gluon_sm90.py; before
+    it, 2-38 of 512 rows were NaN in every trial), except D = 256 with a causal mask or window if its config does
+    not serve those."""
     (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
     name, lay = variant.split("-")
     dt = E4M3 if name == "e4m3" else E5M2
     q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
-    if D in (64, 128) and not gluon_sm90_reason(q.device):  # a Hopper GPU, a triton the Gluon kernels run on
-        p, _ = plans.describe(q.to(dt), k.to(dt), v.to(dt), **opts)
+    if not gluon_sm90_reason(q.device) and (sm90_config(D, dt).serves_causal or not opts):
+        p, _ = plans.describe(q.to(dt), k.to(dt), v.to(dt), **opts)  # (a Hopper GPU, a triton Gluon runs on)
         assert dispatch.select(p)[0].name == "dense.sm90"
     _check(q, k, v, dt, "tensor", lay, **opts)

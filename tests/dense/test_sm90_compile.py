@@ -17,6 +17,7 @@ CASES = [
     ["--dtype", "fp16", "--d", "128", "--causal", "--lse"],
     ["--dtype", "bf16", "--d", "256"],
     ["--dtype", "e4m3", "--d", "128"],
+    ["--dtype", "e4m3", "--d", "256", "--causal"],
     ["--large-d", "--d", "256", "--causal", "--lse"],
     ["--large-d", "--d", "200", "--dv", "256"],
     ["--large-d", "--d", "384", "--causal", "--lse"],

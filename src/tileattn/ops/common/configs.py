@@ -79,10 +79,16 @@ SM90 = {
     # stages and one CTA per tile were no better (docs/design/large_d.md, D = 256).
     256: Sm90Config(block_m=64, block_n=64, stages=2, consumer_regs=240, q_slots=1, serves_causal=False),
 }
-# fp8 (1-byte Q/K/V tiles, a bf16/fp16 O buffer per consumer): the same tiles, more stages in flight
+# fp8 (1-byte Q/K/V tiles, a bf16/fp16 O buffer per consumer): the same tiles, more stages in flight.
+# D = 256: 64-key tiles (P is carried in float32 across the pipelined loop: with the 64 x 256 accumulator, 128
+# keys would not fit 240 registers), one Q slot, 197 KB with the O buffers, causal served. On the H100 (2026-11-25,
+# `scripts/sweep.py fwd --dtype e4m3 --dims 256`, B=4 H=32, N 4K/8K/16K): 4 stages 987-1045 TFLOPS non-causal,
+# 898-936 causal; 3 stages 985-1021 / 927-970 (kept: same or better on 4 of 6 rows, 64 KB less); 2 stages
+# 772-813. fp16 on the same kernel: 491-514; the portable fp8 kernel ran 281 (docs/design/fp8.md).
 SM90_FP8 = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
     128: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+    256: Sm90Config(block_m=64, block_n=64, stages=3, consumer_regs=240, q_slots=1),
 }
 
 
