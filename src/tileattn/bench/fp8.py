@@ -201,7 +201,7 @@ def print_tables(rows, log=print):
         log(f"{'N':>7} " + " ".join(f"{p:>{w[p]}}" for p in providers) + f" {'ratio':>7}")
         ratios = []
         for c in [c for c in _cases(rows) if c["D"] == D and c["causal"] == causal]:
-            tf = {p: _row(rows, c, p)["tflops"] for p in providers}
+            tf = {p: (_row(rows, c, p) or {}).get("tflops") for p in providers}  # (flex: D <= 128 only)
             e4, f16 = tf.get("tileattn-e4m3"), tf["tileattn-fp16"]
             ratio = e4 / f16 if e4 and f16 else None
             if ratio:
