@@ -29,6 +29,7 @@ FIGURES = (
     ("large_d", "min_vs_efficient_noncausal", "D 320-1024: slowest row vs torch's memory-efficient SDPA (the only "
      "torch backend there)", X),
     ("fp8", "fp8_vs_fp16_min_d128_n4k", "fp8 e4m3 forward vs our fp16, D=128 N >= 4K (slowest row)", X),
+    ("fp8", "fp8_vs_fp16_min_d256", "fp8 e4m3 forward vs our fp16, D=256 N 4K-16K (slowest row)", X),
     ("fp8", "fp8_vs_fp16_geomean", "fp8 e4m3 vs our fp16, D 64/128, N 1K-16K (geomean)", X),
     ("fp8", "fp8_vs_cudnn_fp16_geomean", "fp8 e4m3 vs cuDNN fp16 (geomean)", X),
     ("bwd", "geomean_vs_cudnn", "backward fp16 (B=4 H=32, D 64/128, N 1K-16K): geomean vs cuDNN", X),
