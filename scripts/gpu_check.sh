@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
-#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench]
+#   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
 #                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd]
@@ -78,6 +78,14 @@ for s in $steps; do
     bench)
       timeout 480 python3 -m tileattn bench dense --out "$OUT/dense.json" --plot "$OUT/dense.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; rc=$?
       summary+=("bench rc=$rc: $(grep '^summary' "$OUT/bench.log")") ;;
+    bench-long)
+      # the persistent-kernel seed's grid (S0): N 1K-64K with one CTA per tile and fp8 columns; two processes (the
+      # 32K / 64K rows appended), so that a timeout in the second keeps the first's rows
+      timeout 400 python3 -m tileattn bench dense --long --seqlens 1024,2048,4096,8192,16384 --out "$OUT/dense.json" \
+        --plot "$OUT/dense.png" > "$OUT/bench_long.log" 2>&1; rc=$?
+      timeout ${LONG_TIMEOUT:-300} python3 -m tileattn bench dense --long --seqlens 32768,65536 --append "$OUT/dense.json" \
+        --out "$OUT/dense.json" --plot "$OUT/dense.png" >> "$OUT/bench_long.log" 2>&1 || rc=$?
+      summary+=("bench-long rc=$rc: $(grep '^summary' "$OUT/bench_long.log" | tail -n 1)") ;;
     bench-bf16)
       python3 -m tileattn bench dense --dtype bf16 --out "$OUT/dense_bf16.json" --plot "$OUT/dense_bf16.png" > "$OUT/bench_bf16.log" 2>&1; rc=$?
       summary+=("bench-bf16 rc=$rc: $(grep '^summary' "$OUT/bench_bf16.log")") ;;

@@ -32,6 +32,7 @@ def test_version(capsys):
     (("bench", "flex", "--seqlens", "1024"), "--seqlens does not apply"),
     (("bench", "large-d", "--providers", "cudnn"), "--providers does not apply"),
     (("bench", "demo", "--out", "x.json"), "do not apply to `bench demo`"),
+    (("bench", "fp8", "--append", "x.json"), "--append does not apply"),
 ])
 def test_bad_options_exit_2(capsys, argv, needle):
     rc, text = _run(capsys, *argv)
@@ -59,3 +60,38 @@ def test_demo_runs_and_passes(capsys):
     rc, text = _run(capsys, "bench", "demo")
     assert rc == 0, text
     assert "all within the tolerance rule" in text
+
+
+def _row(N, provider, tflops, D=128):
+    return {"case": {"B": 4, "H": 32, "N": N, "D": D, "causal": False, "dtype": "float16"}, "provider": provider,
+            "ms": 1.0, "tflops": tflops, "gbps": None}
+
+
+def test_dense_summary_s0_keys():
+    """The seed's rows (N past 16K, fp8, one CTA per tile) get their own keys; the grid's keys stay over 1K-16K."""
+    from tileattn.bench import dense
+    rows = [_row(4096, "tileattn", 500), _row(4096, "cudnn", 550), _row(4096, "fa2", 350), _row(4096, "flex", 400),
+            _row(4096, "tileattn-1cta", 480), _row(65536, "tileattn", 600), _row(65536, "cudnn", 500),
+            _row(65536, "tileattn-1cta", 640), _row(65536, "tileattn-e4m3", 900), _row(65536, "tileattn-e5m2", None)]
+    s = dense.summarize(rows)
+    assert s["geomean_vs_cudnn"] == pytest.approx(500 / 550) and s["min_vs_fa2"] == pytest.approx(500 / 350)
+    assert s["long_min_vs_cudnn"] == pytest.approx(1.2)
+    assert s["long_e4m3_vs_fp16_min"] == pytest.approx(1.5)
+    assert s["long_e5m2_vs_fp16_min"] == 0.0  # a row that failed its check counts as 0
+    assert s["persistent_vs_one_cta_min"] == pytest.approx(600 / 640)
+    assert s["persistent_vs_one_cta_max"] == pytest.approx(500 / 480)
+    assert "long_min_vs_cudnn" not in dense.summarize(rows[:5])
+
+
+def test_dense_append_replaces_same_case_rows(tmp_path):
+    import json
+
+    from tileattn.bench import dense
+    path = tmp_path / "dense.json"
+    old = [_row(4096, "tileattn", 500), _row(4096, "cudnn", 550), _row(65536, "tileattn", 1)]
+    path.write_text(json.dumps({"commit": "abc", "date": "d", "rows": old, "summary": {"check_failures": 1}}))
+    doc = {}
+    rows = dense._merge(str(path), [_row(65536, "tileattn", 600)], doc, log=lambda *_: None)
+    assert [(r["case"]["N"], r["provider"], r["tflops"]) for r in rows] == [
+        (4096, "tileattn", 500), (4096, "cudnn", 550), (65536, "tileattn", 600)]
+    assert doc == {"appended_to": {"commit": "abc", "date": "d"}, "appended_failures": 1}

@@ -4,6 +4,7 @@
     tileattn info [--all]
     tileattn bench demo
     tileattn bench [dense] [--dtype fp16|bf16] [--long] [--providers ...] [--head-dims ...] [--seqlens ...]
+                   [--append FILE]
     tileattn bench fp8 [--fp8-dtypes e4m3,e5m2] [--head-dims 64,128,256] [--seqlens ...]
     tileattn bench mla [--dtype bf16|fp16] [--groups seed,page1,long,hq128,b128,fp8,qk_shard]
     tileattn bench flex
@@ -29,7 +30,7 @@ SUITES = ("demo",) + GPU_SUITES
 # the options each suite reads (argparse's dest names); any other given to a suite is an error
 SUITE_OPTIONS = {
     "demo": set(),
-    "dense": {"dtype", "long", "providers", "head_dims", "seqlens"},
+    "dense": {"dtype", "long", "providers", "head_dims", "seqlens", "append"},
     "fp8": {"fp8_dtypes", "head_dims", "seqlens"},
     "mla": {"dtype", "groups"},
     "flex": set(),
@@ -40,7 +41,7 @@ SUITE_OPTIONS = {
 }
 OPTION_FLAGS = {"dtype": "--dtype", "long": "--long", "providers": "--providers", "head_dims": "--head-dims",
                 "seqlens": "--seqlens", "fp8_dtypes": "--fp8-dtypes", "quick": "--quick",
-                "simulate": "--simulate", "groups": "--groups"}
+                "simulate": "--simulate", "groups": "--groups", "append": "--append"}
 
 
 def _int_list(text):
@@ -74,9 +75,13 @@ def _parser():
     b.add_argument("suite", nargs="?", default="dense", choices=SUITES)
     b.add_argument("--dtype", default=None, choices=["fp16", "bf16"], help="default: fp16 (dense, bwd, large-d), "
                    "bf16 (mla, cp)")
-    b.add_argument("--long", action="store_true", help="dense: add N = 32K and 64K")
-    b.add_argument("--providers", default=None, type=_name_list(("tileattn", "cudnn", "fa2", "flex")),
-                   help="dense: comma-separated subset of tileattn,cudnn,fa2,flex (default: all)")
+    b.add_argument("--long", action="store_true", help="dense: add N = 32K and 64K, and the persistent-kernel "
+                   "seed's providers (tileattn-1cta, tileattn-e4m3, tileattn-e5m2) unless --providers says")
+    b.add_argument("--providers", default=None,
+                   type=_name_list(("tileattn", "cudnn", "fa2", "flex", "tileattn-1cta", "tileattn-e4m3",
+                                    "tileattn-e5m2")),
+                   help="dense: comma-separated subset of tileattn,cudnn,fa2,flex,tileattn-1cta,tileattn-e4m3,"
+                   "tileattn-e5m2 (default: the first four; all seven with --long)")
     b.add_argument("--fp8-dtypes", default=None, type=_name_list(("e4m3", "e5m2")),
                    help="fp8: comma-separated subset of e4m3,e5m2 (default: both)")
     b.add_argument("--head-dims", default=None, type=_int_list,
@@ -89,6 +94,8 @@ def _parser():
     b.add_argument("--quick", action="store_true", help="decode: batch 1 and 32, kv 4K and 32K only")
     b.add_argument("--simulate", action="store_true", help="cp: predict the ring's scaling on this one GPU (step "
                    "compute against a device-to-device copy of each block) instead of running it on several")
+    b.add_argument("--append", default=None, metavar="FILE", help="dense: add this run's rows to those of the "
+                   "results file FILE (rows of the same case and provider replaced) and summarize both")
     b.add_argument("--out", default=None, help="results JSON (default: bench/results/<suite>.json)")
     b.add_argument("--plot", default=None, help="PNG plot (default: the JSON's path with .png)")
     i = sub.add_parser("info", help="print what tileattn sees of this machine and which kernels serve what")
@@ -135,9 +142,10 @@ def _run_suite(args, out, plot):
         return fp8.run(fp8_dtypes=args.fp8_dtypes or ("e4m3", "e5m2"), head_dims=args.head_dims or (64, 128, 256),
                        seqlens=args.seqlens, out_json=out, plot=plot)
     from .bench import dense
-    grid = dense.Grid(dtype=args.dtype or "fp16", long=args.long, providers=args.providers or dense.PROVIDERS,
+    grid = dense.Grid(dtype=args.dtype or "fp16", long=args.long,
+                      providers=args.providers or (dense.S0_PROVIDERS if args.long else dense.PROVIDERS),
                       head_dims=args.head_dims or (64, 128, 256), seqlens=args.seqlens)
-    return dense.run(grid, out_json=out, plot=plot)
+    return dense.run(grid, out_json=out, plot=plot, append=args.append)
 
 
 def main(argv=None):

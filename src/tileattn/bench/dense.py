@@ -3,9 +3,17 @@
 Grid (targets.md): B=4, H=32, D in {64, 128}, causal F/T, N in 1K..16K (32K, 64K with --long), fp16 by
 default. Every provider gets the same values in its own native layout: tileattn [B, S, H, D], the torch
 peers [B, H, S, D]. Before timing, tileattn's output is checked against cuDNN's output of the same inputs and
-against a float32 reference on a slice (batch 0, two heads) under the tolerance rule; a case that fails is
-reported and gets no throughput.
+against a float32 reference on a slice (batch 0, two heads; past 16K the last 1024 query rows, which see every
+key they see in the whole problem) under the tolerance rule; a case that fails is reported and gets no
+throughput.
+
+The persistent-kernel seed's grid (mission.md, S0) adds S0_PROVIDERS (`--long` takes them by default): the
+Hopper kernel with one CTA per tile instead of one per SM (`tileattn-1cta`), and fp8 inputs (`tileattn-e4m3`,
+`tileattn-e5m2`: the fp16 values quantized per (batch, head), V in fp8_v_layout made once, untimed; checked as
+in the fp8 suite).
 """
+import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +23,8 @@ from ..tolerance import allowed_error, rounding_floor
 from .common import Progress, attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
 
 PROVIDERS = ("tileattn", "cudnn", "fa2", "flex")
+S0_PROVIDERS = PROVIDERS + ("tileattn-1cta", "tileattn-e4m3", "tileattn-e5m2")
+CHECK_ROWS = 1024  # query rows checked past 16K (the float32 reference of a whole 64K slice needs 34 GB)
 ROUNDS = 2
 DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -48,13 +58,20 @@ def _flex(q, k, v, causal, N):
     return lambda: _flex_compiled(q, k, v, block_mask=mask)
 
 
+def check_rows(n):
+    """The query rows the checks compare: all of them up to 16K, else the last CHECK_ROWS (with the bottom-right
+    alignment of attention_ref they see exactly the keys they see in the whole problem)."""
+    return slice(0, n) if n <= 16384 else slice(n - CHECK_ROWS, n)
+
+
 def check_case(out_bshd, cudnn_bhsd, q, k, v, causal):
-    """Tolerance rule on a slice (batch 0, heads 0-1) against float32, plus agreement with cuDNN."""
-    sl = slice(0, 2)
-    qs, ks, vs = (t[:1, sl].transpose(1, 2) for t in (q, k, v))  # [1, N, 2, D]
+    """Tolerance rule on a slice (batch 0, heads 0-1, check_rows) against float32, plus agreement with cuDNN."""
+    sl, rows = slice(0, 2), check_rows(q.shape[2])
+    qs = q[:1, sl, rows].transpose(1, 2)
+    ks, vs = (t[:1, sl].transpose(1, 2) for t in (k, v))  # [1, N, 2, D]
     ref, _ = attention_ref(qs, ks, vs, causal=causal)
-    ours = out_bshd[:1, :, sl]
-    theirs = cudnn_bhsd[:1, sl].transpose(1, 2)
+    ours = out_bshd[:1, rows, sl]
+    theirs = cudnn_bhsd[:1, sl, rows].transpose(1, 2)
     err = max_abs(ours, ref)
     err_cudnn = max_abs(theirs, ref)
     atol = rounding_floor(ref, q.dtype)
@@ -80,7 +97,36 @@ class Grid:
     heads: int = 32
 
 
-def run(grid=Grid(), out_json=None, plot=None, log=print):
+def _s0_providers(providers, qt, kt, vt, causal, dt, D):
+    """The S0 providers asked for: ({provider: fn}, {provider: (ok, info)}, {provider: context to time it in})."""
+    import tileattn
+
+    from ..ops.common.backend import force_backend
+    from ..ops.common.configs import sm90_config
+    from . import fp8
+    fns, checks, contexts = {}, {}, {}
+    rows = check_rows(qt.shape[1])
+    if "tileattn-1cta" in providers:
+        def one_cta():
+            return force_backend("dense.sm90", config=dataclasses.replace(sm90_config(D, dt), persistent=False))
+        fns["tileattn-1cta"] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
+        contexts["tileattn-1cta"] = one_cta
+    for name, fdt in fp8.FP8.items():
+        if f"tileattn-{name}" not in providers:
+            continue
+        (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=fdt) for t in (qt, kt, vt))
+        ref, tol = fp8._reference(q8, k8, v8, qd, kd, vd, causal, rows)
+        v8 = tileattn.fp8_v_layout(v8)  # once, untimed
+        fn = (lambda q8, k8, v8, qd, kd, vd: lambda: tileattn.attention(
+            q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd))(q8, k8, v8, qd, kd, vd)
+        fns[f"tileattn-{name}"] = fn
+        checks[f"tileattn-{name}"] = fp8._check(fn, ref, tol, rows)
+    return fns, checks, contexts
+
+
+def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
+    """The grid's rows; append: a results file whose rows (other cases) this run's are added to, its summary
+    recomputed over both (a partial rerun, e.g. `--long --seqlens 32768,65536`)."""
     import tileattn
     dt = DTYPES[grid.dtype]
     providers, head_dims, batch, heads = grid.providers, grid.head_dims, grid.batch, grid.heads
@@ -100,16 +146,26 @@ def run(grid=Grid(), out_json=None, plot=None, log=print):
                 qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # tileattn's layout
                 cudnn_out = sdpa("cudnn")(q, k, v, causal)
                 ours = tileattn.attention(qt, kt, vt, causal=causal)
-                ok, info = check_case(ours, cudnn_out, q, k, v, causal)
-                ours = cudnn_out = None  # frees the GPU memory now
-                if not ok:
-                    failures.append((case, info))
-                    log(f"CHECK FAILED {case}: {info}")
+                checks = {"tileattn": check_case(ours, cudnn_out, q, k, v, causal)}
                 fns = {
                     "tileattn": lambda: tileattn.attention(qt, kt, vt, causal=causal),
                     "cudnn": lambda: sdpa("cudnn")(q, k, v, causal),
                     "fa2": lambda: sdpa("fa2")(q, k, v, causal),
                 }
+                s0_fns, s0_checks, contexts = _s0_providers(providers, qt, kt, vt, causal, dt, D)
+                fns.update(s0_fns)
+                checks.update(s0_checks)
+                if "tileattn-1cta" in fns:
+                    try:
+                        with contexts["tileattn-1cta"]():
+                            checks["tileattn-1cta"] = check_case(fns["tileattn-1cta"](), cudnn_out, q, k, v, causal)
+                    except Exception as e:  # noqa: BLE001 - not served here (no Hopper kernel): reported
+                        checks["tileattn-1cta"] = (False, {"error": f"{type(e).__name__}: {str(e)[:200]}"})
+                ours = cudnn_out = None  # frees the GPU memory now
+                for p, (ok, info) in checks.items():
+                    if not ok:
+                        failures.append((case, p, info))
+                        log(f"CHECK FAILED {p} {case}: {info}")
                 # providers interleaved over rounds, best median kept: slow drift of the clocks (seen on a
                 # thermally throttled machine) then cannot favour whichever provider ran first
                 times = {p: [] for p in providers}
@@ -119,32 +175,49 @@ def run(grid=Grid(), out_json=None, plot=None, log=print):
                         if p in errors:
                             continue
                         try:
-                            if p == "tileattn" and not ok:
+                            if p in checks and not checks[p][0]:
                                 raise RuntimeError("output check failed: not timed")
                             fn = _flex(q, k, v, causal, N) if p == "flex" else fns[p]
-                            times[p].append(do_bench(fn))
+                            with contexts.get(p, contextlib.nullcontext)():
+                                times[p].append(do_bench(fn))
                         except Exception as e:  # noqa: BLE001 - a peer that refuses a shape is reported, not fatal
                             errors[p] = f"{type(e).__name__}: {str(e)[:200]}"
                 for p in providers:
                     ms = min(times[p]) if times[p] and p not in errors else None
                     row = {"case": case, "provider": p, "ms": ms,
                            "tflops": attn_tflops(B, H, N, N, D, D, causal, ms) if ms else None, "gbps": None}
-                    if p == "tileattn":
-                        row["check"] = info
+                    if p in checks:
+                        row["check"] = checks[p][1]
                     if p in errors:
                         row["error"] = errors[p]
                     rows.append(row)
-                q = k = v = qt = kt = vt = None  # frees the GPU memory now
+                q = k = v = qt = kt = vt = fns = s0_fns = None  # frees the GPU memory now
                 torch.cuda.empty_cache()
                 _print_row(rows, case, lambda line: log(progress() + line.lstrip()))
+    if append:
+        rows = _merge(append, rows, doc, log)
     doc["rows"] = rows
     doc["summary"] = summarize(rows)
-    doc["summary"]["check_failures"] = len(failures)
+    doc["summary"]["check_failures"] = len(failures) + (doc.pop("appended_failures", 0))
     print_tables(rows, log)
     finish(doc, out_json, log)
     if plot:
         plot_rows(rows, plot)
     return doc
+
+
+def _merge(path, rows, doc, log):
+    """rows added to those of the results file at path (its rows of the same case and provider replaced); doc
+    records the file's commit and date as `appended_to` and carries over its check failures."""
+    import json
+    with open(path) as f:
+        old = json.load(f)
+    new = {(tuple(sorted(r["case"].items())), r["provider"]) for r in rows}
+    kept = [r for r in old["rows"] if (tuple(sorted(r["case"].items())), r["provider"]) not in new]
+    doc["appended_to"] = {k: old.get(k) for k in ("commit", "date")}
+    doc["appended_failures"] = old.get("summary", {}).get("check_failures", 0) or 0
+    log(f"appended {len(rows)} rows to {len(kept)} of {path} ({old.get('commit')}, {old.get('date')})")
+    return kept + rows
 
 
 def _tf(rows, case, p):
@@ -155,7 +228,7 @@ def _tf(rows, case, p):
 
 
 def _print_row(rows, case, log):
-    got = {p: _tf(rows, case, p) for p in PROVIDERS}
+    got = {r["provider"]: r["tflops"] for r in rows if r["case"] == case}
     log(f"  D={case['D']:<4} causal={int(case['causal'])} N={case['N']:<6} " +
         " ".join(f"{p}={fmt(t)}" for p, t in got.items()))
 
@@ -176,17 +249,47 @@ def summarize(rows):
             vs_fa2.append(t / fa)
         if fx:
             vs_flex.append(t / fx)
-    return {"geomean_vs_cudnn": None if 0.0 in vs_cudnn else geomean(vs_cudnn),
-            "min_vs_fa2": min(vs_fa2) if vs_fa2 else None,
-            "geomean_vs_fa2": geomean(vs_fa2), "geomean_vs_flex": geomean(vs_flex),
-            "min_vs_cudnn": min(vs_cudnn) if vs_cudnn else None}
+    out = {"geomean_vs_cudnn": None if 0.0 in vs_cudnn else geomean(vs_cudnn),
+           "min_vs_fa2": min(vs_fa2) if vs_fa2 else None,
+           "geomean_vs_fa2": geomean(vs_fa2), "geomean_vs_flex": geomean(vs_flex),
+           "min_vs_cudnn": min(vs_cudnn) if vs_cudnn else None}
+    out.update(summarize_s0(rows))
+    return out
+
+
+def _ratio_list(rows, num, den, where):
+    """num/den TFLOPS over the cases (where) that ran both providers; a failed num row counts as 0."""
+    out = []
+    for c in [r["case"] for r in rows if r["provider"] == den and where(r["case"])]:
+        a, b = next((r for r in rows if r["case"] == c and r["provider"] == num), None), _tf(rows, c, den)
+        if a is not None and b:
+            out.append((a["tflops"] or 0.0) / b)
+    return out
+
+
+def summarize_s0(rows):
+    """The S0 rows' keys, where the rows exist: N = 32K / 64K against cuDNN (fp16 and fp8), and the persistent
+    grid against one CTA per tile on every shape that ran both (the choice per shape: dense.md)."""
+    long = lambda c: c["N"] > 16384  # noqa: E731
+    keys = {"long_min_vs_cudnn": _ratio_list(rows, "tileattn", "cudnn", long),
+            "long_e4m3_vs_fp16_min": _ratio_list(rows, "tileattn-e4m3", "tileattn", long),
+            "long_e5m2_vs_fp16_min": _ratio_list(rows, "tileattn-e5m2", "tileattn", long),
+            "persistent_vs_one_cta_min": _ratio_list(rows, "tileattn", "tileattn-1cta", lambda c: True)}
+    out = {k: min(v) for k, v in keys.items() if v}
+    pers = keys["persistent_vs_one_cta_min"]
+    if pers:
+        out["persistent_vs_one_cta_max"] = max(pers)
+        out["persistent_vs_one_cta_geomean"] = geomean(pers)
+    return out
 
 
 def print_tables(rows, log=print):
     keys = sorted({(r["case"]["D"], r["case"]["causal"]) for r in rows})
+    extra = [p for p in S0_PROVIDERS[len(PROVIDERS):] if any(r["provider"] == p for r in rows)]
     for D, causal in keys:
         log(f"\nD={D} causal={causal}  TFLOPS (ratio = tileattn / cudnn)")
-        log(f"{'N':>7} {'tileattn':>9} {'cudnn':>7} {'fa2':>7} {'flex':>7} {'ratio':>7} {'vs fa2':>7}")
+        log(f"{'N':>7} {'tileattn':>9} {'cudnn':>7} {'fa2':>7} {'flex':>7} {'ratio':>7} {'vs fa2':>7}" +
+            "".join(f" {p:>13}" for p in extra))
         ratios = []
         for c in [r["case"] for r in rows if r["provider"] == "tileattn" and r["case"]["D"] == D
                   and r["case"]["causal"] == causal]:
@@ -195,7 +298,8 @@ def print_tables(rows, log=print):
             if ratio:
                 ratios.append(ratio)
             log(f"{c['N']:>7} {fmt(t):>9} {fmt(cd):>7} {fmt(fa):>7} {fmt(fx):>7} {fmt(ratio, '{:.2f}'):>7} "
-                f"{fmt(t / fa if t and fa else None, '{:.2f}'):>7}")
+                f"{fmt(t / fa if t and fa else None, '{:.2f}'):>7}" +
+                "".join(f" {fmt(_tf(rows, c, p)):>13}" for p in extra))
         log(f"{'geomean':>7} {'':>9} {'':>7} {'':>7} {'':>7} {fmt(geomean(ratios), '{:.3f}'):>7}")
 
 

@@ -30,26 +30,28 @@ def _err(e):
     return f"{type(e).__name__}: {str(e)[:200]}"
 
 
-def _dequant(x8, descale):
-    """float32 values of the check slice (batch 0, heads 0-1) of an fp8 [B, S, H, D] tensor."""
-    return x8[:1, :, :2].float() * descale[:1, None, :2, None]
+def _dequant(x8, descale, rows=slice(None)):
+    """float32 values of the check slice (batch 0, heads 0-1, `rows` of the sequence) of an fp8 [B, S, H, D]
+    tensor."""
+    return x8[:1, rows, :2].float() * descale[:1, None, :2, None]
 
 
-def _reference(q8, k8, v8, qd, kd, vd, causal):
-    """float32 reference of the slice and the rule's allowed error (ref_lp: P rounded to the inputs' fp8)."""
-    qs, ks, vs = _dequant(q8, qd), _dequant(k8, kd), _dequant(v8, vd)
+def _reference(q8, k8, v8, qd, kd, vd, causal, rows=slice(None)):
+    """float32 reference of the slice (query `rows`: the last ones keep the whole problem's causal rows, as
+    attention_ref aligns bottom-right) and the rule's allowed error (ref_lp: P rounded to the inputs' fp8)."""
+    qs, ks, vs = _dequant(q8, qd, rows), _dequant(k8, kd), _dequant(v8, vd)
     ref, _ = attention_ref(qs, ks, vs, causal=causal)
     ref_lp, _ = attention_ref(qs, ks, vs, causal=causal, dtype=q8.dtype)
     return ref, allowed_error(max_abs(ref_lp, ref), ref, torch.bfloat16)
 
 
-def _check(fn, ref, tol):
-    """Tolerance rule on the slice; a call that raises fails the check."""
+def _check(fn, ref, tol, rows=slice(None)):
+    """Tolerance rule on the slice (query `rows`, as _reference's); a call that raises fails the check."""
     try:
         out = fn()
     except Exception as e:  # noqa: BLE001 - a provider that refuses the case is reported, not fatal
         return False, {"error": _err(e)}
-    err = max_abs(out[:1, :, :2], ref)
+    err = max_abs(out[:1, rows, :2], ref)
     finite = bool(torch.isfinite(out).all())
     return finite and err <= tol, {"err_vs_fp32": err, "allowed": tol, "finite": finite}
 
