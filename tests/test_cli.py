@@ -71,16 +71,17 @@ def test_dense_summary_s0_keys():
     """The seed's rows (N past 16K, fp8, one CTA per tile) get their own keys; the grid's keys stay over 1K-16K."""
     from tileattn.bench import dense
     rows = [_row(4096, "tileattn", 500), _row(4096, "cudnn", 550), _row(4096, "fa2", 350), _row(4096, "flex", 400),
-            _row(4096, "tileattn-1cta", 480), _row(65536, "tileattn", 600), _row(65536, "cudnn", 500),
-            _row(65536, "tileattn-1cta", 640), _row(65536, "tileattn-e4m3", 900), _row(65536, "tileattn-e5m2", None)]
+            _row(4096, "tileattn-persistent", 500), _row(4096, "tileattn-1cta", 480), _row(65536, "tileattn", 640),
+            _row(65536, "tileattn-persistent", 600), _row(65536, "cudnn", 500), _row(65536, "tileattn-1cta", 640),
+            _row(65536, "tileattn-e4m3", 900), _row(65536, "tileattn-e5m2", None)]
     s = dense.summarize(rows)
     assert s["geomean_vs_cudnn"] == pytest.approx(500 / 550) and s["min_vs_fa2"] == pytest.approx(500 / 350)
-    assert s["long_min_vs_cudnn"] == pytest.approx(1.2)
-    assert s["long_e4m3_vs_fp16_min"] == pytest.approx(1.5)
+    assert s["long_min_vs_cudnn"] == pytest.approx(1.28)
+    assert s["long_e4m3_vs_fp16_min"] == pytest.approx(900 / 640)
     assert s["long_e5m2_vs_fp16_min"] == 0.0  # a row that failed its check counts as 0
     assert s["persistent_vs_one_cta_min"] == pytest.approx(600 / 640)
     assert s["persistent_vs_one_cta_max"] == pytest.approx(500 / 480)
-    assert "long_min_vs_cudnn" not in dense.summarize(rows[:5])
+    assert "long_min_vs_cudnn" not in dense.summarize(rows[:6])
 
 
 def test_dense_append_replaces_same_case_rows(tmp_path):

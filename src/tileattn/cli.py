@@ -76,12 +76,13 @@ def _parser():
     b.add_argument("--dtype", default=None, choices=["fp16", "bf16"], help="default: fp16 (dense, bwd, large-d), "
                    "bf16 (mla, cp)")
     b.add_argument("--long", action="store_true", help="dense: add N = 32K and 64K, and the persistent-kernel "
-                   "seed's providers (tileattn-1cta, tileattn-e4m3, tileattn-e5m2) unless --providers says")
+                   "seed's providers (tileattn-persistent, tileattn-1cta, tileattn-e4m3, tileattn-e5m2) unless "
+                   "--providers says")
     b.add_argument("--providers", default=None,
-                   type=_name_list(("tileattn", "cudnn", "fa2", "flex", "tileattn-1cta", "tileattn-e4m3",
-                                    "tileattn-e5m2")),
-                   help="dense: comma-separated subset of tileattn,cudnn,fa2,flex,tileattn-1cta,tileattn-e4m3,"
-                   "tileattn-e5m2 (default: the first four; all seven with --long)")
+                   type=_name_list(("tileattn", "cudnn", "fa2", "flex", "tileattn-persistent", "tileattn-1cta",
+                                    "tileattn-e4m3", "tileattn-e5m2")),
+                   help="dense: comma-separated subset of tileattn,cudnn,fa2,flex,tileattn-persistent,tileattn-1cta,"
+                   "tileattn-e4m3,tileattn-e5m2 (default: the first four; all eight with --long)")
     b.add_argument("--fp8-dtypes", default=None, type=_name_list(("e4m3", "e5m2")),
                    help="fp8: comma-separated subset of e4m3,e5m2 (default: both)")
     b.add_argument("--head-dims", default=None, type=_int_list,
@@ -144,7 +145,7 @@ def _run_suite(args, out, plot):
     from .bench import dense
     grid = dense.Grid(dtype=args.dtype or "fp16", long=args.long,
                       providers=args.providers or (dense.S0_PROVIDERS if args.long else dense.PROVIDERS),
-                      head_dims=args.head_dims or (64, 128, 256), seqlens=args.seqlens)
+                      head_dims=args.head_dims or (64, 128), seqlens=args.seqlens)
     return dense.run(grid, out_json=out, plot=plot, append=args.append)
 
 

@@ -242,8 +242,8 @@ def test_gpu_sm90_dispatch(D, device, monkeypatch):
 def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
     """The Gluon kernel's CTAs walk many tiles of unequal length (barrier phases and Q slots carried across
     tiles; D = 256 has one Q slot): as dispatch sends them (more tiles than SMs), and forced onto the kernel with
-    1 and 7 CTAs for the whole problem (masks dispatch sends elsewhere included); the consumers' wgmma turns
-    (Sm90Config.pingpong) both ways."""
+    1 and 7 CTAs for the whole problem (masks dispatch sends elsewhere included) and with one CTA per tile; the
+    consumers' wgmma turns (Sm90Config.pingpong) both ways."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
     monkeypatch.setenv("TILEATTN_DEBUG_FILL_NAN", "1")
@@ -257,7 +257,19 @@ def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
                                (7, not table.pingpong)):
         with force_backend("dense.sm90", config=dataclasses.replace(table, max_programs=programs, pingpong=pingpong)):
             _check(q, k, v, **opts)
+    with force_backend("dense.sm90", config=dataclasses.replace(table, one_cta_from=256)):  # one CTA per tile
+        _check(q, k, v, **opts)
     plans.clear_plans()
+
+
+def test_sm90_grid_per_shape():
+    """The Hopper forward's grid: persistent below the table's one_cta_from, one CTA per tile from it."""
+    from tileattn.ops.common import launch_sm90
+    cfg = sm90_config(128, torch.float16)
+    assert cfg.one_cta_from and launch_sm90.persistent(cfg, cfg.one_cta_from - 1)
+    assert not launch_sm90.persistent(cfg, cfg.one_cta_from)
+    assert not launch_sm90.persistent(dataclasses.replace(cfg, persistent=False), 1024)
+    assert launch_sm90.persistent(dataclasses.replace(cfg, one_cta_from=0), 1 << 20)
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["batched", "varlen"])

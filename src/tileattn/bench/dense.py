@@ -8,7 +8,8 @@ key they see in the whole problem) under the tolerance rule; a case that fails i
 throughput.
 
 The persistent-kernel seed's grid (mission.md, S0) adds S0_PROVIDERS (`--long` takes them by default): the
-Hopper kernel with one CTA per tile instead of one per SM (`tileattn-1cta`), and fp8 inputs (`tileattn-e4m3`,
+Hopper kernel forced to one CTA per SM (`tileattn-persistent`) and to one CTA per tile (`tileattn-1cta`), whose
+comparison chose the table's grid per shape (`tileattn`: Sm90Config.one_cta_from), and fp8 inputs (`tileattn-e4m3`,
 `tileattn-e5m2`: the fp16 values quantized per (batch, head), V in fp8_v_layout made once, untimed; checked as
 in the fp8 suite).
 """
@@ -23,7 +24,8 @@ from ..tolerance import allowed_error, rounding_floor
 from .common import Progress, attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
 
 PROVIDERS = ("tileattn", "cudnn", "fa2", "flex")
-S0_PROVIDERS = PROVIDERS + ("tileattn-1cta", "tileattn-e4m3", "tileattn-e5m2")
+S0_PROVIDERS = PROVIDERS + ("tileattn-persistent", "tileattn-1cta", "tileattn-e4m3", "tileattn-e5m2")
+GRIDS = {"tileattn-persistent": dict(persistent=True, one_cta_from=0), "tileattn-1cta": dict(persistent=False)}
 CHECK_ROWS = 1024  # query rows checked past 16K (the float32 reference of a whole 64K slice needs 34 GB)
 ROUNDS = 2
 DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -106,11 +108,11 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
     from . import fp8
     fns, checks, contexts = {}, {}, {}
     rows = check_rows(qt.shape[1])
-    if "tileattn-1cta" in providers:
-        def one_cta():
-            return force_backend("dense.sm90", config=dataclasses.replace(sm90_config(D, dt), persistent=False))
-        fns["tileattn-1cta"] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
-        contexts["tileattn-1cta"] = one_cta
+    for p, fields in GRIDS.items():
+        if p in providers:
+            fns[p] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
+            contexts[p] = (lambda fields: lambda: force_backend(
+                "dense.sm90", config=dataclasses.replace(sm90_config(D, dt), **fields)))(fields)
     for name, fdt in fp8.FP8.items():
         if f"tileattn-{name}" not in providers:
             continue
@@ -155,12 +157,14 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                 s0_fns, s0_checks, contexts = _s0_providers(providers, qt, kt, vt, causal, dt, D)
                 fns.update(s0_fns)
                 checks.update(s0_checks)
-                if "tileattn-1cta" in fns:
+                for p in GRIDS:
+                    if p not in fns:
+                        continue
                     try:
-                        with contexts["tileattn-1cta"]():
-                            checks["tileattn-1cta"] = check_case(fns["tileattn-1cta"](), cudnn_out, q, k, v, causal)
+                        with contexts[p]():
+                            checks[p] = check_case(fns[p](), cudnn_out, q, k, v, causal)
                     except Exception as e:  # noqa: BLE001 - not served here (no Hopper kernel): reported
-                        checks["tileattn-1cta"] = (False, {"error": f"{type(e).__name__}: {str(e)[:200]}"})
+                        checks[p] = (False, {"error": f"{type(e).__name__}: {str(e)[:200]}"})
                 ours = cudnn_out = None  # frees the GPU memory now
                 for p, (ok, info) in checks.items():
                     if not ok:
@@ -274,7 +278,7 @@ def summarize_s0(rows):
     keys = {"long_min_vs_cudnn": _ratio_list(rows, "tileattn", "cudnn", long),
             "long_e4m3_vs_fp16_min": _ratio_list(rows, "tileattn-e4m3", "tileattn", long),
             "long_e5m2_vs_fp16_min": _ratio_list(rows, "tileattn-e5m2", "tileattn", long),
-            "persistent_vs_one_cta_min": _ratio_list(rows, "tileattn", "tileattn-1cta", lambda c: True)}
+            "persistent_vs_one_cta_min": _ratio_list(rows, "tileattn-persistent", "tileattn-1cta", lambda c: True)}
     out = {k: min(v) for k, v in keys.items() if v}
     pers = keys["persistent_vs_one_cta_min"]
     if pers:
@@ -286,10 +290,11 @@ def summarize_s0(rows):
 def print_tables(rows, log=print):
     keys = sorted({(r["case"]["D"], r["case"]["causal"]) for r in rows})
     extra = [p for p in S0_PROVIDERS[len(PROVIDERS):] if any(r["provider"] == p for r in rows)]
+    w = max([len(p) for p in extra] + [0])
     for D, causal in keys:
         log(f"\nD={D} causal={causal}  TFLOPS (ratio = tileattn / cudnn)")
         log(f"{'N':>7} {'tileattn':>9} {'cudnn':>7} {'fa2':>7} {'flex':>7} {'ratio':>7} {'vs fa2':>7}" +
-            "".join(f" {p:>13}" for p in extra))
+            "".join(f" {p:>{w}}" for p in extra))
         ratios = []
         for c in [r["case"] for r in rows if r["provider"] == "tileattn" and r["case"]["D"] == D
                   and r["case"]["causal"] == causal]:
@@ -299,7 +304,7 @@ def print_tables(rows, log=print):
                 ratios.append(ratio)
             log(f"{c['N']:>7} {fmt(t):>9} {fmt(cd):>7} {fmt(fa):>7} {fmt(fx):>7} {fmt(ratio, '{:.2f}'):>7} "
                 f"{fmt(t / fa if t and fa else None, '{:.2f}'):>7}" +
-                "".join(f" {fmt(_tf(rows, c, p)):>13}" for p in extra))
+                "".join(f" {fmt(_tf(rows, c, p)):>{w}}" for p in extra))
         log(f"{'geomean':>7} {'':>9} {'':>7} {'':>7} {'':>7} {fmt(geomean(ratios), '{:.3f}'):>7}")
 
 

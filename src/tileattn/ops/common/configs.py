@@ -49,6 +49,7 @@ class Sm90Config:
     stages: int  # K/V tiles in flight (shared-memory ring)
     consumer_regs: int  # registers per thread of the second consumer warpgroup (setmaxnreg)
     persistent: bool = True  # one CTA per SM looping over tiles (else one CTA per tile)
+    one_cta_from: int = 0  # with persistent: problems of at least this many query rows take one CTA per tile (0: none)
     q_slots: int = 2  # Q tiles in flight per consumer (2: the next tile's Q loads during this one)
     serves_causal: bool = True  # False: problems with a right bound (causal) go to the portable kernel
     max_programs: int = 0  # CTAs of the grid at most (0: one per SM; tests use few CTAs walking many tiles)
@@ -69,9 +70,13 @@ class Sm90Config:
 # -> 519/567/555/623 TFLOPS, causal 326/430/469/508 -> 344/454/516/541. With two stages the consumers waited for K
 # (Nsight Compute: k_ready waits ~7% of their time), as a stage frees only when both warpgroups' p.v of it is done.
 # pingpong (strict wgmma turns) measured -5..+5% with either ring, D=64 -9..+1%: off.
+# one_cta_from: the persistent grid against one CTA per tile on the S0 grid (2026-11-25, `tileattn bench dense
+# --long`, fp16 B=4 H=32 (B*N constant past 16K), dense.json at 11fd35b; docs/design/dense.md): persistent +5-29%
+# at N <= 4K (D=64 causal 1K 245 vs 190 TFLOPS), -7..+2% at N >= 16K (geomean 0.979 over the 12 rows of 16K-64K;
+# D=128 causal 16K 590 vs 637): one CTA per tile from 16K rows.
 SM90 = {
-    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
-    128: Sm90Config(block_m=64, block_n=128, stages=3, consumer_regs=240, q_slots=1),
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, one_cta_from=16384),
+    128: Sm90Config(block_m=64, block_n=128, stages=3, consumer_regs=240, q_slots=1, one_cta_from=16384),
     # D = 256: one Q slot (64 KB) and two stages of 64-key K/V tiles (128 KB); a 64 x 256 float32 accumulator
     # is 128 registers per thread. Against the portable kernel on the H100 (2026-11-21, tileattn bench dense
     # with TILEATTN_SM90=1/0): non-causal +4-6% (B=1, H=48, N=8K: 509 vs 481 TFLOPS; B=1, H=8, N=16K: 508 vs

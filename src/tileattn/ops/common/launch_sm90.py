@@ -32,10 +32,15 @@ def reason(device, dtype, head_dim, head_dim_v, out_dtype):
     return ""
 
 
+def persistent(cfg, seqlen_q):
+    """Whether the grid is persistent for sequences of seqlen_q query rows (cfg.persistent, cfg.one_cta_from)."""
+    return cfg.persistent and not (cfg.one_cta_from and seqlen_q >= cfg.one_cta_from)
+
+
 def grid(cfg, seqlen_q, num_bh, device):
     """(programs,): one per SM (persistent) or one per tile of 2 * block_m query rows, at most cfg.max_programs."""
     tiles = triton.cdiv(seqlen_q, 2 * cfg.block_m) * num_bh
-    n = min(tiles, hw.device_info(device).num_sms) if cfg.persistent else tiles
+    n = min(tiles, hw.device_info(device).num_sms) if persistent(cfg, seqlen_q) else tiles
     if cfg.max_programs:
         n = min(n, cfg.max_programs)
     return (max(1, n),)
