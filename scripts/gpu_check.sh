@@ -81,10 +81,11 @@ for s in $steps; do
     bench-long)
       # the persistent-kernel seed's grid (S0): N 1K-64K with one CTA per tile and fp8 columns; two processes (the
       # 32K / 64K rows appended), so that a timeout in the second keeps the first's rows
-      timeout 400 python3 -m tileattn bench dense --long --seqlens 1024,2048,4096,8192,16384 --out "$OUT/dense.json" \
-        --plot "$OUT/dense.png" > "$OUT/bench_long.log" 2>&1; rc=$?
-      timeout ${LONG_TIMEOUT:-300} python3 -m tileattn bench dense --long --seqlens 32768,65536 --append "$OUT/dense.json" \
-        --out "$OUT/dense.json" --plot "$OUT/dense.png" >> "$OUT/bench_long.log" 2>&1 || rc=$?
+      timeout 400 python3 -m tileattn bench dense --long --seqlens 1024,2048,4096,8192,16384 \
+        --out "$OUT/dense.json" --plot "$OUT/dense.png" > "$OUT/bench_long.log" 2>&1; rc=$?
+      [ -f "$OUT/dense.json" ] && timeout ${LONG_TIMEOUT:-300} python3 -m tileattn bench dense --long \
+        --seqlens 32768,65536 --append "$OUT/dense.json" --out "$OUT/dense.json" --plot "$OUT/dense.png" \
+        >> "$OUT/bench_long.log" 2>&1 || rc=$?
       summary+=("bench-long rc=$rc: $(grep '^summary' "$OUT/bench_long.log" | tail -n 1)") ;;
     bench-bf16)
       python3 -m tileattn bench dense --dtype bf16 --out "$OUT/dense_bf16.json" --plot "$OUT/dense_bf16.png" > "$OUT/bench_bf16.log" 2>&1; rc=$?

@@ -33,6 +33,7 @@ def test_version(capsys):
     (("bench", "large-d", "--providers", "cudnn"), "--providers does not apply"),
     (("bench", "demo", "--out", "x.json"), "do not apply to `bench demo`"),
     (("bench", "fp8", "--append", "x.json"), "--append does not apply"),
+    (("bench", "--long", "--append", "/nonexistent/dense.json"), "no such results file"),
 ])
 def test_bad_options_exit_2(capsys, argv, needle):
     rc, text = _run(capsys, *argv)
@@ -89,10 +90,14 @@ def test_dense_append_replaces_same_case_rows(tmp_path):
 
     from tileattn.bench import dense
     path = tmp_path / "dense.json"
-    old = [_row(4096, "tileattn", 500), _row(4096, "cudnn", 550), _row(65536, "tileattn", 1)]
-    path.write_text(json.dumps({"commit": "abc", "date": "d", "rows": old, "summary": {"check_failures": 1}}))
+    old = [_row(4096, "tileattn", 500), _row(4096, "cudnn", 550), _row(65536, "tileattn", None)]
+    old[2]["error"] = dense.NOT_TIMED  # the failed row this run replaces
+    old.append(dict(_row(2048, "cudnn", None), error=dense.NOT_TIMED))  # one it keeps
+    path.write_text(json.dumps({"suite": "dense", "commit": "abc", "date": "d", "rows": old}))
     doc = {}
-    rows = dense._merge(str(path), [_row(65536, "tileattn", 600)], doc, log=lambda *_: None)
+    rows, failed = dense._merge(dense._load_appended(str(path), torch.float16), [_row(65536, "tileattn", 600)], doc)
     assert [(r["case"]["N"], r["provider"], r["tflops"]) for r in rows] == [
-        (4096, "tileattn", 500), (4096, "cudnn", 550), (65536, "tileattn", 600)]
-    assert doc == {"appended_to": {"commit": "abc", "date": "d"}, "appended_failures": 1}
+        (2048, "cudnn", None), (4096, "tileattn", 500), (4096, "cudnn", 550), (65536, "tileattn", 600)]
+    assert len(failed) == 1 and doc == {"appended_to": [{"commit": "abc", "date": "d"}]}
+    with pytest.raises(ValueError, match="not a dense"):
+        dense._load_appended(str(path), torch.bfloat16)

@@ -111,6 +111,8 @@ def _check_options(p, args):
         if getattr(args, dest) != defaults[dest] and dest not in SUITE_OPTIONS[args.suite]:
             p.error(f"{flag} does not apply to `bench {args.suite}` (it takes: "
                     f"{', '.join(OPTION_FLAGS[d] for d in sorted(SUITE_OPTIONS[args.suite])) or 'no options'})")
+    if getattr(args, "append", None) and not os.path.isfile(args.append):
+        p.error(f"--append {args.append}: no such results file")
     if args.suite == "demo" and (args.out or args.plot):
         p.error("--out / --plot do not apply to `bench demo` (it writes no results)")
 

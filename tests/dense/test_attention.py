@@ -262,14 +262,20 @@ def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
     plans.clear_plans()
 
 
-def test_sm90_grid_per_shape():
-    """The Hopper forward's grid: persistent below the table's one_cta_from, one CTA per tile from it."""
+def test_sm90_grid_per_shape(monkeypatch):
+    """The Hopper forward's grid: one CTA per SM below the table's one_cta_from (D=128), one CTA per tile from it;
+    per_shape=False (flex) keeps the persistent grid."""
+    from tileattn import hw
     from tileattn.ops.common import launch_sm90
+    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     cfg = sm90_config(128, torch.float16)
-    assert cfg.one_cta_from and launch_sm90.persistent(cfg, cfg.one_cta_from - 1)
-    assert not launch_sm90.persistent(cfg, cfg.one_cta_from)
-    assert not launch_sm90.persistent(dataclasses.replace(cfg, persistent=False), 1024)
-    assert launch_sm90.persistent(dataclasses.replace(cfg, one_cta_from=0), 1 << 20)
+    n = cfg.one_cta_from
+    assert n and launch_sm90.persistent(cfg, n - 1) and not launch_sm90.persistent(cfg, n)
+    tiles = n // (2 * cfg.block_m) * 4
+    assert launch_sm90.grid(cfg, n - 1, 4, "cuda") == (132,)
+    assert launch_sm90.grid(cfg, n, 4, "cuda") == (tiles,)
+    assert launch_sm90.grid(cfg, n, 4, "cuda", per_shape=False) == (132,)
+    assert launch_sm90.grid(dataclasses.replace(cfg, persistent=False), 1024, 4, "cuda") == (1024 // 128 * 4,)
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["batched", "varlen"])

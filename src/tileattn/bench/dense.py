@@ -127,10 +127,11 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
 
 
 def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
-    """The grid's rows; append: a results file whose rows (other cases) this run's are added to, its summary
-    recomputed over both (a partial rerun, e.g. `--long --seqlens 32768,65536`)."""
+    """The grid's rows; append: a results file whose rows this run's are added to (rows of the same case and
+    provider replaced), its summary recomputed over both (a partial rerun, e.g. `--long --seqlens 32768,65536`)."""
     import tileattn
     dt = DTYPES[grid.dtype]
+    old = _load_appended(append, dt) if append else None  # read first: a bad file fails before the GPU work
     providers, head_dims, batch, heads = grid.providers, grid.head_dims, grid.batch, grid.heads
     Ns = grid.seqlens or ([1024, 2048, 4096, 8192, 16384] + ([32768, 65536] if grid.long else []))
     doc = results_header("dense")
@@ -157,14 +158,18 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                 s0_fns, s0_checks, contexts = _s0_providers(providers, qt, kt, vt, causal, dt, D)
                 fns.update(s0_fns)
                 checks.update(s0_checks)
+                errors = {}
                 for p in GRIDS:
                     if p not in fns:
                         continue
                     try:
                         with contexts[p]():
-                            checks[p] = check_case(fns[p](), cudnn_out, q, k, v, causal)
-                    except Exception as e:  # noqa: BLE001 - not served here (no Hopper kernel): reported
-                        checks[p] = (False, {"error": f"{type(e).__name__}: {str(e)[:200]}"})
+                            out = fns[p]()
+                    except Exception as e:  # noqa: BLE001 - not served here (no Hopper kernel): an error row
+                        errors[p] = f"{type(e).__name__}: {str(e)[:200]}"
+                        continue
+                    checks[p] = check_case(out, cudnn_out, q, k, v, causal)
+                    out = None
                 ours = cudnn_out = None  # frees the GPU memory now
                 for p, (ok, info) in checks.items():
                     if not ok:
@@ -173,14 +178,13 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                 # providers interleaved over rounds, best median kept: slow drift of the clocks (seen on a
                 # thermally throttled machine) then cannot favour whichever provider ran first
                 times = {p: [] for p in providers}
-                errors = {}
                 for _ in range(ROUNDS):
                     for p in providers:
                         if p in errors:
                             continue
                         try:
                             if p in checks and not checks[p][0]:
-                                raise RuntimeError("output check failed: not timed")
+                                raise RuntimeError(NOT_TIMED)
                             fn = _flex(q, k, v, causal, N) if p == "flex" else fns[p]
                             with contexts.get(p, contextlib.nullcontext)():
                                 times[p].append(do_bench(fn))
@@ -198,11 +202,13 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                 q = k = v = qt = kt = vt = fns = s0_fns = None  # frees the GPU memory now
                 torch.cuda.empty_cache()
                 _print_row(rows, case, lambda line: log(progress() + line.lstrip()))
-    if append:
-        rows = _merge(append, rows, doc, log)
+    if old is not None:
+        rows, kept_failures = _merge(old, rows, doc)
+        log(f"appended {len(rows) - len(old['kept'])} rows to {len(old['kept'])} of {append} ({old.get('commit')})")
+        failures += kept_failures
     doc["rows"] = rows
     doc["summary"] = summarize(rows)
-    doc["summary"]["check_failures"] = len(failures) + (doc.pop("appended_failures", 0))
+    doc["summary"]["check_failures"] = len(failures)
     print_tables(rows, log)
     finish(doc, out_json, log)
     if plot:
@@ -210,18 +216,30 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
     return doc
 
 
-def _merge(path, rows, doc, log):
-    """rows added to those of the results file at path (its rows of the same case and provider replaced); doc
-    records the file's commit and date as `appended_to` and carries over its check failures."""
+NOT_TIMED = "output check failed: not timed"
+
+
+def _load_appended(path, dt):
+    """The dense results file at path, checked to be of this suite and dtype (ValueError otherwise)."""
     import json
     with open(path) as f:
         old = json.load(f)
+    dtypes = {r["case"]["dtype"] for r in old.get("rows", [])}
+    if old.get("suite") != "dense" or dtypes - {str(dt).split(".")[-1]}:
+        raise ValueError(f"--append {path}: not a dense {dt} results file (suite {old.get('suite')}, {dtypes})")
+    return old
+
+
+def _merge(old, rows, doc):
+    """(the old file's rows with this run's added, rows of the same case and provider replaced, ordered by case;
+    the kept rows' failed checks). doc records the files appended to (`appended_to`, oldest first)."""
     new = {(tuple(sorted(r["case"].items())), r["provider"]) for r in rows}
-    kept = [r for r in old["rows"] if (tuple(sorted(r["case"].items())), r["provider"]) not in new]
-    doc["appended_to"] = {k: old.get(k) for k in ("commit", "date")}
-    doc["appended_failures"] = old.get("summary", {}).get("check_failures", 0) or 0
-    log(f"appended {len(rows)} rows to {len(kept)} of {path} ({old.get('commit')}, {old.get('date')})")
-    return kept + rows
+    old["kept"] = [r for r in old["rows"] if (tuple(sorted(r["case"].items())), r["provider"]) not in new]
+    doc["appended_to"] = old.get("appended_to", []) + [{k: old.get(k) for k in ("commit", "date")}]
+    order = {p: i for i, p in enumerate(S0_PROVIDERS)}
+    merged = sorted(old["kept"] + rows, key=lambda r: (r["case"]["D"], r["case"]["causal"], r["case"]["N"],
+                                                       order.get(r["provider"], len(order))))
+    return merged, [(r["case"], r["provider"]) for r in old["kept"] if r.get("error") == NOT_TIMED]
 
 
 def _tf(rows, case, p):
@@ -272,9 +290,12 @@ def _ratio_list(rows, num, den, where):
 
 
 def summarize_s0(rows):
-    """The S0 rows' keys, where the rows exist: N = 32K / 64K against cuDNN (fp16 and fp8), and the persistent
-    grid against one CTA per tile on every shape that ran both (the choice per shape: dense.md)."""
-    long = lambda c: c["N"] > 16384  # noqa: E731
+    """The S0 rows' keys, where the rows exist: N = 32K / 64K against cuDNN, fp8 there against our fp16 (each on
+    its own table's grid: fp16 takes one CTA per tile at long N where Sm90Config.one_cta_from says, fp8 stays
+    persistent), and the persistent grid against one CTA per tile on every shape that ran both (the choice per
+    shape: dense.md)."""
+    def long(c):
+        return c["N"] > 16384
     keys = {"long_min_vs_cudnn": _ratio_list(rows, "tileattn", "cudnn", long),
             "long_e4m3_vs_fp16_min": _ratio_list(rows, "tileattn-e4m3", "tileattn", long),
             "long_e5m2_vs_fp16_min": _ratio_list(rows, "tileattn-e5m2", "tileattn", long),
@@ -283,7 +304,7 @@ def summarize_s0(rows):
     pers = keys["persistent_vs_one_cta_min"]
     if pers:
         out["persistent_vs_one_cta_max"] = max(pers)
-        out["persistent_vs_one_cta_geomean"] = geomean(pers)
+        out["persistent_vs_one_cta_geomean"] = None if 0.0 in pers else geomean(pers)
     return out
 
 

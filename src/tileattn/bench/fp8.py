@@ -56,8 +56,9 @@ def _check(fn, ref, tol, rows=slice(None)):
     return finite and err <= tol, {"err_vs_fp32": err, "allowed": tol, "finite": finite}
 
 
-def _fp8_providers(name, q16, k16, v16, causal, N):
-    """Quantized inputs of one fp8 dtype: ({provider: fn to time (flex: maker of it)}, {provider: check})."""
+def _fp8_providers(name, q16, k16, v16, causal, N, flex=True):
+    """Quantized inputs of one fp8 dtype: ({provider: fn to time (flex: maker of it, with flex)}, {provider:
+    check})."""
     import tileattn
     (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=FP8[name]) for t in (q16, k16, v16))
     ref, tol = _reference(q8, k8, v8, qd, kd, vd, causal)
@@ -68,7 +69,7 @@ def _fp8_providers(name, q16, k16, v16, causal, N):
     if name == "e4m3":
         fns["tileattn-e4m3-vrow"] = call(v8)
     checks = {p: _check(fn, ref, tol) for p, fn in fns.items()}
-    if name == "e4m3":
+    if name == "e4m3" and flex:
         qb, kb = (t.transpose(1, 2).contiguous() for t in (q8, k8))
         vb = v8.permute(0, 2, 3, 1).contiguous().transpose(2, 3)  # [B, H, S, D] column-major, flex's fp8 V
         fns["flex-e4m3"] = lambda: dense._flex(qb, kb, vb, causal, N)
@@ -101,7 +102,7 @@ def _run_case(case, providers, fp8_dtypes, log):
     fp16_check = dense.check_case(fns["tileattn-fp16"](), fns["cudnn-fp16"](), qt, kt, vt, causal)
     checks = {"tileattn-fp16": fp16_check}
     for name in fp8_dtypes:
-        more_fns, more_checks = _fp8_providers(name, q16, k16, v16, causal, N)
+        more_fns, more_checks = _fp8_providers(name, q16, k16, v16, causal, N, "flex-e4m3" in providers)
         fns.update(more_fns)
         checks.update(more_checks)
     failed = [p for p, (ok, _) in checks.items() if not ok]

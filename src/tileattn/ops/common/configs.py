@@ -70,12 +70,14 @@ class Sm90Config:
 # -> 519/567/555/623 TFLOPS, causal 326/430/469/508 -> 344/454/516/541. With two stages the consumers waited for K
 # (Nsight Compute: k_ready waits ~7% of their time), as a stage frees only when both warpgroups' p.v of it is done.
 # pingpong (strict wgmma turns) measured -5..+5% with either ring, D=64 -9..+1%: off.
-# one_cta_from: the persistent grid against one CTA per tile on the S0 grid (2026-11-25, `tileattn bench dense
-# --long`, fp16 B=4 H=32 (B*N constant past 16K), dense.json at 11fd35b; docs/design/dense.md): persistent +5-29%
-# at N <= 4K (D=64 causal 1K 245 vs 190 TFLOPS), -7..+2% at N >= 16K (geomean 0.979 over the 12 rows of 16K-64K;
-# D=128 causal 16K 590 vs 637): one CTA per tile from 16K rows.
+# one_cta_from: the persistent grid against one CTA per tile on the S0 grid (2026-11-24, `tileattn bench dense
+# --long`, fp16 B=4 H=32 (B*N constant past 16K), two runs: dense.json at 11fd35b and a1b80b3;
+# docs/design/dense.md): persistent +5-29% at N <= 4K (D=64 causal 1K 247 vs 192 TFLOPS). At N >= 16K (16K, 32K,
+# 64K, causal and not) D=128 ran faster with one CTA per tile in 11 of 12 rows (persistent / one CTA 0.93-1.02,
+# mean 0.96; causal 16K 580 vs 624): one CTA per tile from 16K rows. D=64 there: persistent / one CTA 0.94-1.04 in
+# 12 rows (mean 0.99, within the run-to-run spread): left persistent.
 SM90 = {
-    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, one_cta_from=16384),
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
     128: Sm90Config(block_m=64, block_n=128, stages=3, consumer_regs=240, q_slots=1, one_cta_from=16384),
     # D = 256: one Q slot (64 KB) and two stages of 64-key K/V tiles (128 KB); a 64 x 256 float32 accumulator
     # is 128 registers per thread. Against the portable kernel on the H100 (2026-11-21, tileattn bench dense
@@ -86,10 +88,11 @@ SM90 = {
 }
 # fp8 (1-byte Q/K/V tiles, a bf16/fp16 O buffer per consumer): the same tiles, more stages in flight.
 # D = 256: 64-key tiles (P is carried in float32 across the pipelined loop: with the 64 x 256 accumulator, 128
-# keys would not fit 240 registers), one Q slot, 197 KB with the O buffers, causal served. On the H100 (2026-11-25,
-# `scripts/sweep.py fwd --dtype e4m3 --dims 256`, B=4 H=32, N 4K/8K/16K): 4 stages 987-1045 TFLOPS non-causal,
-# 898-936 causal; 3 stages 985-1021 / 927-970 (kept: same or better on 4 of 6 rows, 64 KB less); 2 stages
-# 772-813. fp16 on the same kernel: 491-514; the portable fp8 kernel ran 281 (docs/design/fp8.md).
+# keys would not fit 240 registers), one Q slot, 192 KiB with the O buffers (compiled: 197,008 bytes), causal
+# served. On the H100 (2026-11-24, `scripts/sweep.py fwd --dtype e4m3 --dims 256`, B=4 H=32, N 4K/8K/16K): 4
+# stages 987-1045 TFLOPS non-causal, 898-936 causal; 3 stages 985-1021 / 927-970 (kept: same or better on 4 of 6
+# rows, 32 KiB less); 2 stages 772-813. fp16 on the same kernel: 491-514; the portable fp8 kernel ran 281
+# (docs/design/fp8.md).
 SM90_FP8 = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
     128: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),

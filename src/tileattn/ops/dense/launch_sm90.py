@@ -1,6 +1,6 @@
 """Backend "dense.sm90": the Hopper Gluon kernel (gluon_sm90.py) for batched inputs.
 
-It serves head dims D = Dv in {64, 128, 256} (fp8: 64, 128) with TMA-aligned tensors on an H100/H200 with
+It serves head dims D = Dv in {64, 128, 256} (fp16 / bf16 / fp8) with TMA-aligned tensors on an H100/H200 with
 triton 3.6 (ops/common/launch_sm90.py says why not otherwise); the rest goes to the other backends. fp8 V must
 be the view of an fp8.Fp8V: a plain fp8 V is packed once per call (fp8.fp8_v_layout). fp8 with a single key
 (Sk = 1) launches attn_fwd_sm90_kernel_one_key, compiled with seqlen_k a run-time value (gluon_sm90.py says

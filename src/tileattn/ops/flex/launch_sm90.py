@@ -75,7 +75,9 @@ class Sm90Backend(Backend):
         smod, mmod = p.score_mod, p.mask_mod
         fx = (num, idx, fnum, fidx, *mask_strides(num), *mask_strides(idx), *mask_strides(fnum),
               *mask_strides(fidx), float(p.scale * qk))
-        flex_fwd_sm90_kernel[pipeline.grid(cfg, Sq, B * H, c.query.device)](
+        # persistent at every length: one CTA per tile (dense's choice from 16K rows) measured slower at 8K
+        # (docs/design/flex.md) and was not measured longer
+        flex_fwd_sm90_kernel[pipeline.grid(cfg, Sq, B * H, c.query.device, per_shape=False)](
             *pipeline.descriptors(q, k, v, o, cfg), lse, *[d if d is not None else lse for d in descales], *sl,
             *[st for d in descales for st in descale_strides(d)],
             Sq, Sk, H, p.group, B * H, float(out_scale), fx,
