@@ -198,7 +198,7 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
     """One (D, causal, N) of the dense forward: cuDNN (fp16 for an fp8 dtype), then the Hopper kernel with the
     table's config and with each variant's overrides (variants: the --variants text), each output checked
     before it is timed: against cuDNN's (16-bit), or by the fp8 bench's tolerance rule on a slice (e4m3:
-    tileattn/bench/fp8.py)."""
+    tileattn/bench/fp8_check.py)."""
     from tileattn.bench.dense import sdpa
     from tileattn.ops.common.configs import sm90_config
     fp8 = dtype.itemsize == 1
@@ -208,9 +208,9 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
     ms = do_bench(lambda: sdpa("cudnn")(qh, kh, vh, causal))
     line = [f"cudnn{'-fp16' if fp8 else ''}: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}"]
     if fp8:
-        from tileattn.bench import fp8 as fp8_bench
+        from tileattn.bench import fp8_check
         (q, qd), (k, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=dtype) for t in (q, k, v))
-        ref, tol = fp8_bench._reference(q, k, v8, qd, kd, vd, causal)
+        ref, tol = fp8_check.reference(q, k, v8, qd, kd, vd, causal)
         v = tileattn.fp8_v_layout(v8)
         opts = dict(causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
     else:
@@ -218,7 +218,7 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
 
     def check(out):
         if fp8:
-            ok, info = fp8_bench._check(lambda: out, ref, tol)
+            ok, info = fp8_check.check(lambda: out, ref, tol)
             return ok, info.get("err_vs_fp32", float("nan"))
         diff = max_abs(out, ref)
         return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff

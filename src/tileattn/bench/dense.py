@@ -11,7 +11,7 @@ The persistent-kernel seed's grid (mission.md, S0) adds S0_PROVIDERS (`--long` t
 Hopper kernel forced to one CTA per SM (`tileattn-persistent`) and to one CTA per tile (`tileattn-1cta`), whose
 comparison chose the table's grid per shape (`tileattn`: Sm90Config.one_cta_from), and fp8 inputs (`tileattn-e4m3`,
 `tileattn-e5m2`: the fp16 values quantized per (batch, head), V in fp8_v_layout made once, untimed; checked as
-in the fp8 suite).
+in the fp8 suite: fp8_check.py).
 """
 import contextlib
 import dataclasses
@@ -105,7 +105,7 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
 
     from ..ops.common.backend import force_backend
     from ..ops.common.configs import sm90_config
-    from . import fp8
+    from . import fp8_check
     fns, checks, contexts = {}, {}, {}
     rows = check_rows(qt.shape[1])
     for p, fields in GRIDS.items():
@@ -113,16 +113,16 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
             fns[p] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
             contexts[p] = (lambda fields: lambda: force_backend(
                 "dense.sm90", config=dataclasses.replace(sm90_config(D, dt), **fields)))(fields)
-    for name, fdt in fp8.FP8.items():
+    for name, fdt in fp8_check.FP8.items():
         if f"tileattn-{name}" not in providers:
             continue
         (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=fdt) for t in (qt, kt, vt))
-        ref, tol = fp8._reference(q8, k8, v8, qd, kd, vd, causal, rows)
+        ref, tol = fp8_check.reference(q8, k8, v8, qd, kd, vd, causal, rows)
         v8 = tileattn.fp8_v_layout(v8)  # once, untimed
         fn = (lambda q8, k8, v8, qd, kd, vd: lambda: tileattn.attention(
             q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd))(q8, k8, v8, qd, kd, vd)
         fns[f"tileattn-{name}"] = fn
-        checks[f"tileattn-{name}"] = fp8._check(fn, ref, tol, rows)
+        checks[f"tileattn-{name}"] = fp8_check.check(fn, ref, tol, rows)
     return fns, checks, contexts
 
 

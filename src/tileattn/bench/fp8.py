@@ -12,12 +12,10 @@ the dtype of the source values.
 """
 import torch
 
-from ..ops.dense.reference import attention_ref
-from ..tolerance import allowed_error
 from . import dense
-from .common import Progress, attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
+from .common import Progress, attn_tflops, do_bench, finish, fmt, geomean, results_header
+from .fp8_check import FP8, check, reference
 
-FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 PROVIDERS = ("tileattn-e4m3", "tileattn-e4m3-vrow", "tileattn-e5m2", "tileattn-fp16", "cudnn-fp16",
              "flex-e4m3")
 SEQLENS = (1024, 2048, 4096, 8192, 16384)
@@ -30,45 +28,19 @@ def _err(e):
     return f"{type(e).__name__}: {str(e)[:200]}"
 
 
-def _dequant(x8, descale, rows=slice(None)):
-    """float32 values of the check slice (batch 0, heads 0-1, `rows` of the sequence) of an fp8 [B, S, H, D]
-    tensor."""
-    return x8[:1, rows, :2].float() * descale[:1, None, :2, None]
-
-
-def _reference(q8, k8, v8, qd, kd, vd, causal, rows=slice(None)):
-    """float32 reference of the slice (query `rows`: the last ones keep the whole problem's causal rows, as
-    attention_ref aligns bottom-right) and the rule's allowed error (ref_lp: P rounded to the inputs' fp8)."""
-    qs, ks, vs = _dequant(q8, qd, rows), _dequant(k8, kd), _dequant(v8, vd)
-    ref, _ = attention_ref(qs, ks, vs, causal=causal)
-    ref_lp, _ = attention_ref(qs, ks, vs, causal=causal, dtype=q8.dtype)
-    return ref, allowed_error(max_abs(ref_lp, ref), ref, torch.bfloat16)
-
-
-def _check(fn, ref, tol, rows=slice(None)):
-    """Tolerance rule on the slice (query `rows`, as _reference's); a call that raises fails the check."""
-    try:
-        out = fn()
-    except Exception as e:  # noqa: BLE001 - a provider that refuses the case is reported, not fatal
-        return False, {"error": _err(e)}
-    err = max_abs(out[:1, rows, :2], ref)
-    finite = bool(torch.isfinite(out).all())
-    return finite and err <= tol, {"err_vs_fp32": err, "allowed": tol, "finite": finite}
-
-
 def _fp8_providers(name, q16, k16, v16, causal, N, flex=True):
     """Quantized inputs of one fp8 dtype: ({provider: fn to time (flex: maker of it, with flex)}, {provider:
     check})."""
     import tileattn
     (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=FP8[name]) for t in (q16, k16, v16))
-    ref, tol = _reference(q8, k8, v8, qd, kd, vd, causal)
+    ref, tol = reference(q8, k8, v8, qd, kd, vd, causal)
 
     def call(v):
         return lambda: tileattn.attention(q8, k8, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
     fns = {f"tileattn-{name}": call(tileattn.fp8_v_layout(v8))}  # fast V layout made once, untimed
     if name == "e4m3":
         fns["tileattn-e4m3-vrow"] = call(v8)
-    checks = {p: _check(fn, ref, tol) for p, fn in fns.items()}
+    checks = {p: check(fn, ref, tol) for p, fn in fns.items()}
     if name == "e4m3" and flex:
         qb, kb = (t.transpose(1, 2).contiguous() for t in (q8, k8))
         vb = v8.permute(0, 2, 3, 1).contiguous().transpose(2, 3)  # [B, H, S, D] column-major, flex's fp8 V
