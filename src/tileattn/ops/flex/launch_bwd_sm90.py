@@ -12,7 +12,7 @@ from ..common import launch_bwd_sm90 as pipeline
 from ..common.launch_bwd_sm90 import BLOCK_M, BLOCK_N
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc
-from .launch_sm90 import BLOCK
+from .launch_sm90 import BLOCK, mask_lists
 from .problem import mask_strides, mod_captures
 from .trace import capture_args
 
@@ -31,21 +31,6 @@ def reason(p, dout):
                            min(p.seqlen_q, p.seqlen_k))
 
 
-def _lists(lists, num_blocks, rows, device):
-    """(num, idx, full num, full idx) of a block mask's lists (forward or transposed) with an empty full pair
-    where it has none; without a block mask (lists None) every block is full."""
-    if lists is None:
-        zeros = torch.zeros(1, 1, rows, dtype=torch.int32, device=device)
-        counts = torch.full((1, 1, rows), num_blocks, dtype=torch.int32, device=device)
-        idx = torch.arange(num_blocks, dtype=torch.int32, device=device).expand(1, 1, rows, num_blocks)
-        return zeros, zeros[..., None], counts, idx
-    num, idx, fnum, fidx = lists
-    if fnum is None:
-        fnum = torch.zeros(1, 1, num.shape[2], dtype=torch.int32, device=device)
-        fidx = fnum[..., None]
-    return num, idx, fnum, fidx
-
-
 def _fx(lists):
     return (*lists, *(s for t in lists for s in mask_strides(t)))
 
@@ -58,8 +43,8 @@ def flex_bwd_sm90(p, c, dout, delta, grads):
     dq, dk, dv = grads
     d = p.head_dim
     nq, nk = p.seqlen_q // BLOCK, p.seqlen_k // BLOCK
-    fk = _fx(_lists(c.lists, nk, nq, p.device))
-    fx = _fx(_lists(c.tlists, nq, nk, p.device))
+    fk = _fx(mask_lists(c.lists, nk, nq, p.device))
+    fx = _fx(mask_lists(c.tlists, nq, nk, p.device))
     q, k, v, do, dk_, dv_ = (t.transpose(1, 2) for t in (c.query, c.key, c.value, dout, dk, dv))  # [B, S, H, D]
     mb = p.seqlen_q // BLOCK_M
     meta = pipeline.meta(d)

@@ -19,6 +19,19 @@ BLOCK = 128  # the kernel's query tile (2 consumer warpgroups x 64 rows) and key
 _FULL_LISTS = {}  # (query blocks, key blocks, device) -> (zeros, counts, indices) of an all-full block mask
 
 
+def mask_lists(lists, num_kv, num_q, device):
+    """(num, idx, full num, full idx) of a block mask's lists (forward, or transposed with the roles of queries
+    and keys swapped) over num_q rows of num_kv blocks: without a block mask (lists None) every block is full
+    (cached per shape), and a mask without full blocks gets an empty full list."""
+    if lists is None:
+        return _full_lists(num_q, num_kv, device)
+    num, idx, fnum, fidx = lists
+    if fnum is None:
+        fnum = torch.zeros(1, 1, num.shape[2], dtype=torch.int32, device=device)
+        fidx = fnum[..., None]
+    return num, idx, fnum, fidx
+
+
 def _full_lists(num_q, num_kv, device):
     key = (num_q, num_kv, device)
     lists = _FULL_LISTS.get(key)
@@ -55,13 +68,7 @@ class Sm90Backend(Backend):
         output factor), a plain value is packed (fp8_v_layout)."""
         B, H, Sq, D = c.query.shape
         Sk = c.key.shape[2]
-        if c.lists is None:
-            num, idx, fnum, fidx = _full_lists(Sq // BLOCK, Sk // BLOCK, c.query.device)
-        else:
-            num, idx, fnum, fidx = c.lists
-            if fnum is None:  # no full blocks: an empty full list
-                fnum = torch.zeros(1, 1, num.shape[2], dtype=torch.int32, device=c.query.device)
-                fidx = fnum[..., None]
+        num, idx, fnum, fidx = mask_lists(c.lists, Sk // BLOCK, Sq // BLOCK, c.query.device)
         qk, out_scale, descales = split_descales(*c.descales)
         cfg = sm90_config(D, p.dtype)
         value = c.value
