@@ -20,7 +20,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
-from .common import Progress, attn_tflops, bench_rounds, finish, fmt, geomean, results_header, warm_up_gpu
+from .common import Progress, attn_tflops, bench_rounds, error_text, finish, fmt, geomean, results_header, warm_up_gpu
 from .dense import sdpa
 
 PROVIDERS = ("tileattn", "cudnn", "fa2")
@@ -76,7 +76,7 @@ def _case_rows(shape, dt, providers, rows, log):
             torch.autograd.grad(outs[p][0], outs[p][1], douth, retain_graph=True)  # runs its backward too
         except Exception as e:  # noqa: BLE001 - a peer that refuses a shape (or its backward) is reported
             outs.pop(p, None)
-            log(f"{p} refused {case}: {type(e).__name__}: {str(e)[:100]}")
+            log(f"{p} refused {case}: {error_text(e, 100)}")
     ms = bench_rounds({p: (lambda o=o, x=x, g=g: torch.autograd.grad(o, x, g, retain_graph=True))
                        for p, (o, x, g) in outs.items()})
     for p in outs:

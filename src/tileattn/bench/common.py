@@ -8,6 +8,11 @@ import subprocess
 import torch
 
 
+def error_text(e, n=200):
+    """An exception as a results row's `error`: its type and the first n characters of its message."""
+    return f"{type(e).__name__}: {str(e)[:n]}"
+
+
 def do_bench(fn):
     """Median milliseconds of fn() after warm-up (triton.testing.do_bench, events on the device)."""
     import triton.testing

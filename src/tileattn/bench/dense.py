@@ -21,7 +21,7 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error, rounding_floor
-from .common import Progress, attn_tflops, do_bench, finish, fmt, geomean, max_abs, results_header
+from .common import Progress, attn_tflops, do_bench, error_text, finish, fmt, geomean, max_abs, results_header
 
 PROVIDERS = ("tileattn", "cudnn", "fa2", "flex")
 S0_PROVIDERS = PROVIDERS + ("tileattn-persistent", "tileattn-1cta", "tileattn-e4m3", "tileattn-e5m2")
@@ -113,15 +113,11 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
             fns[p] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
             contexts[p] = (lambda fields: lambda: force_backend(
                 "dense.sm90", config=dataclasses.replace(sm90_config(D, dt), **fields)))(fields)
-    for name, fdt in fp8_check.FP8.items():
+    for name in fp8_check.FP8:
         if f"tileattn-{name}" not in providers:
             continue
-        (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=fdt) for t in (qt, kt, vt))
-        ref, tol = fp8_check.reference(q8, k8, v8, qd, kd, vd, causal, rows)
-        v8 = tileattn.fp8_v_layout(v8)  # once, untimed
-        fn = (lambda q8, k8, v8, qd, kd, vd: lambda: tileattn.attention(
-            q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd))(q8, k8, v8, qd, kd, vd)
-        fns[f"tileattn-{name}"] = fn
+        q8, k8, v8, descales, ref, tol = fp8_check.quantized(qt, kt, vt, name, causal, rows)
+        fn = fns[f"tileattn-{name}"] = fp8_check.call(q8, k8, tileattn.fp8_v_layout(v8), descales, causal)  # V once
         checks[f"tileattn-{name}"] = fp8_check.check(fn, ref, tol, rows)
     return fns, checks, contexts
 
@@ -166,7 +162,7 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                         with contexts[p]():
                             out = fns[p]()
                     except Exception as e:  # noqa: BLE001 - not served here (no Hopper kernel): an error row
-                        errors[p] = f"{type(e).__name__}: {str(e)[:200]}"
+                        errors[p] = error_text(e)
                         continue
                     checks[p] = check_case(out, cudnn_out, q, k, v, causal)
                     out = None
@@ -189,7 +185,7 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                             with contexts.get(p, contextlib.nullcontext)():
                                 times[p].append(do_bench(fn))
                         except Exception as e:  # noqa: BLE001 - a peer that refuses a shape is reported, not fatal
-                            errors[p] = f"{type(e).__name__}: {str(e)[:200]}"
+                            errors[p] = error_text(e)
                 for p in providers:
                     ms = min(times[p]) if times[p] and p not in errors else None
                     row = {"case": case, "provider": p, "ms": ms,
@@ -203,8 +199,8 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                 torch.cuda.empty_cache()
                 _print_row(rows, case, lambda line: log(progress() + line.lstrip()))
     if old is not None:
+        log(f"appended {len(rows)} rows to the rows of {append} ({old.get('commit')})")
         rows, kept_failures = _merge(old, rows, doc)
-        log(f"appended {len(rows) - len(old['kept'])} rows to {len(old['kept'])} of {append} ({old.get('commit')})")
         failures += kept_failures
     doc["rows"] = rows
     doc["summary"] = summarize(rows)
@@ -234,12 +230,12 @@ def _merge(old, rows, doc):
     """(the old file's rows with this run's added, rows of the same case and provider replaced, ordered by case;
     the kept rows' failed checks). doc records the files appended to (`appended_to`, oldest first)."""
     new = {(tuple(sorted(r["case"].items())), r["provider"]) for r in rows}
-    old["kept"] = [r for r in old["rows"] if (tuple(sorted(r["case"].items())), r["provider"]) not in new]
+    kept = [r for r in old["rows"] if (tuple(sorted(r["case"].items())), r["provider"]) not in new]
     doc["appended_to"] = old.get("appended_to", []) + [{k: old.get(k) for k in ("commit", "date")}]
     order = {p: i for i, p in enumerate(S0_PROVIDERS)}
-    merged = sorted(old["kept"] + rows, key=lambda r: (r["case"]["D"], r["case"]["causal"], r["case"]["N"],
-                                                       order.get(r["provider"], len(order))))
-    return merged, [(r["case"], r["provider"]) for r in old["kept"] if r.get("error") == NOT_TIMED]
+    merged = sorted(kept + rows, key=lambda r: (r["case"]["D"], r["case"]["causal"], r["case"]["N"],
+                                                order.get(r["provider"], len(order))))
+    return merged, [(r["case"], r["provider"]) for r in kept if r.get("error") == NOT_TIMED]
 
 
 def _tf(rows, case, p):

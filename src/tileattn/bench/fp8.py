@@ -13,8 +13,8 @@ the dtype of the source values.
 import torch
 
 from . import dense
-from .common import Progress, attn_tflops, do_bench, finish, fmt, geomean, results_header
-from .fp8_check import FP8, check, reference
+from .common import Progress, attn_tflops, do_bench, error_text, finish, fmt, geomean, results_header
+from .fp8_check import FP8, call, check, quantized
 
 PROVIDERS = ("tileattn-e4m3", "tileattn-e4m3-vrow", "tileattn-e5m2", "tileattn-fp16", "cudnn-fp16",
              "flex-e4m3")
@@ -24,22 +24,15 @@ ROUNDS = 2
 NOT_TIMED = "output check failed: not timed"
 
 
-def _err(e):
-    return f"{type(e).__name__}: {str(e)[:200]}"
-
-
 def _fp8_providers(name, q16, k16, v16, causal, N, flex=True):
     """Quantized inputs of one fp8 dtype: ({provider: fn to time (flex: maker of it, with flex)}, {provider:
     check})."""
     import tileattn
-    (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=FP8[name]) for t in (q16, k16, v16))
-    ref, tol = reference(q8, k8, v8, qd, kd, vd, causal)
-
-    def call(v):
-        return lambda: tileattn.attention(q8, k8, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
-    fns = {f"tileattn-{name}": call(tileattn.fp8_v_layout(v8))}  # fast V layout made once, untimed
+    q8, k8, v8, descales, ref, tol = quantized(q16, k16, v16, name, causal)
+    # fast V layout made once, untimed; row-major V (`-vrow`) re-laid out inside each call
+    fns = {f"tileattn-{name}": call(q8, k8, tileattn.fp8_v_layout(v8), descales, causal)}
     if name == "e4m3":
-        fns["tileattn-e4m3-vrow"] = call(v8)
+        fns["tileattn-e4m3-vrow"] = call(q8, k8, v8, descales, causal)
     checks = {p: check(fn, ref, tol) for p, fn in fns.items()}
     if name == "e4m3" and flex:
         qb, kb = (t.transpose(1, 2).contiguous() for t in (q8, k8))
@@ -58,7 +51,7 @@ def _time(fns, providers, errors):
             try:
                 times[p].append(do_bench(fns[p]() if p.startswith("flex") else fns[p]))
             except Exception as e:  # noqa: BLE001 - a peer that refuses a shape (or fp8) is reported, not fatal
-                errors[p] = _err(e)
+                errors[p] = error_text(e)
     return times
 
 

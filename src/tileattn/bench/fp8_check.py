@@ -5,13 +5,24 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error
-from .common import max_abs
+from .common import error_text, max_abs
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
-def _err(e):
-    return f"{type(e).__name__}: {str(e)[:200]}"
+def quantized(q16, k16, v16, name, causal, rows=slice(None)):
+    """16-bit [B, S, H, D] values quantized to fp8 `name` per (batch, head), and the reference of the check slice
+    (query `rows`): (q8, k8, v8, (q, k, v descales), ref, allowed error)."""
+    import tileattn
+    (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t, dtype=FP8[name]) for t in (q16, k16, v16))
+    return (q8, k8, v8, (qd, kd, vd), *reference(q8, k8, v8, qd, kd, vd, causal, rows))
+
+
+def call(q8, k8, v, descales, causal):
+    """fn() running tileattn.attention on fp8 inputs (v plain or in fp8_v_layout) with their descales."""
+    import tileattn
+    qd, kd, vd = descales
+    return lambda: tileattn.attention(q8, k8, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
 
 
 def dequant(x8, descale, rows=slice(None)):
@@ -34,7 +45,7 @@ def check(fn, ref, tol, rows=slice(None)):
     try:
         out = fn()
     except Exception as e:  # noqa: BLE001 - a provider that refuses the case is reported, not fatal
-        return False, {"error": _err(e)}
+        return False, {"error": error_text(e)}
     err = max_abs(out[:1, rows, :2], ref)
     finite = bool(torch.isfinite(out).all())
     return finite and err <= tol, {"err_vs_fp32": err, "allowed": tol, "finite": finite}
