@@ -285,6 +285,7 @@ def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=(), unchecked
     ms = do_bench(grad_fn(o, (qh, kh, vh), dout.transpose(1, 2)))
     line = [f"cudnn: {2.5 * attn_tflops(B, H, N, N, D, D, causal, ms):.0f}"]
     o = qh = kh = vh = None
+    from tileattn.ops.dense import bwd as dense_bwd
     from tileattn.ops.dense import launch_bwd_sm90
     table = dict(launch_bwd_sm90.CONFIGS)
     extra = [(f"sm90{list(c)}", c) for d, c in sm90_cfgs if d == D]
@@ -294,6 +295,7 @@ def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=(), unchecked
         sm90 = name.startswith("sm90")
         os.environ["TILEATTN_SM90_BWD"] = "1" if sm90 else "0"
         launch_bwd_sm90.CONFIGS[D] = cfg if name.startswith("sm90[") else table[D]
+        dense_bwd.clear_plans()  # (a launch plan keeps the config it was made with)
         try:
             with forced(None if sm90 else cfg):
                 out = tileattn.attention(q, k, v, causal=causal)
@@ -306,6 +308,7 @@ def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=(), unchecked
             line.append(f"{name}: {err(e, 60)}")
     os.environ.pop("TILEATTN_SM90_BWD")
     launch_bwd_sm90.CONFIGS.update(table)
+    dense_bwd.clear_plans()
     print(f"{tag}D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
 
 

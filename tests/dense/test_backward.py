@@ -264,9 +264,11 @@ def test_gpu_backward(D, causal, dtype, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sm90_bwd,D", [("0", 128), ("1", 128), ("0", 512)], ids=["triton", "sm90", "large-d"])
+@pytest.mark.parametrize("sm90_bwd,D", [("0", 128), ("1", 128), ("1", 64), ("0", 512)],
+                         ids=["triton", "sm90", "sm90-d64", "large-d"])
 def test_gpu_backward_deterministic(sm90_bwd, D, device, monkeypatch):
-    """Three runs, bit-identical gradients: the Triton kernels, the Hopper kernel, the large-D kernels."""
+    """Three runs, bit-identical gradients: the Triton kernels, the Hopper kernel (both dQ splits: head dim
+    halves at D=128, row halves at D=64), the large-D kernels."""
     monkeypatch.setenv("TILEATTN_SM90_BWD", sm90_bwd)
     q = leaf(2, 2048, 8, D, dtype=torch.bfloat16, device=device)
     k, v = leaf(2, 2048, 2, D, dtype=torch.bfloat16, device=device), leaf(2, 2048, 2, D, dtype=torch.bfloat16,
@@ -343,6 +345,7 @@ SM90_CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, lse in the lo
     (1, 384, 384, 4, 1, 128, False, (-1, -1), 0.0, False),    # MQA, group of 4, several key blocks per query
     (1, 200, 517, 2, 1, 128, False, (90, 30), 0.0, True),     # both window bounds, bottom-right with Sq < Sk
     (1, 517, 300, 2, 2, 64, True, (70, -1), 0.0, False),      # causal + left bound, Sq > Sk
+    (2, 700, 700, 4, 2, 64, False, (-1, -1), 0.0, False),     # D=64 (128-row steps): many key and query blocks
 ]
 
 

@@ -192,8 +192,9 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     k_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     v_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DV, 16])
+    DQ_C: gl.constexpr = dq_bufs.shape[2]  # the dQ part's columns: D // 2, or D where BLOCK_M = 128 splits rows
     q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, D // 2, 16])
+                                                        instr_shape=[16, DQ_C, 16])
     s = step % STAGES
     mbarrier.wait(q_ready.index(s), (step // STAGES) & 1)
     q_smem = q_bufs.index(s).reshape([BLOCK_M, D])
@@ -260,8 +261,13 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     mbarrier.arrive(q_empty.index(s))
     mbarrier.wait(ds_ready.index(b), (step // 2) & 1)
     # (dQ issued before dV and dK are waited for, releasing the Q / dO slot later, measured 2-3% slower)
-    dq = warpgroup_mma(ds_bufs.index(b).permute((1, 0)), k_smem.slice(WG * (D // 2), D // 2, dim=1),
-                       gl.zeros([BLOCK_M, D // 2], gl.float32, q_layout), use_acc=False)
+    if BLOCK_M >= 128:  # this warpgroup's 64 query rows over the whole head dim (m64 n=D: half the operand
+        # bytes per FLOP of m64 n=D/2 over all rows)
+        dq = warpgroup_mma(ds_bufs.index(b).slice(WG * 64, 64, dim=1).permute((1, 0)), k_smem,
+                           gl.zeros([64, D], gl.float32, q_layout), use_acc=False)
+    else:
+        dq = warpgroup_mma(ds_bufs.index(b).permute((1, 0)), k_smem.slice(WG * (D // 2), D // 2, dim=1),
+                           gl.zeros([BLOCK_M, D // 2], gl.float32, q_layout), use_acc=False)
     qb = step % DQ_BUFS
     mbarrier.wait(dq_empty.index(qb), ((step // DQ_BUFS) & 1) ^ 1)
     dq_bufs.index(qb * 2 + WG).store(dq)
@@ -411,20 +417,24 @@ def _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, BLOCK_M: gl.co
 
 @gluon.jit
 def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
-               num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_N: gl.constexpr,
+               num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr,
                HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr,
                W: gl.constexpr, WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr,
                Q_BLOCK: gl.constexpr):
     """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and adds
     overlap with the other writers' (different query blocks). TMA_DQ (triton >= 3.9): acc is a tensor
     descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
-    acc is a pointer and the warp adds ROWS rows at a time with vector atomics."""
-    BLOCK_M: gl.constexpr = dq_bufs.shape[1]
-    HALF_D: gl.constexpr = dq_bufs.shape[2]
-    D: gl.constexpr = 2 * HALF_D
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (HALF_D // 4), HALF_D // 4], [1, 1], [1, 0])
+    acc is a pointer and the warp adds ROWS rows at a time with vector atomics. The two staged parts of a step
+    are its [BLOCK_M, D / 2] column halves, or with BLOCK_M = 128 its [64, D] row halves."""
+    DQ_R: gl.constexpr = dq_bufs.shape[1]
+    DQ_C: gl.constexpr = dq_bufs.shape[2]
+    D: gl.constexpr = DQ_C * 128 // BLOCK_M
+    ROW_STEP: gl.constexpr = BLOCK_M - DQ_R  # where part 1 starts: (0, D / 2) or (64, 0)
+    COL_STEP: gl.constexpr = D - DQ_C
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // min(DQ_C // 4, 32), min(DQ_C // 4, 32)], [1, 1], [1, 0])
     r_idx = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    c_idx = gl.arange(0, HALF_D, layout=gl.SliceLayout(0, layout))
+    c_idx = gl.arange(0, DQ_C, layout=gl.SliceLayout(0, layout))
     step = 0
     for g in range(group_size):
         i_h = i_hk * group_size + g
@@ -446,10 +456,10 @@ def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_s
                     if turn > 0:
                         _fence_proxy_async()  # the earlier blocks' adds, acquired above, before this one's
                         for h in gl.static_range(2):
-                            tma_reduce_add(acc, [row, h * HALF_D], dq_bufs.index(qb * 2 + h))
+                            tma_reduce_add(acc, [row + h * ROW_STEP, h * COL_STEP], dq_bufs.index(qb * 2 + h))
                     else:
                         for h in gl.static_range(2):
-                            tma_store(acc, [row, h * HALF_D], dq_bufs.index(qb * 2 + h))
+                            tma_store(acc, [row + h * ROW_STEP, h * COL_STEP], dq_bufs.index(qb * 2 + h))
                     tma.store_wait(0)  # the halves are read: the consumers may stage the next step's
                     mbarrier.arrive(dq_empty.index(qb))
                     if not last:
@@ -459,9 +469,9 @@ def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_s
                 else:
                     base = acc + (i_bhq * num_q_blocks * BLOCK_M + m0) * D
                     for h in gl.static_range(2):
-                        for r in gl.static_range(0, BLOCK_M, ROWS):
+                        for r in gl.static_range(0, DQ_R, ROWS):
                             x = dq_bufs.index(qb * 2 + h).slice(r, ROWS, dim=0).load(layout)
-                            ptrs = base + (r + r_idx)[:, None] * D + (h * HALF_D + c_idx)[None, :]
+                            ptrs = base + (h * ROW_STEP + r + r_idx)[:, None] * D + (h * COL_STEP + c_idx)[None, :]
                             if turn > 0:
                                 gl.atomic_add(ptrs, x, sem="relaxed", scope="gpu")  # ordered by the turn
                             else:
@@ -513,14 +523,17 @@ def attn_bwd_pipeline(
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+    # a step's dQ part in two halves, one per consumer warpgroup: [BLOCK_M, D / 2] (the head dim split), or with
+    # BLOCK_M = 128 [64, D] (the rows split)
+    DQ_C: gl.constexpr = D * BLOCK_M // 128
     if TMA_DQ:  # the bulk copies' layout (swizzled: the consumers' stores are free of bank conflicts)
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, BLOCK_M, D // 2], acc.layout)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, 64, DQ_C], acc.layout)
     else:
         # float32 dQ halves, 8-float groups swizzled over DQ_PHASES rows (as many as the writer's row chunks
         # allow: a chunk may not split the pattern): a warp's accumulator store (8 rows, 2 floats per lane) takes
-        # max(8 / DQ_PHASES, 2) bank passes (D=64: 4 phases, 2 passes; D=128: 2 phases, 4) instead of 8
-        DQ_PHASES: gl.constexpr = min(D // 16, WRITER_ROWS)
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, BLOCK_M, D // 2],
+        # max(8 / DQ_PHASES, 2) bank passes (D / 2 = 32 columns: 4 phases, 2 passes; 64: 2 phases, 4) instead of 8
+        DQ_PHASES: gl.constexpr = min(DQ_C // 8, WRITER_ROWS)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * 2, 64, DQ_C],
                                             gl.SwizzledSharedLayout(8, 1, DQ_PHASES, order=[1, 0]))
     # per Q / dO slot: the rows' lse (times log2 e) and delta, written by the loader
     stat_bufs = gl.allocate_shared_memory(gl.float32, [STAGES * 2, BLOCK_M],
@@ -558,9 +571,9 @@ def attn_bwd_pipeline(
                    q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, i_b, i_hk, i_n, group_size, sched,
                    fx, STAGES, FLEX, Q_BLOCK)),
         (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
-                      num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                      DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK)),
+                      num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                      HAS_RIGHT, DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK)),
         (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
-                      num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                      DQ_BUFS, WRITER_ROWS, 1, 2, TMA_DQ, FLEX, Q_BLOCK)),
+                      num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                      HAS_RIGHT, DQ_BUFS, WRITER_ROWS, 1, 2, TMA_DQ, FLEX, Q_BLOCK)),
     ], [4, 1, 1, 1], [CONSUMER_REGS, WORKER_REGS, WORKER_REGS, WORKER_REGS])

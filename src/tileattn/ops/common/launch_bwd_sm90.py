@@ -1,5 +1,7 @@
 """Host side of the Hopper backward pipeline (gluon_bwd_sm90.py), shared by the dense and flex backward: its
 tiles and config table, what it serves, and the dQ sums and conversion around the kernel."""
+from typing import NamedTuple
+
 import torch
 import triton
 
@@ -7,16 +9,33 @@ from ... import knobs
 from .bwd_kernels import bwd_dq_convert_kernel
 from .tma import gluon_sm90_reason, tma_ok
 
-BLOCK_M, BLOCK_N = 64, 128
-# per head dim: (Q / dO stages, dQ staging buffers, registers per consumer thread, per loader / writer thread,
-# rows a writer moves per chunk, TMA reduce-adds for dQ where triton has them). Shared memory at D=128: 226 KB of
-# the H100's 227. Chosen on the H100 (2026-11-24, `scripts/sweep.py bwd --sm90-cfgs ...` and `gpu_check.sh
-# ab-bwd`, docs/design/backward.md): at D=128 232 / 40 registers beat 240 / 24 (N=16K non-causal 489 vs 422
-# TFLOPS, 4K 411 vs 392: the dQ writers are the bottleneck and 24 registers spill their loop state; the
-# consumers do not spill at 232); at D=64, 4 dQ buffers, 3 stages or 8-row chunks were within 2%. TMA
-# reduce-adds (triton 3.9) against vector atomics: D=128 +3-9% on every row (N 2K-16K, causal and not), D=64
-# -9-10% at N 2K-4K non-causal and even elsewhere, so D=128 only.
-CONFIGS = {64: (2, 2, 240, 40, 4, False), 128: (2, 2, 232, 40, 2, True)}
+BLOCK_N = 128  # keys per CTA: 64 per consumer warpgroup
+
+
+class Config(NamedTuple):
+    """One head dim's config: Q / dO stages, dQ staging buffers, registers per consumer thread and per loader /
+    writer thread, rows a writer moves per chunk, TMA reduce-adds for dQ where triton has them, and query rows
+    per step (block_m: 64, or 128 where each warpgroup then computes dQ for 64 of the rows over the whole head
+    dim instead of all rows over half of it)."""
+    stages: int
+    dq_bufs: int
+    consumer_regs: int
+    worker_regs: int
+    writer_rows: int
+    tma_dq: bool
+    block_m: int = 64
+
+
+# Shared memory at D=128: 226 KB of the H100's 227. Chosen on the H100 (2026-11-24, `scripts/sweep.py bwd
+# --sm90-cfgs ...` and `gpu_check.sh ab-bwd`, docs/design/backward.md): at D=128 232 / 40 registers beat 240 / 24
+# (N=16K non-causal 489 vs 422 TFLOPS, 4K 411 vs 392: the dQ writers are the bottleneck and 24 registers spill
+# their loop state; the consumers do not spill at 232); at D=64, 4 dQ buffers, 3 stages or 8-row chunks were
+# within 2%. TMA reduce-adds (triton 3.9) against vector atomics: D=128 +3-9% on every row (N 2K-16K, causal and
+# not), D=64 -9-10% at N 2K-4K non-causal and even elsewhere, so D=128 only. D=64 takes 128-row steps
+# (2026-11-24, `sweep.py bwd --dims 64 --sm90-cfgs 64:2,2,240,40,4,0,64`, two runs in either order): causal
+# +3-6% at N 2K-8K, non-causal within +-2% at N 2K-8K; the 16K rows swung +-15% between repeats of the same
+# config. (D=128 cannot: S^T, dP^T, dK and dV would need 256 accumulator registers.)
+CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128), 128: Config(2, 2, 232, 40, 2, True)}
 # the default takes problems whose sequences both have at least this many tokens: below, the Triton kernels
 # measured faster or as fast (H100, B=4, H=32, fp16, dense: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128,
 # 80-90 vs 47-136 at D=64: a few steps per program and the dQ turn chain; at N=2K the Hopper kernel is ahead by
@@ -49,25 +68,36 @@ def reason(device, dtype, head_dim, head_dim_v, tensors, rows, seqlen):
 
 
 def config(d):
-    """(stages, dQ buffers, consumer registers, worker registers, writer rows, TMA reduce-adds) for head dim d,
-    the last one only where this triton has them."""
+    """Head dim d's Config, tma_dq only where this triton has TMA reduce-adds."""
     from .gluon_compat import TMA_REDUCE
-    stages, dq_bufs, regs, worker_regs, rows, tma_dq = CONFIGS[d]
-    return stages, dq_bufs, regs, worker_regs, rows, bool(tma_dq) and TMA_REDUCE
+    cfg = Config(*CONFIGS[d])
+    return cfg._replace(tma_dq=bool(cfg.tma_dq) and TMA_REDUCE)
+
+
+def block_m(d):
+    """Query rows per step of the pipeline at head dim d (the dQ sums are padded to a multiple of it)."""
+    return config(d).block_m
+
+
+def dq_half(d):
+    """[rows, columns] of the dQ half tile a consumer warpgroup stages per step (the TMA reduce-add's box)."""
+    bm = block_m(d)
+    return [bm // 2, d] if bm >= 128 else [bm, d // 2]
 
 
 def meta(d):
     """The kernel's config keywords for head dim d."""
-    stages, dq_bufs, regs, worker_regs, rows, tma_dq = config(d)
-    return dict(STAGES=stages, DQ_BUFS=dq_bufs, CONSUMER_REGS=regs, WORKER_REGS=worker_regs, WRITER_ROWS=rows,
-                TMA_DQ=tma_dq, num_warps=4)
+    c = config(d)
+    return dict(STAGES=c.stages, DQ_BUFS=c.dq_bufs, CONSUMER_REGS=c.consumer_regs, WORKER_REGS=c.worker_regs,
+                WRITER_ROWS=c.writer_rows, TMA_DQ=c.tma_dq, num_warps=4)
 
 
 def convert(launch, acc, dq, lse, seqlen_q, heads_q, scale, zero_unseen):
-    """Launches dQ = scale * sums (acc [B * Hq * query blocks * BLOCK_M, D] float32) into dq [B, Sq, Hq, D] (a
+    """Launches dQ = scale * sums (acc [B * Hq * query blocks * block_m(D), D] float32) into dq [B, Sq, Hq, D] (a
     view in any strides); zero_unseen: rows whose lse [B, Hq, Sq] is -inf get 0 (their sums may be unwritten)."""
     batch, d = dq.shape[0], dq.shape[3]
+    bm = block_m(d)
     launch(bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, 64), batch * heads_q), (
         acc, dq, lse, dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1), seqlen_q, heads_q,
-        triton.cdiv(seqlen_q, BLOCK_M) * BLOCK_M, scale), dict(D=d, BLOCK_M=64, ZERO_UNSEEN=zero_unseen,
+        triton.cdiv(seqlen_q, bm) * bm, scale), dict(D=d, BLOCK_M=64, ZERO_UNSEEN=zero_unseen,
                                                                num_warps=4))

@@ -9,7 +9,7 @@ import torch
 import triton
 
 from ..common import launch_bwd_sm90 as pipeline
-from ..common.launch_bwd_sm90 import BLOCK_M, BLOCK_N, CONFIGS, MIN_SEQLEN  # noqa: F401 - this op's names for them
+from ..common.launch_bwd_sm90 import BLOCK_N, CONFIGS, MIN_SEQLEN  # noqa: F401 - this op's names for them
 from ..common.tma import gluon_desc
 
 
@@ -19,19 +19,20 @@ def reason(p, q, k, v, do):
         return "packed (varlen) inputs"
     if p.batch * p.heads_kv > 65535:
         return "more than 65535 (batch, kv head) pairs"
-    rows = p.batch * p.heads_q * triton.cdiv(p.seqlen_q, BLOCK_M) * BLOCK_M
+    rows = p.batch * p.heads_q * triton.cdiv(p.seqlen_q, 128) * 128  # (the sums' rows for any block_m <= 128)
     return pipeline.reason(q.device, q.dtype, p.head_dim, p.head_dim_v, (q, k, v, do), rows,
                            min(p.seqlen_q, p.seqlen_k))
 
 
 def alloc_sums(p, left, right, device):
-    """(acc, turns): the float32 dQ sums [B * Hq * query blocks * BLOCK_M, D] and the per-(head, query block)
+    """(acc, turns): the float32 dQ sums [B * Hq * query blocks * block_m, D] and the per-(head, query block)
     turn counters of problem p (left, right: its window bounds as bwd.py clamps them)."""
-    mb = triton.cdiv(p.seqlen_q, BLOCK_M)
+    bm = pipeline.block_m(p.head_dim)
+    mb = triton.cdiv(p.seqlen_q, bm)
     # query blocks that no key block sees get no dQ part: their sums must start at zero
     off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
     empty_blocks = left >= 0 or (right >= 0 and off + right < 0)
-    acc = (torch.zeros if empty_blocks else torch.empty)(p.batch * p.heads_q * mb * BLOCK_M, p.head_dim,
+    acc = (torch.zeros if empty_blocks else torch.empty)(p.batch * p.heads_q * mb * bm, p.head_dim,
                                                           dtype=torch.float32, device=device)
     return acc, torch.zeros(p.batch * p.heads_q * mb, dtype=torch.int32, device=device)
 
@@ -47,16 +48,17 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     scale, qk_scale, softcap_scale, softcap_out, left, right = tail
     d = p.head_dim
     meta = pipeline.meta(d)
-    mb = triton.cdiv(p.seqlen_q, BLOCK_M)
+    bm = pipeline.block_m(d)
+    mb = triton.cdiv(p.seqlen_q, bm)
     # no masked step at all where no tile can need one (no window or causal rule, whole tiles)
-    needs_mask = left >= 0 or right >= 0 or p.seqlen_q % BLOCK_M or p.seqlen_k % BLOCK_N
+    needs_mask = left >= 0 or right >= 0 or p.seqlen_q % bm or p.seqlen_k % BLOCK_N
     grid = (triton.cdiv(p.seqlen_k, BLOCK_N), p.batch * p.heads_kv)
     # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~40 arguments per call (~100 us of
     # host time, more than the whole backward at N=1K)
     launch(attn_bwd_sm90_kernel, grid, (
-        gluon_desc(q, [1, BLOCK_M, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
-        gluon_desc(do, [1, BLOCK_M, 1, d]), lse, delta, dk, dv,
-        gluon_desc(acc, [BLOCK_M, d // 2]) if meta["TMA_DQ"] else acc, turns, lse.stride(0), lse.stride(1),
+        gluon_desc(q, [1, bm, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
+        gluon_desc(do, [1, bm, 1, d]), lse, delta, dk, dv,
+        gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, turns, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
         p.heads_kv, p.heads_q // p.heads_kv, mb, scale, qk_scale, softcap_scale, softcap_out, left, right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,

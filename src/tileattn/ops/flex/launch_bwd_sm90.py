@@ -9,7 +9,7 @@ serves, =0: never, as for dense). bwd.py sends the rest to the Triton kernels.
 import torch
 
 from ..common import launch_bwd_sm90 as pipeline
-from ..common.launch_bwd_sm90 import BLOCK_M, BLOCK_N
+from ..common.launch_bwd_sm90 import BLOCK_N
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc
 from .launch_sm90 import BLOCK, mask_lists
@@ -46,7 +46,8 @@ def flex_bwd_sm90(p, c, dout, delta, grads):
     fk = _fx(mask_lists(c.lists, nk, nq, p.device))
     fx = _fx(mask_lists(c.tlists, nq, nk, p.device))
     q, k, v, do, dk_, dv_ = (t.transpose(1, 2) for t in (c.query, c.key, c.value, dout, dk, dv))  # [B, S, H, D]
-    mb = p.seqlen_q // BLOCK_M
+    bm = pipeline.block_m(d)
+    mb = p.seqlen_q // bm
     meta = pipeline.meta(d)
     # every query block's sums are written (stored by its first key block, or never: rows that saw no key,
     # which the conversion zeroes by their lse), so no zero fill
@@ -55,9 +56,9 @@ def flex_bwd_sm90(p, c, dout, delta, grads):
     lse = c.lse
     smod, mmod = p.score_mod, p.mask_mod
     flex_bwd_sm90_kernel[(nk, p.batch * p.heads_kv)](
-        gluon_desc(q, [1, BLOCK_M, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
-        gluon_desc(do, [1, BLOCK_M, 1, d]), lse, delta, dk_, dv_,
-        gluon_desc(acc, [BLOCK_M, d // 2]) if meta["TMA_DQ"] else acc, turns, lse.stride(0), lse.stride(1),
+        gluon_desc(q, [1, bm, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
+        gluon_desc(do, [1, bm, 1, d]), lse, delta, dk_, dv_,
+        gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, turns, lse.stride(0), lse.stride(1),
         dk_.stride(0), dk_.stride(1), dk_.stride(2), dv_.stride(0), dv_.stride(1), dv_.stride(2), p.seqlen_q,
         p.seqlen_k, p.heads_kv, p.group, mb, float(p.scale), float(p.scale * LOG2E), fx, fk,
         *(capture_args(t) for t in mod_captures(p, c)),
