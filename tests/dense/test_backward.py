@@ -264,17 +264,19 @@ def test_gpu_backward(D, causal, dtype, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sm90_bwd,D", [("0", 128), ("1", 128), ("1", 64), ("0", 512)],
-                         ids=["triton", "sm90", "sm90-d64", "large-d"])
-def test_gpu_backward_deterministic(sm90_bwd, D, device, monkeypatch):
+@pytest.mark.parametrize("sm90_bwd,D,causal", [("0", 128, True), ("1", 128, True), ("1", 128, False), ("1", 64, True),
+                                               ("1", 64, False), ("0", 512, True)],
+                         ids=["triton", "sm90", "sm90-noncausal", "sm90-d64", "sm90-d64-noncausal", "large-d"])
+def test_gpu_backward_deterministic(sm90_bwd, D, causal, device, monkeypatch):
     """Three runs, bit-identical gradients: the Triton kernels, the Hopper kernel (both dQ splits: head dim
-    halves at D=128, row halves at D=64), the large-D kernels."""
+    halves at D=128, row halves at D=64; both step orders: causal, and non-causal with dQ under dK), the
+    large-D kernels."""
     monkeypatch.setenv("TILEATTN_SM90_BWD", sm90_bwd)
     q = leaf(2, 2048, 8, D, dtype=torch.bfloat16, device=device)
     k, v = leaf(2, 2048, 2, D, dtype=torch.bfloat16, device=device), leaf(2, 2048, 2, D, dtype=torch.bfloat16,
                                                                          device=device)
     w = torch.randn(2, 2048, 8, D, device=device)
-    runs = [torch.autograd.grad((tileattn.attention(q, k, v, causal=True).float() * w).sum(), (q, k, v))
+    runs = [torch.autograd.grad((tileattn.attention(q, k, v, causal=causal).float() * w).sum(), (q, k, v))
             for _ in range(3)]
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
@@ -346,6 +348,7 @@ SM90_CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, lse in the lo
     (1, 200, 517, 2, 1, 128, False, (90, 30), 0.0, True),     # both window bounds, bottom-right with Sq < Sk
     (1, 517, 300, 2, 2, 64, True, (70, -1), 0.0, False),      # causal + left bound, Sq > Sk
     (2, 700, 700, 4, 2, 64, False, (-1, -1), 0.0, False),     # D=64 (128-row steps): many key and query blocks
+    (1, 400, 460, 2, 2, 128, False, (100, -1), 0.0, False),   # left bound only (dQ staged under dK, as no rule)
 ]
 
 

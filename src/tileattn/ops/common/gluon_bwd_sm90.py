@@ -245,11 +245,16 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
         dst = dst * dz
         if MASKED and MASK_MOD is not None:  # a derivative that is not finite where the mask hides the score
             dst = gl.where(vis, dst, 0.0)
+    # Dense problems without a right bound (the dQ turn chain has no slack) issue dQ before dK and stage the dQ
+    # part while dK runs (FlashAttention-3's order): +2-4% there, but 2-4% slower under causal rules, which keep
+    # dK before the dS barrier (H100, docs/design/backward.md)
+    DQ_UNDER_DK: gl.constexpr = not (HAS_RIGHT or FLEX)
     pt16 = gl.convert_layout(pt.to(dtype), gl.DotOperandLayout(operand_index=0, parent=v_layout, k_width=2))
     dv = warpgroup_mma(pt16, do_smem, dv, is_async=True)
     ds16 = dst.to(dtype)
-    dk = warpgroup_mma(gl.convert_layout(ds16, gl.DotOperandLayout(operand_index=0, parent=k_layout, k_width=2)),
-                       q_smem, dk, is_async=True)
+    ds_a = gl.convert_layout(ds16, gl.DotOperandLayout(operand_index=0, parent=k_layout, k_width=2))
+    if not DQ_UNDER_DK:
+        dk = warpgroup_mma(ds_a, q_smem, dk, is_async=True)
     # dS^T into shared memory: both warpgroups' halves make the dQ operand. Buffer step % 2 is free again: a
     # warpgroup arrives on ds_ready of step i only after its dQ wgmma of step i - 1 has completed
     b = step % 2
@@ -257,23 +262,31 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     fence_async_shared()
     thread_barrier()
     mbarrier.arrive(ds_ready.index(b))
-    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-    mbarrier.arrive(q_empty.index(s))
+    if not DQ_UNDER_DK:
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        mbarrier.arrive(q_empty.index(s))
     mbarrier.wait(ds_ready.index(b), (step // 2) & 1)
-    # (dQ issued before dV and dK are waited for, releasing the Q / dO slot later, measured 2-3% slower)
     if BLOCK_M >= 128:  # this warpgroup's 64 query rows over the whole head dim (m64 n=D: half the operand
         # bytes per FLOP of m64 n=D/2 over all rows)
         dq = warpgroup_mma(ds_bufs.index(b).slice(WG * 64, 64, dim=1).permute((1, 0)), k_smem,
-                           gl.zeros([64, D], gl.float32, q_layout), use_acc=False)
+                           gl.zeros([64, D], gl.float32, q_layout), use_acc=False, is_async=True)
     else:
         dq = warpgroup_mma(ds_bufs.index(b).permute((1, 0)), k_smem.slice(WG * (D // 2), D // 2, dim=1),
-                           gl.zeros([BLOCK_M, D // 2], gl.float32, q_layout), use_acc=False)
+                           gl.zeros([BLOCK_M, D // 2], gl.float32, q_layout), use_acc=False, is_async=True)
+    if DQ_UNDER_DK:  # dV, dQ, dK in flight in that order: the dQ part is staged while dK runs
+        dk = warpgroup_mma(ds_a, q_smem, dk, is_async=True)
+        dv, dq = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq))
+    else:
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
     qb = step % DQ_BUFS
     mbarrier.wait(dq_empty.index(qb), ((step // DQ_BUFS) & 1) ^ 1)
     dq_bufs.index(qb * 2 + WG).store(dq)
     fence_async_shared()  # (the TMA writer reads the buffer through the async proxy)
     thread_barrier()
     mbarrier.arrive(dq_full.index(qb))
+    if DQ_UNDER_DK:  # (the Q / dO slot is released a dQ product later than in the other order)
+        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
+        mbarrier.arrive(q_empty.index(s))
     return dk, dv
 
 
