@@ -4,9 +4,9 @@
 flex_bwd_sm90_kernel, FLEX mode: query blocks from a block mask's lists, traced score / mask mods).
 
 One CTA per (key block of BLOCK_N = 128 keys, batch * kv head), the highest key block first. It walks the query
-blocks (BLOCK_M rows) that see its keys, for every query head of the kv head's group, in ascending order (masked
-blocks below the unmasked range, the unmasked range, masked blocks above; flex: the block mask's transposed
-lists, its partial blocks (masked by mask_mod) then its full ones). Partitions:
+blocks (BLOCK_M = 64 or 128 rows: launch_bwd_sm90.CONFIGS) that see its keys, for every query head of the kv
+head's group, in ascending order (masked blocks below the unmasked range, the unmasked range, masked blocks above;
+flex: the block mask's transposed lists, its partial blocks (masked by mask_mod) then its full ones). Partitions:
   - loader (1 warp): K and V once, then each step's Q and dO tiles into a ring of STAGES slots (TMA), with the
     rows' lse and delta beside them (through registers: the consumers read them from shared memory where they
     use them instead of holding 32 registers across the wgmma waits);
@@ -15,8 +15,9 @@ lists, its partial blocks (masked by mask_mod) then its full ones). Partitions:
         dS^T = P^T (dP^T - delta)  (times 1 - tanh^2 with a softcap; flex: z, z' = score_mod's value and
         derivative at scale * S^T, P^T = exp2(z * log2 e - lse * log2 e), dS^T times z'),
         dV += P^T dO,  dK += dS^T Q  (P^T, dS^T from registers),
-    then both write dS^T into shared memory, and each computes half of the head dim of dQ = dS K from it
-    (wgmma with both operands in shared memory), staged as float32 for the writer;
+    then both write dS^T into shared memory, and each computes half of dQ = dS K from it (wgmma with both
+    operands in shared memory: half the head dim, or with BLOCK_M = 128 half the rows), staged as float32 for
+    the writer (without a right bound, dense: dQ goes before dK and is staged while dK runs);
   - two dQ writers (1 warp each, even and odd steps): add each step's dQ tile to the query block's float32 sum
     in global memory, in descending key-block order: a counter per (query head, query block) says how many
     higher key blocks have added; the writer spins until it is its turn (one lane polls), adds (the first key

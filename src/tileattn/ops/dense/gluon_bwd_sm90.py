@@ -19,11 +19,12 @@ def attn_bwd_sm90_kernel(
 ):
     """Grid (cdiv(Sk, BLOCK_N), B * Hkv); num_warps = 4 (the first consumer warpgroup).
 
-    Descriptors over [B, S, H, D] tensors: q and do with block [1, BLOCK_M, 1, D], k and v [1, BLOCK_N, 1, D].
-    lse, delta [B, Hq, Sq] float32 (same strides); dk, dv in k's and v's strides; acc
-    [B * Hq, num_q_blocks * BLOCK_M, D] float32, the dQ sums (zeros where a query block may see no key block,
-    else any values): with TMA_DQ a descriptor over it as [B * Hq * num_q_blocks * BLOCK_M, D] with block
-    [BLOCK_M, D / 2], else its pointer; sem [B * Hq, num_q_blocks] int32 zeros. qk_scale: scale * log2 e (1
+    Descriptors over [B, S, H, D] tensors: q and do with block [1, BLOCK_M, 1, D] (BLOCK_M 64 or 128: the
+    config's query rows per step), k and v [1, BLOCK_N, 1, D]. lse, delta [B, Hq, Sq] float32 (same strides); dk,
+    dv in k's and v's strides; acc [B * Hq, num_q_blocks * BLOCK_M, D] float32, the dQ sums (zeros where a query
+    block may see no key block, else any values): with TMA_DQ a descriptor over it as
+    [B * Hq * num_q_blocks * BLOCK_M, D] with the staged half's block ([64, D / 2], or [64, D] with BLOCK_M =
+    128), else its pointer; sem [B * Hq, num_q_blocks] int32 zeros. qk_scale: scale * log2 e (1
     with a softcap, whose softcap_out carries log2 e)."""
     # no block mask: placeholders the dense path never reads
     fx = (lse_ptr, lse_ptr, lse_ptr, lse_ptr, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
