@@ -271,15 +271,33 @@ def test_gpu_backward_deterministic(sm90_bwd, D, causal, device, monkeypatch):
     """Three runs, bit-identical gradients: the Triton kernels, the Hopper kernel (both dQ splits: head dim
     halves at D=128, row halves at D=64; both step orders: causal, and non-causal with dQ under dK), the
     large-D kernels."""
+    from tileattn.ops.common.tma import gluon_sm90_reason
+    from tileattn.ops.dense import launch_bwd_sm90, plans
     monkeypatch.setenv("TILEATTN_SM90_BWD", sm90_bwd)
     q = leaf(2, 2048, 8, D, dtype=torch.bfloat16, device=device)
     k, v = leaf(2, 2048, 2, D, dtype=torch.bfloat16, device=device), leaf(2, 2048, 2, D, dtype=torch.bfloat16,
                                                                          device=device)
+    if sm90_bwd == "1" and gluon_sm90_reason(q.device):
+        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
+    rows = []  # the query rows per step of each Hopper kernel launch (its q descriptor's block)
+    real = launch_bwd_sm90.attn_bwd_sm90
+
+    def record(kernel, grid, args, kw, launch):
+        if hasattr(args[0], "block_shape"):  # (not the dQ conversion launched after it)
+            rows.append(args[0].block_shape[1])
+        return launch(kernel, grid, args, kw)
+
+    def spy(p, c, do, delta, grads, sums, tail, launch):
+        return real(p, c, do, delta, grads, sums, tail, lambda *a: record(*a, launch))
+    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
+    plans.clear_plans()  # (a kept plan would replay without passing through attn_bwd_sm90)
     w = torch.randn(2, 2048, 8, D, device=device)
     runs = [torch.autograd.grad((tileattn.attention(q, k, v, causal=causal).float() * w).sum(), (q, k, v))
             for _ in range(3)]
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
+    # the Hopper cases ran the Hopper kernel, with the table's rows per step (128 at D=64), the others did not
+    assert rows == ([launch_bwd_sm90.pipeline.block_m(D)] if sm90_bwd == "1" else [])
 
 
 def test_backward_under_torch_compile(device):
@@ -408,3 +426,14 @@ def test_gpu_backward_sm90_many_programs(device, monkeypatch):
     for a, b in zip(runs[0], grads("0")):
         assert torch.isfinite(a).all()
         assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+
+
+def test_sm90_backward_config_rows_per_step(monkeypatch):
+    """The Hopper backward's table may only ask for 64- or 128-row steps (the two ways the kernel splits a step's
+    dQ between its warpgroups); the staged dQ half follows the rows per step."""
+    from tileattn.ops.common import launch_bwd_sm90 as pipeline
+    assert pipeline.dq_half(128) == [64, 64] and pipeline.block_m(128) == 64
+    assert pipeline.dq_half(64) == [64, 64] and pipeline.block_m(64) == 128
+    monkeypatch.setitem(pipeline.CONFIGS, 64, pipeline.CONFIGS[64]._replace(block_m=96))
+    with pytest.raises(ValueError, match="block_m = 96"):
+        pipeline.meta(64)

@@ -71,6 +71,8 @@ def config(d):
     """Head dim d's Config, tma_dq only where this triton has TMA reduce-adds."""
     from .gluon_compat import TMA_REDUCE
     cfg = Config(*CONFIGS[d])
+    if cfg.block_m not in (64, 128):  # the kernel splits a step's dQ between its two warpgroups by columns or rows
+        raise ValueError(f"launch_bwd_sm90.CONFIGS[{d}].block_m = {cfg.block_m}: the kernel takes 64 or 128")
     return cfg._replace(tma_dq=bool(cfg.tma_dq) and TMA_REDUCE)
 
 
