@@ -333,29 +333,26 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
         else:
             m_lo, f_lo, f_hi, m_hi = sched
             n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
-            if NEEDS_MASK:
-                for t in range(n_below):
-                    dk, dv = _step(dk, dv, step, m_lo + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
-                                   ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
-                                   seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-                                   fm, False, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
-                                   DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
-                    step += 1
-            for t in range(n_full):
-                dk, dv = _step(dk, dv, step, f_lo + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
-                               ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q,
-                               seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, False,
-                               caps_s, caps_m, WG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
-                               SCORE_GRAD, MASK_MOD)
-                step += 1
-            if NEEDS_MASK:
-                for t in range(n_above):
-                    dk, dv = _step(dk, dv, step, f_hi + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half, k_full,
-                                   ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty,
-                                   seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out,
-                                   fm, False, caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES,
-                                   DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
-                    step += 1
+            # three ranges, each its own instantiation of the step: masked below the unmasked range, unmasked,
+            # masked above (the masked ones only where a tile can need a mask)
+            for r in gl.static_range(3):
+                if r == 0:
+                    m_start = m_lo
+                    n_r = n_below
+                elif r == 1:
+                    m_start = f_lo
+                    n_r = n_full
+                else:
+                    m_start = f_hi
+                    n_r = n_above
+                if NEEDS_MASK or r == 1:
+                    for t in range(n_r):
+                        dk, dv = _step(dk, dv, step, m_start + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half,
+                                       k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full,
+                                       dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                                       softcap_out, fm, False, caps_s, caps_m, WG, r != 1, HAS_LEFT, HAS_RIGHT,
+                                       HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
+                        step += 1
     rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_layout))
     gl.store(dk_ptr + i_b.to(gl.int64) * stride_kb + i_hk.to(gl.int64) * stride_kh + rows[:, None] * stride_ks
