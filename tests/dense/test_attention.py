@@ -264,7 +264,7 @@ def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
 
 def test_sm90_grid_per_shape(monkeypatch):
     """The Hopper forward's grid: one CTA per SM below the table's one_cta_from (D=128), one CTA per tile from it;
-    per_shape=False (flex) keeps the persistent grid."""
+    flex keeps the persistent grid."""
     from tileattn import hw
     from tileattn.ops.common import launch_sm90
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
@@ -274,7 +274,8 @@ def test_sm90_grid_per_shape(monkeypatch):
     tiles = n // (2 * cfg.block_m) * 4
     assert launch_sm90.grid(cfg, n - 1, 4, "cuda") == (132,)
     assert launch_sm90.grid(cfg, n, 4, "cuda") == (tiles,)
-    assert launch_sm90.grid(cfg, n, 4, "cuda", per_shape=False) == (132,)
+    from tileattn.ops.flex.launch_sm90 import _grid_config
+    assert launch_sm90.grid(_grid_config(cfg), n, 4, "cuda") == (132,)
     assert launch_sm90.grid(dataclasses.replace(cfg, persistent=False), 1024, 4, "cuda") == (1024 // 128 * 4,)
 
 

@@ -37,12 +37,10 @@ def persistent(cfg, seqlen_q):
     return cfg.persistent and not (cfg.one_cta_from and seqlen_q >= cfg.one_cta_from)
 
 
-def grid(cfg, seqlen_q, num_bh, device, per_shape=True):
-    """(programs,): one per SM (persistent) or one per tile of 2 * block_m query rows, at most cfg.max_programs.
-    per_shape=False ignores cfg.one_cta_from (measured for the dense kernel only)."""
+def grid(cfg, seqlen_q, num_bh, device):
+    """(programs,): one per SM (persistent) or one per tile of 2 * block_m query rows, at most cfg.max_programs."""
     tiles = triton.cdiv(seqlen_q, 2 * cfg.block_m) * num_bh
-    pers = persistent(cfg, seqlen_q) if per_shape else cfg.persistent
-    n = min(tiles, hw.device_info(device).num_sms) if pers else tiles
+    n = min(tiles, hw.device_info(device).num_sms) if persistent(cfg, seqlen_q) else tiles
     if cfg.max_programs:
         n = min(n, cfg.max_programs)
     return (max(1, n),)

@@ -5,6 +5,8 @@ It serves 16-bit and fp8 inputs with D = Dv in {64, 128}, block masks of 128 x 1
 sequence lengths that are multiples of 128, on an H100/H200 with triton 3.6; dispatch.py sends everything else
 to the portable kernel. Without a block mask every block is full (a broadcast list of all key blocks).
 """
+import dataclasses
+
 import torch
 
 from ..common import launch_sm90 as pipeline
@@ -30,6 +32,12 @@ def mask_lists(lists, num_kv, num_q, device):
         fnum = torch.zeros(1, 1, num.shape[2], dtype=torch.int32, device=device)
         fidx = fnum[..., None]
     return num, idx, fnum, fidx
+
+
+def _grid_config(cfg):
+    """The flex kernel's grid is persistent at every length: one CTA per tile (the dense table's choice from
+    cfg.one_cta_from rows) measured slower at 8K (docs/design/flex.md) and was not measured longer."""
+    return dataclasses.replace(cfg, one_cta_from=0) if cfg.one_cta_from else cfg
 
 
 def _full_lists(num_q, num_kv, device):
@@ -82,9 +90,7 @@ class Sm90Backend(Backend):
         smod, mmod = p.score_mod, p.mask_mod
         fx = (num, idx, fnum, fidx, *mask_strides(num), *mask_strides(idx), *mask_strides(fnum),
               *mask_strides(fidx), float(p.scale * qk))
-        # persistent at every length: one CTA per tile (dense's choice from 16K rows) measured slower at 8K
-        # (docs/design/flex.md) and was not measured longer
-        flex_fwd_sm90_kernel[pipeline.grid(cfg, Sq, B * H, c.query.device, per_shape=False)](
+        flex_fwd_sm90_kernel[pipeline.grid(_grid_config(cfg), Sq, B * H, c.query.device)](
             *pipeline.descriptors(q, k, v, o, cfg), lse, *[d if d is not None else lse for d in descales], *sl,
             *[st for d in descales for st in descale_strides(d)],
             Sq, Sk, H, p.group, B * H, float(out_scale), fx,
