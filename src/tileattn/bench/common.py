@@ -7,6 +7,8 @@ import subprocess
 
 import torch
 
+NOT_TIMED = "output check failed: not timed"  # a results row's error where the output check failed
+
 
 def error_text(e, n=200):
     """An exception as a results row's `error`: its type and the first n characters of its message."""

@@ -21,7 +21,18 @@ import torch
 
 from ..ops.dense.reference import attention_ref
 from ..tolerance import allowed_error, rounding_floor
-from .common import Progress, attn_tflops, do_bench, error_text, finish, fmt, geomean, max_abs, results_header
+from .common import (
+    NOT_TIMED,
+    Progress,
+    attn_tflops,
+    do_bench,
+    error_text,
+    finish,
+    fmt,
+    geomean,
+    max_abs,
+    results_header,
+)
 
 PROVIDERS = ("tileattn", "cudnn", "fa2", "flex")
 S0_PROVIDERS = PROVIDERS + ("tileattn-persistent", "tileattn-1cta", "tileattn-e4m3", "tileattn-e5m2")
@@ -210,9 +221,6 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
     if plot:
         plot_rows(rows, plot)
     return doc
-
-
-NOT_TIMED = "output check failed: not timed"
 
 
 def _load_appended(path, dt):

@@ -13,7 +13,7 @@ the dtype of the source values.
 import torch
 
 from . import dense
-from .common import Progress, attn_tflops, do_bench, error_text, finish, fmt, geomean, results_header
+from .common import NOT_TIMED, Progress, attn_tflops, do_bench, error_text, finish, fmt, geomean, results_header
 from .fp8_check import FP8, call, check, quantized
 
 PROVIDERS = ("tileattn-e4m3", "tileattn-e4m3-vrow", "tileattn-e5m2", "tileattn-fp16", "cudnn-fp16",
@@ -21,7 +21,6 @@ PROVIDERS = ("tileattn-e4m3", "tileattn-e4m3-vrow", "tileattn-e5m2", "tileattn-f
 SEQLENS = (1024, 2048, 4096, 8192, 16384)
 SEQLENS_D256 = (4096, 8192, 16384)
 ROUNDS = 2
-NOT_TIMED = "output check failed: not timed"
 
 
 def _fp8_providers(name, q16, k16, v16, causal, N, flex=True):
