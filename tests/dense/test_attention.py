@@ -262,6 +262,28 @@ def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
     plans.clear_plans()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("exp2_fma", [1, 2])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_sm90_exp2_fma(dtype, D, exp2_fma, device):
+    """The softmax's exp2 with 1 or 2 of every 4 values on the FMA pipe (Sm90Config.exp2_fma, a polynomial)
+    agrees with the reference: masked scores (exp2(-inf) must give 0 exactly), rows that see no key (Sq > Sk,
+    bottom-right causal: out 0, lse -inf), a window, softcap, and scores spread over a wide exponent range."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the Gluon kernel serves sm90 only")
+    q = randn(2, 300, 8, D, dtype=dtype, device=device)
+    k = randn(2, 200, 2, D, dtype=dtype, device=device)
+    v = randn(2, 200, 2, D, dtype=dtype, device=device)
+    cfg = dataclasses.replace(sm90_config(D, dtype), exp2_fma=exp2_fma)
+    plans.clear_plans()
+    with force_backend("dense.sm90", config=cfg):
+        for opts in (dict(causal=True), dict(window=(40, 8)), dict(causal=True, softcap=20.0), dict()):
+            _check(q, k, v, **opts)
+        _check(q * 4, k, v, scale=0.5)  # scores of ~+-40 in log2 units: exponents far below the row max
+    plans.clear_plans()
+
+
 def test_sm90_grid_per_shape(monkeypatch):
     """The Hopper forward's grid: one CTA per SM below the table's one_cta_from (D=128), one CTA per tile from it;
     flex keeps the persistent grid."""

@@ -8,6 +8,8 @@ rounding floor of the output dtype. The log-sum-exp has no fp8 rounding in it (s
 summed in float32, up to the tensor cores' fp8 accumulation); it is held to the error of the same scores
 computed in bfloat16 (the output dtype).
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -274,6 +276,28 @@ def test_gpu_fp8_edges(D, edge, variant):
         p, _ = plans.describe(q.to(dt), k.to(dt), v.to(dt), **opts)  # (a Hopper GPU, a triton Gluon runs on)
         assert dispatch.select(p)[0].name == "dense.sm90"
     _check(q, k, v, dt, "tensor", lay, **opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("exp2_fma", [0, 1, 2])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_fp8_exp2_fma(D, exp2_fma):
+    """fp8 on the Hopper kernel with 0, 1 or 2 of every 4 softmax exp2s on the FMA pipe (Sm90Config.exp2_fma),
+    whatever the table holds: causal, a window whose first rows see no key, softcap, and a single key."""
+    if gluon_sm90_reason(torch.device("cuda")):
+        pytest.skip("the Gluon kernels need a Hopper GPU and triton 3.6")
+    cfg = dataclasses.replace(sm90_config(D, E4M3), exp2_fma=exp2_fma)
+    plans.clear_plans()
+    with tileattn.force_backend("dense.sm90", config=cfg):
+        q, k, v = (randn(2, 300, h, D, dtype=torch.float32, device="cuda") for h in (4, 2, 2))
+        for opts in (dict(causal=True), dict(softcap=30.0), dict()):
+            _check(q, k, v, E4M3, "tensor", "packed", **opts)
+        for edge in ("window-rows-see-none", "Sk1-causal"):
+            (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
+            q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv),
+                                                                                         (Sk, Hkv)))
+            _check(q, k, v, E5M2, "tensor", "row", **opts)
+    plans.clear_plans()
 
 
 def test_bench_fp8_check_on_query_row_slices(device):

@@ -54,6 +54,7 @@ class Sm90Config:
     serves_causal: bool = True  # False: problems with a right bound (causal) go to the portable kernel
     max_programs: int = 0  # CTAs of the grid at most (0: one per SM; tests use few CTAs walking many tiles)
     pingpong: bool = False  # the consumers issue their wgmmas in strict turns (FA3's warp scheduler barrier)
+    exp2_fma: int = 0  # of every 4 softmax exp2s, how many run on the FMA pipe (a polynomial) instead of the MUFU
 
 
 # Per head dim. Shared memory: 2 x q_slots Q tiles + stages x (K + V) tiles, within the 227 KB of an

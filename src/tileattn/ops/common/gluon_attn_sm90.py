@@ -52,6 +52,39 @@ from .gluon_sm90_loader import block_start, loader, tile_blocks, tile_of
 LN2 = gl.constexpr(0.6931471805599453)
 
 
+def _exp2_asm(on_fma):
+    """PTX for exp2 of 4 float32 values: the first 4 - on_fma on the MUFU (ex2.approx.ftz), the last on_fma on
+    the FMA pipe. There x is clamped at -127 and split as j + f with j = round(x) (the 1.5 * 2^23 shifter) and
+    f in [-0.5, 0.5]; 2^f is a degree-3 polynomial with p(0) = 1 exactly (relative error 1.01e-4 over the
+    range, against 4.9e-4 for rounding P to fp16), and j goes into the exponent with an integer add. -inf
+    (masked scores) gives +0 exactly; results below 2^-126 are denormal or 0, never negative."""
+    mufu = "".join(f"ex2.approx.ftz.f32 ${i}, ${i + 4}; " for i in range(4 - on_fma))
+    fma = "".join(
+        f"max.ftz.f32 x, ${i + 4}, 0fC2FE0000; add.rn.ftz.f32 t, x, 0f4B400000; sub.rn.ftz.f32 j, t, 0f4B400000; "
+        f"sub.rn.ftz.f32 f, x, j; fma.rn.ftz.f32 p, f, 0f3D6150E3, 0f3E78061E; fma.rn.ftz.f32 p, p, f, 0f3F317AFD; "
+        f"fma.rn.ftz.f32 p, p, f, 0f3F800000; mov.b32 ti, t; shl.b32 ti, ti, 23; mov.b32 pi, p; "
+        f"add.s32 pi, pi, ti; mov.b32 ${i}, pi; " for i in range(4 - on_fma, 4))
+    return "{ .reg .f32 x, t, j, f, p; .reg .b32 ti, pi; " + mufu + fma + "}"
+
+
+_EXP2_ASM_1 = gl.constexpr(_exp2_asm(1))
+_EXP2_ASM_2 = gl.constexpr(_exp2_asm(2))
+
+
+@gluon.jit
+def _exp2_fma(x, EXP2_FMA: gl.constexpr):
+    """exp2 of a float32 block with EXP2_FMA (1 or 2) of every 4 values computed on the FMA pipe instead of the
+    MUFU (_exp2_asm): the MUFU's 16 exp2 per cycle and SM match the tensor cores' rate on a D=64 16-bit or a
+    D=128 fp8 block, so taking a share off it lets the softmax keep pace (FlashAttention-4's lever)."""
+    if EXP2_FMA == 1:
+        return gl.inline_asm_elementwise(_EXP2_ASM_1, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
+                                         pack=4)
+    else:
+        gl.static_assert(EXP2_FMA == 2, "EXP2_FMA: 0, 1 or 2 of every 4 values")
+        return gl.inline_asm_elementwise(_EXP2_ASM_2, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
+                                         pack=4)
+
+
 # the masking model's helpers, written once as Triton functions and compiled here as Gluon
 _tanh = gluon.jit(softmax.tanh.fn)
 _key_range = gluon.jit(masking.key_range.fn)
@@ -61,7 +94,8 @@ _visible = gluon.jit(masking.visible.fn)
 @gluon.jit
 def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale,
                    softcap_scale, softcap_out, fm, caps_s, caps_m, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                   HAS_SOFTCAP: gl.constexpr, P_SHIFT: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
+                   HAS_SOFTCAP: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, FLEX: gl.constexpr,
+                   SCORE_MOD: gl.constexpr,
                    MASK_MOD: gl.constexpr):
     """One block of the online softmax: returns (p, alpha, m, l) for raw scores qk [BLOCK_M, BLOCK_N]. p and l
     carry a factor 2 ** P_SHIFT (fp8), which out = acc / l cancels. Flex: fm = (batch, head, scale); with a
@@ -88,9 +122,13 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
     # a row that has seen nothing keeps m = -inf: shift it by 0 so exp2 gives 0, not NaN
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
     if P_SHIFT != 0:
-        p = gl.exp2(qk * sm_scale - (m_shift - P_SHIFT)[:, None])
+        x = qk * sm_scale - (m_shift - P_SHIFT)[:, None]
     else:
-        p = gl.exp2(qk * sm_scale - m_shift[:, None])
+        x = qk * sm_scale - m_shift[:, None]
+    if EXP2_FMA == 0:
+        p = gl.exp2(x)
+    else:
+        p = _exp2_fma(x, EXP2_FMA)
     alpha = gl.exp2(m_i * sm_scale - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -163,7 +201,7 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
                      softcap_out, fm, caps_s, caps_m, turns, t, WG: gl.constexpr, PINGPONG: gl.constexpr,
                      MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                     o_layout: gl.constexpr, p_layout: gl.constexpr, P_SHIFT: gl.constexpr,
+                     o_layout: gl.constexpr, p_layout: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr,
                      V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
                      MASK_MOD: gl.constexpr):
     """Steady-state iterations b in [b_start, b_end): q.k of block b and p.v of block b - 1 go to the tensor
@@ -194,7 +232,7 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, block_start(it, n_lo, lst, base, BLOCK_N, FLEX), o_m,
                                             o_n, MASKED, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
                                             softcap_out, fm, caps_s, caps_m, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                            P_SHIFT, FLEX, SCORE_MOD, MASK_MOD)
+                                            P_SHIFT, EXP2_FMA, FLEX, SCORE_MOD, MASK_MOD)
         # a 16-bit P of this block overwrites the registers the p.v wgmma in flight reads: convert only after its
         # wait. (ptxas 12.x still schedules this wait ahead of most of the softmax; see docs/design/dense.md.)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -211,7 +249,7 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
                        PINGPONG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                        HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                        o_layout: gl.constexpr,
-                       P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr,
+                       P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr,
                        SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
     """All the CTA's key blocks, software-pipelined (FlashAttention-3's intra-warpgroup overlap): block 0's
     scores, then masked / unmasked / masked steady-state ranges, then the p.v of the last block. Flex: the
@@ -239,7 +277,8 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         # block 0 is masked whichever range it is in (the rule holds trivially on a fully visible block)
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_first, o_m, o_n, True, seqlen_k, off_diag, left,
                                             right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
-                                            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, P_SHIFT, FLEX, SCORE_MOD, MASK_MOD)
+                                            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, P_SHIFT, EXP2_FMA, FLEX, SCORE_MOD,
+                                            MASK_MOD)
         p_carry = _p_carry(p, dtype, p_layout, V_SEQ_MAJOR)
     b1 = gl.maximum(b_full_lo, 1)
     b2 = gl.maximum(b_full_hi, b1)
@@ -248,17 +287,17 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         acc, m_i, l_i, p_carry, kv, n_lo, part, 0, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready, v_ready,
         kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, turns,
         t, WG, PINGPONG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
-        V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
+        EXP2_FMA, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
     acc, m_i, l_i, p_carry, t = _pipelined_steps(
         acc, m_i, l_i, p_carry, kv, n_lo, full, n_part, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready, v_ready,
         kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, turns,
         t, WG, PINGPONG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
-        V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
+        EXP2_FMA, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
     acc, m_i, l_i, p_carry, t = _pipelined_steps(
         acc, m_i, l_i, p_carry, kv, n_lo, part, 0, b2, n_blocks, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
         v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s,
         caps_m, turns, t, WG, PINGPONG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout,
-        p_layout, P_SHIFT, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
+        p_layout, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
     if n_blocks > 0:
         sp = (kv + n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
@@ -279,8 +318,8 @@ def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
               WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr,
-              V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr,
-              MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr):
+              EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr, FLEX: gl.constexpr,
+              SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr):
     j = 0  # tiles done so far: Q slot and phase
     kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
     t = 0  # wgmma turns taken so far (PINGPONG)
@@ -311,8 +350,8 @@ def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
                 o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
                 stride_lb, stride_lh, j, kv, t, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
                 tile_scale, tile_cap_scale, softcap_out, tile_out_scale, fx, flex_scale, caps_s, caps_m, WG, BLOCK_M,
-                STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, P_SHIFT, V_SEQ_MAJOR, SEPARATE_O,
-                FLEX, SCORE_MOD, MASK_MOD, PINGPONG)
+                STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR,
+                SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)
 
 
 @gluon.jit
@@ -321,7 +360,7 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
                   right, sm_scale, softcap_scale, softcap_out, out_scale, fx, flex_scale, caps_s, caps_m,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                  RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+                  RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
                   SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
                   PINGPONG: gl.constexpr):
     """This warpgroup's rows of one tile: Q from slot j % Q_SLOTS, K/V blocks from ring position kv, wgmma turns
@@ -375,7 +414,7 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
                                           right, sm_scale, softcap_scale, softcap_out, n_part, part, full,
                                           (i_b, i_h, flex_scale), caps_s, caps_m, turns, t, WG, PINGPONG,
                                           HAS_LEFT, HAS_RIGHT,
-                                       HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, V_SEQ_MAJOR, FLEX,
+                                       HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, FLEX,
                                        SCORE_MOD, MASK_MOD)
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
@@ -410,7 +449,8 @@ def attn_fwd_pipeline(
     BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
-    HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
+    HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+    SEPARATE_O: gl.constexpr,
     FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr,
 ):
     """The whole forward: shared memory, barriers, and the loader and two consumer partitions. The dense and
@@ -459,7 +499,7 @@ def attn_fwd_pipeline(
                      off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
                      0, BLOCK_M, STAGES,
                      NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)),
+                     P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)),
         (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
                      lse_ptr,
                      stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
@@ -467,7 +507,7 @@ def attn_fwd_pipeline(
                      off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
                      1, BLOCK_M, STAGES,
                      NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)),
+                     P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)),
         (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                    num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
                    right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),

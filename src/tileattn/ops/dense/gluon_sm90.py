@@ -18,7 +18,8 @@ def attn_fwd_sm90_kernel(
     BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
-    HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr,
+    HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+    SEPARATE_O: gl.constexpr,
     PINGPONG: gl.constexpr,
 ):
     """Grid: (programs,), any number up to the tile count cdiv(Sq, 2 * BLOCK_M) * num_bh (one per SM makes it
@@ -36,7 +37,7 @@ def attn_fwd_sm90_kernel(
         q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh, stride_qdb, stride_qdh,
         stride_kdb, stride_kdh, stride_vdb, stride_vdh, seqlen_q, seqlen_k, num_heads, group_size, num_bh, sm_scale,
         softcap_scale, softcap_out, out_scale, left, right, fx, (), (), BLOCK_M, Q_SLOTS, STAGES, CONSUMER_REGS,
-        HAS_LEFT, HAS_RIGHT, ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT,
+        HAS_LEFT, HAS_RIGHT, ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA,
         V_SEQ_MAJOR, SEPARATE_O, False, None, None, PINGPONG)
 
 

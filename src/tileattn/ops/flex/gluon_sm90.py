@@ -12,7 +12,8 @@ def flex_fwd_sm90_kernel(
     stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seqlen_q, seqlen_k, num_heads, group_size, num_bh, out_scale, fx, caps_s, caps_m,
     BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    RETURN_LSE: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+    RETURN_LSE: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr,
+    V_SEQ_MAJOR: gl.constexpr,
     SEPARATE_O: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr,
     REVERSE_M: gl.constexpr,
 ):
@@ -26,5 +27,6 @@ def flex_fwd_sm90_kernel(
         q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh, stride_qdb, stride_qdh,
         stride_kdb, stride_kdh, stride_vdb, stride_vdh, seqlen_q, seqlen_k, num_heads, group_size, num_bh,
         1.4426950408889634, 1.0, 1.0, out_scale, 0, 0, fx, caps_s, caps_m, BLOCK_M, Q_SLOTS, STAGES, CONSUMER_REGS,
-        False, False, False, False, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT, V_SEQ_MAJOR, SEPARATE_O, True,
+        False, False, False, False, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O,
+        True,
         SCORE_MOD, MASK_MOD, PINGPONG)

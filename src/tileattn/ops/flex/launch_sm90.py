@@ -97,7 +97,8 @@ class Sm90Backend(Backend):
             *(capture_args(t) for t in mod_captures(p, c)),
             BLOCK_M=cfg.block_m, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             RETURN_LSE=p.return_lse, HAS_DESCALE=descales[0] is not None, P_SHIFT=P_SHIFT if p.fp8 else 0,
-            V_SEQ_MAJOR=p.fp8, SEPARATE_O=p.out_dtype != p.dtype, PINGPONG=cfg.pingpong, REVERSE_M=True,
+            V_SEQ_MAJOR=p.fp8, SEPARATE_O=p.out_dtype != p.dtype, PINGPONG=cfg.pingpong, EXP2_FMA=cfg.exp2_fma,
+            REVERSE_M=True,
             SCORE_MOD=smod.gluon_fn() if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
             num_warps=4,
         )
