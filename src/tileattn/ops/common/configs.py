@@ -71,6 +71,9 @@ class Sm90Config:
 # -> 519/567/555/623 TFLOPS, causal 326/430/469/508 -> 344/454/516/541. With two stages the consumers waited for K
 # (Nsight Compute: k_ready waits ~7% of their time), as a stage frees only when both warpgroups' p.v of it is done.
 # pingpong (strict wgmma turns) measured -5..+5% with either ring, D=64 -9..+1%: off.
+# exp2_fma (2026-11-24, scripts/sweep.py fwd --variants "exp2_fma=1;exp2_fma=2", B=4 H=32 N 2K/8K; dense.md): 1 of
+# 4 on the FMA pipe gave fp16 -1..-7% (D=128 causal 8K +1%), fp8 D=64 +0..+6%, fp8 D=128 -4..+3%; 2 of 4 lost
+# everywhere: 0 in both tables.
 # one_cta_from: the persistent grid against one CTA per tile on the S0 grid (2026-11-24, `tileattn bench dense
 # --long`, fp16 B=4 H=32 (B*N constant past 16K), two runs: dense.json at 11fd35b and a1b80b3;
 # docs/design/dense.md): persistent +5-29% at N <= 4K (D=64 causal 1K 247 vs 192 TFLOPS). At N >= 16K (16K, 32K,
