@@ -367,6 +367,8 @@ SM90_CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, lse in the lo
     (1, 517, 300, 2, 2, 64, True, (70, -1), 0.0, False),      # causal + left bound, Sq > Sk
     (2, 700, 700, 4, 2, 64, False, (-1, -1), 0.0, False),     # D=64 (128-row steps): many key and query blocks
     (1, 400, 460, 2, 2, 128, False, (100, -1), 0.0, False),   # left bound only (dQ staged under dK, as no rule)
+    (1, 256, 640, 2, 2, 128, False, (-1, -1), 0.0, True),     # rotated walks (persistent), fewer query blocks than
+    (1, 768, 256, 4, 2, 64, False, (-1, -1), 0.0, False),     # key blocks, then more (ties and gaps in the starts)
 ]
 
 
@@ -428,6 +430,43 @@ def test_gpu_backward_sm90_many_programs(device, monkeypatch):
         assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 2048, 8, 128), (2, 4096, 8, 64)],
+                         ids=["D128-16-key-blocks", "D64-32-key-blocks"])
+def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
+    """The persistent (cooperative) grid with rotated walks, non-causal, GQA: 512 items over 128 programs (whole
+    heads per round), each program walking four. Two runs bit-identical, gradients as the Triton kernels'."""
+    from tileattn.ops.common.tma import gluon_sm90_reason
+    from tileattn.ops.dense import launch_bwd_sm90, plans
+    B, N, H, D = shape
+    q = leaf(B, N, 2 * H, D, dtype=torch.float16, device=device)
+    k, v = (leaf(B, N, H, D, dtype=torch.float16, device=device) for _ in range(2))
+    if gluon_sm90_reason(q.device):
+        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
+    if not launch_bwd_sm90.pipeline.config(D).persistent:
+        pytest.skip("the table's grid is not persistent")
+    ran = []
+    real = launch_bwd_sm90.attn_bwd_sm90
+
+    def spy(p, c, do, delta, grads, sums, tail, launch):
+        return real(p, c, do, delta, grads, sums, tail,
+                    lambda kernel, grid, args, kw: ran.append((grid, kw)) or launch(kernel, grid, args, kw))
+    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
+    w = torch.randn(B, N, 2 * H, D, device=device)
+
+    def grads(mode):
+        monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
+        plans.clear_plans()
+        return torch.autograd.grad((tileattn.attention(q, k, v).float() * w).sum(), (q, k, v))
+    runs = [grads("1") for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    grid, kw = ran[0]
+    assert kw["ROTATE"] and kw["launch_cooperative_grid"] and grid == (128,)
+    for a, b in zip(runs[0], grads("0")):
+        assert torch.isfinite(a).all()
+        assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+
+
 def test_sm90_backward_config_rows_per_step(monkeypatch):
     """The Hopper backward's table may only ask for 64- or 128-row steps (the two ways the kernel splits a step's
     dQ between its warpgroups); the staged dQ half follows the rows per step."""
@@ -437,3 +476,19 @@ def test_sm90_backward_config_rows_per_step(monkeypatch):
     monkeypatch.setitem(pipeline.CONFIGS, 64, pipeline.CONFIGS[64]._replace(block_m=96))
     with pytest.raises(ValueError, match="block_m = 96"):
         pipeline.meta(64)
+
+
+def test_sm90_backward_grid(monkeypatch):
+    """The Hopper backward's grid: one program per work item (key block, batch * kv head), or, with the table's
+    persistent flag and a problem whose walks rotate, whole heads' key blocks per round up to one per SM."""
+    from tileattn import hw
+    from tileattn.ops.common import launch_bwd_sm90 as pipeline
+    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=True))
+    assert pipeline.grid(128, 16, 128, "cuda", True) == ((128,), 2048, True)  # whole heads per round
+    assert pipeline.grid(128, 40, 128, "cuda", True) == ((120,), 40 * 128, True)
+    assert pipeline.grid(128, 4, 8, "cuda", True) == ((32,), 32, True)
+    assert pipeline.grid(128, 133, 2, "cuda", True) == ((266,), 266, False)  # a head's key blocks would not fit
+    assert pipeline.grid(128, 16, 128, "cuda", False) == ((2048,), 2048, False)  # masked: one program per item
+    monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=False))
+    assert pipeline.grid(128, 16, 128, "cuda", True) == ((2048,), 2048, False)

@@ -75,6 +75,28 @@ NO_BLOCK = gl.constexpr(2 ** 30)
 
 
 @gluon.jit
+def _item(item, wk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+          NEEDS_MASK: gl.constexpr, FLEX: gl.constexpr, ROTATE: gl.constexpr):
+    """(i_b, i_hk, i_n, sched) of work item `item`: items are (batch, kv head)-major with the highest key block
+    first, the order in which a plain grid dispatches them and a persistent program takes them. Dense: sched =
+    (query_range(...), rot): rot is where the key block's walk of the unmasked range starts (ROTATE, else 0)."""
+    num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right = wk
+    i_bh = item // num_kv_blocks
+    i_n = num_kv_blocks - 1 - item % num_kv_blocks
+    if FLEX:
+        sched = (0, 0, 0, 0, 0)  # (per head: _head_walk)
+    else:
+        m_lo, f_lo, f_hi, m_hi = _query_range(i_n * BLOCK_N, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK)
+        if ROTATE:  # key block n starts at query block n * blocks // key blocks (blocks of the unmasked range)
+            rot = (i_n * ((f_hi - f_lo) // BLOCK_M)) // num_kv_blocks
+        else:
+            rot = 0
+        sched = (m_lo, f_lo, f_hi, m_hi, rot)
+    return i_bh // num_kv_heads, i_bh % num_kv_heads, i_n, sched
+
+
+@gluon.jit
 def _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
     """(steps, walk, merge state) of query head i_h."""
     if FLEX:
@@ -107,22 +129,27 @@ def _flex_next(t, merge, walk, BLOCK_M: gl.constexpr, Q_BLOCK: gl.constexpr):
 @gluon.jit
 def _step_counts(sched, BLOCK_M: gl.constexpr):
     """Dense: (masked steps above the unmasked range, unmasked steps, masked steps below)."""
-    m_lo, f_lo, f_hi, m_hi = sched
+    m_lo, f_lo, f_hi, m_hi, rot = sched
     return gl.cdiv(m_hi - f_hi, BLOCK_M), (f_hi - f_lo) // BLOCK_M, gl.cdiv(f_lo - m_lo, BLOCK_M)
 
 
 @gluon.jit
-def _walk_m0(t, walk, merge, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
-    """First query row of step t (ascending; dense: masked below the unmasked range, unmasked, masked above)."""
+def _walk_m0(t, walk, merge, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
+             ROTATE: gl.constexpr):
+    """First query row of step t (ascending; dense: masked below the unmasked range, unmasked (ROTATE: from block
+    rot on, cyclically), masked above)."""
     if FLEX:
         return gl.minimum(merge[2], merge[3]) * Q_BLOCK + (t % (Q_BLOCK // BLOCK_M)) * BLOCK_M
     else:
-        m_lo, f_lo, f_hi, m_hi = walk
+        m_lo, f_lo, f_hi, m_hi, rot = walk
         n_above, n_full, n_below = _step_counts(walk, BLOCK_M)
         if t < n_below:
             m0 = m_lo + t * BLOCK_M
         elif t < n_below + n_full:
-            m0 = f_lo + (t - n_below) * BLOCK_M
+            if ROTATE:
+                m0 = f_lo + ((t - n_below + rot) % n_full) * BLOCK_M
+            else:
+                m0 = f_lo + (t - n_below) * BLOCK_M
         else:
             m0 = f_hi + (t - n_below - n_full) * BLOCK_M
         return m0
@@ -138,26 +165,63 @@ def _walk_next(t, walk, merge, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOC
 
 # ---- loader --------------------------------------------------------------------------------------------------
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, q_ready, q_empty,
-            lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, i_b, i_hk, i_n, group_size, sched, fx,
-            STAGES: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
-    """TMA loads of K, V and each step's Q and dO tiles; each step's lse and delta rows through registers into
-    stat_bufs (lse as exp2's offset: lse * log2 e, +inf for rows past Sq and rows that saw no key, so p = 0)."""
+def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty, q_ready,
+            q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES: gl.constexpr,
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr, FLEX: gl.constexpr,
+            Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
+    """Per work item: TMA loads of K and V (once the consumers are done with the previous item's), then each
+    step's Q and dO tiles; each step's lse and delta rows through registers into stat_bufs (lse as exp2's
+    offset: lse * log2 e, +inf for rows past Sq and rows that saw no key, so p = 0). The ring runs on across
+    items, so the next item's first tiles load under the current item's last steps."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     rows = gl.arange(0, BLOCK_M, layout=stat_layout)
-    n0 = i_n * BLOCK_N
+    if ROTATE:  # the persistent grid: items pid, pid + programs, ...
+        step = 0
+        it = 0
+        for item in range(gl.program_id(0), wk[0], gl.num_programs(0)):
+            step = _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready,
+                              kv_empty, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx,
+                              item, it, step, rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, ROTATE)
+            it += 1
+    else:  # one item per program
+        _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
+                   q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, gl.program_id(0),
+                   0, gl.to_tensor(0), rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, ROTATE)
+
+
+@gluon.jit
+def _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
+               q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, item, it, step, rows,
+               STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr,
+               FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
+    """Work item `item`, the it-th of this program: its K and V, then its steps from ring position `step`
+    (returned advanced)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    i_b, i_hk, i_n, sched = _item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
+    if ROTATE:
+        mbarrier.wait(kv_empty, (it & 1) ^ 1)  # the consumers are done with the last item's (a fresh barrier passes)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma_load(k_desc, [i_b, n0, i_hk, 0], kv_ready, k_smem)
-    tma_load(v_desc, [i_b, n0, i_hk, 0], kv_ready, v_smem)
-    step = 0
+    tma_load(k_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, k_smem)
+    tma_load(v_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, v_smem)
+    return _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb,
+                       stride_lh, wk[3], i_b, i_hk, i_n, group_size, sched, fx, step, rows, STAGES, FLEX, Q_BLOCK,
+                       ROTATE)
+
+
+@gluon.jit
+def _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb,
+                stride_lh, seqlen_q, i_b, i_hk, i_n, group_size, sched, fx, step, rows, STAGES: gl.constexpr,
+                FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
+    """One item's Q / dO tiles and row statistics, from ring position `step` (returned advanced)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     for g in range(group_size):
         i_h = i_hk * group_size + g
         n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
         off = i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh
         for t in range(n_steps):
-            m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+            m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, ROTATE)
             merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
             s = step % STAGES
             m_ok = m0 + rows < seqlen_q
@@ -171,6 +235,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, st
             stat_bufs.index(2 * s + 1).store(delta)
             mbarrier.arrive(q_ready.index(s))  # (release: the consumers that wait on it see the stores)
             step += 1
+    return step
 
 
 # ---- consumers -----------------------------------------------------------------------------------------------
@@ -292,13 +357,50 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
 
 
 @gluon.jit
-def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, q_ready, q_empty, ds_ready,
-              dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh,
-              stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, seqlen_q, seqlen_k, off_diag,
-              left, right, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
+def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready, q_empty,
+              ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+              stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
               WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               NEEDS_MASK: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, FLEX: gl.constexpr,
-              Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr):
+              Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr, ROTATE: gl.constexpr):
+    """This warpgroup's 64 keys of each work item: dK and dV in registers over the item's steps, K and V handed
+    back to the loader once its last step's products are done, then dK and dV stored."""
+    BLOCK_M: gl.constexpr = q_bufs.shape[2]
+    BLOCK_N: gl.constexpr = ds_bufs.shape[1]
+    if ROTATE:  # the persistent grid: items pid, pid + programs, ...
+        step = 0
+        it = 0
+        for item in range(gl.program_id(0), wk[0], gl.num_programs(0)):
+            i_b, i_hk, i_n, sched = _item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
+            mbarrier.wait(kv_ready, it & 1)
+            step = _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready,
+                                 q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks,
+                                 stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx,
+                                 wk[3], wk[4], wk[5], wk[6], wk[7], scale, qk_scale, softcap_scale, softcap_out,
+                                 caps_s, caps_m, step, WG, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES,
+                                 DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, ROTATE)
+            it += 1
+    else:  # one item per program
+        i_b, i_hk, i_n, sched = _item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
+                                      ROTATE)
+        mbarrier.wait(kv_ready, 0)
+        _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready, q_empty,
+                      ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
+                      stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, wk[3], wk[4], wk[5], wk[6], wk[7],
+                      scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m, gl.to_tensor(0), WG, HAS_LEFT,
+                      HAS_RIGHT,
+                      HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, ROTATE)
+
+
+@gluon.jit
+def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready, q_empty,
+                  ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                  stride_vh, i_b, i_hk, i_n, group_size, sched, fx, seqlen_q, seqlen_k, off_diag, left, right, scale,
+                  qk_scale, softcap_scale, softcap_out, caps_s, caps_m, step, WG: gl.constexpr,
+                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                  NEEDS_MASK: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, FLEX: gl.constexpr,
+                  Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr, ROTATE: gl.constexpr):
+    """One work item (key block i_n of kv head i_hk), its steps from `step` on (returned advanced)."""
     BLOCK_M: gl.constexpr = q_bufs.shape[2]
     D: gl.constexpr = q_bufs.shape[4]
     DV: gl.constexpr = do_bufs.shape[4]
@@ -312,8 +414,6 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
     v_half = v_smem.reshape([2 * HALF_N, DV]).slice(WG * HALF_N, HALF_N, dim=0)
     dk = gl.zeros([HALF_N, D], gl.float32, k_layout)
     dv = gl.zeros([HALF_N, DV], gl.float32, v_layout)
-    mbarrier.wait(kv_ready, 0)
-    step = 0
     for g in range(group_size):  # the query heads of the kv head: the loader and writers track which
         i_h = i_hk * group_size + g
         fm = (i_b, i_h, scale)
@@ -321,7 +421,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
         if FLEX:  # one merged walk; mask_mod applies on blocks of the partial list (a runtime flag: two inlined
             # steps under a branch spilled and computed wrong gradients with an ALiBi score mod)
             for t in range(n_steps):
-                m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+                m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, False)
                 full = merge[2] > merge[3]
                 merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
                 dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
@@ -331,7 +431,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
                                SCORE_GRAD, MASK_MOD)
                 step += 1
         else:
-            m_lo, f_lo, f_hi, m_hi = sched
+            m_lo, f_lo, f_hi, m_hi, rot = sched
             n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
             # three ranges, each its own instantiation of the step: masked below the unmasked range, unmasked,
             # masked above (the masked ones only where a tile can need a mask)
@@ -347,12 +447,18 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
                     n_r = n_above
                 if NEEDS_MASK or r == 1:
                     for t in range(n_r):
-                        dk, dv = _step(dk, dv, step, m_start + t * BLOCK_M, n0, q_bufs, do_bufs, k_half, v_half,
+                        if ROTATE and r == 1:  # (ROTATE: every key block's walk is its whole unmasked range)
+                            m0 = m_start + ((t + rot) % n_r) * BLOCK_M
+                        else:
+                            m0 = m_start + t * BLOCK_M
+                        dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half,
                                        k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full,
                                        dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
                                        softcap_out, fm, False, caps_s, caps_m, WG, r != 1, HAS_LEFT, HAS_RIGHT,
                                        HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
                         step += 1
+    if ROTATE:  # every wgmma reading K / V has completed (each step waits for its last): the next item's may load
+        mbarrier.arrive(kv_empty)
     rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_layout))
     gl.store(dk_ptr + i_b.to(gl.int64) * stride_kb + i_hk.to(gl.int64) * stride_kh + rows[:, None] * stride_ks
@@ -361,6 +467,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
     cols = gl.arange(0, DV, layout=gl.SliceLayout(0, v_layout))
     gl.store(dv_ptr + i_b.to(gl.int64) * stride_vb + i_hk.to(gl.int64) * stride_vh + rows[:, None] * stride_vs
              + cols[None, :], dv.to(dv_ptr.dtype.element_ty), mask=(rows < seqlen_k)[:, None])
+    return step
 
 
 # ---- dQ writer -----------------------------------------------------------------------------------------------
@@ -408,17 +515,24 @@ def _count_around(lst, n, kvb, num_kv_blocks):
 
 
 @gluon.jit
-def _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
-    """(turn, last) of key block i_n on the query block at m0: how many higher key blocks add to its dQ first,
-    and whether no lower one adds after (then nobody waits for the turn). Dense: from the masking rule's key
-    range; flex: counted in the query block's forward lists fk."""
+def _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, num_kv_blocks, num_q_blocks,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+          FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
+    """(turn, last) of key block i_n on the query block at m0: how many key blocks add to its dQ first, and
+    whether none adds after (then nobody waits for the turn). Dense: from the masking rule's key range, higher
+    key blocks first; ROTATE (every key block sees every query block, key block n's walk starts at query block
+    rot(n) = n * num_q_blocks // num_kv_blocks): in the order the walks reach the block, j0 = the highest key
+    block with rot(j0) <= the block's index first, then j0 - 1, ..., 0, then num_kv_blocks - 1, ..., j0 + 1.
+    Flex: counted in the query block's forward lists fk."""
     if FLEX:
         n_part, n_full, part, full = flex_lists(fk, i_b, i_h, m0 // Q_BLOCK)
-        num_kv_blocks = gl.num_programs(0)
         above, below = _count_around(part, n_part, i_n, num_kv_blocks)
         above_full, below_full = _count_around(full, n_full, i_n, num_kv_blocks)
         return above + above_full, below + below_full == 0
+    elif ROTATE:
+        j0 = ((m0 // BLOCK_M + 1) * num_kv_blocks + num_q_blocks - 1) // num_q_blocks - 1
+        turn = (j0 - i_n + num_kv_blocks) % num_kv_blocks
+        return turn, turn == num_kv_blocks - 1
     else:
         lo, hi, _, _ = _key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
                                   HAS_RIGHT)
@@ -427,36 +541,64 @@ def _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, BLOCK_M: gl.co
 
 
 @gluon.jit
-def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
-               num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr,
-               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr,
-               W: gl.constexpr, WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr,
-               Q_BLOCK: gl.constexpr):
+def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+               NEEDS_MASK: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr, W: gl.constexpr,
+               WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
+               ROTATE: gl.constexpr):
     """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and adds
     overlap with the other writers' (different query blocks). TMA_DQ (triton >= 3.9): acc is a tensor
     descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
     acc is a pointer and the warp adds ROWS rows at a time with vector atomics. The two staged parts of a step
     are its [BLOCK_M, D / 2] column halves, or with BLOCK_M = 128 its [64, D] row halves."""
+    DQ_C: gl.constexpr = dq_bufs.shape[2]
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // min(DQ_C // 4, 32), min(DQ_C // 4, 32)], [1, 1], [1, 0])
+    r_idx = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    c_idx = gl.arange(0, DQ_C, layout=gl.SliceLayout(0, layout))
+    num_kv_blocks = wk[1]
+    num_kv_heads = wk[2]
+    if ROTATE:  # the persistent grid: items pid, pid + programs, ...
+        step = 0
+        for item in range(gl.program_id(0), wk[0], gl.num_programs(0)):
+            i_b, i_hk, i_n, sched = _item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
+            step = _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
+                               num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], step, r_idx,
+                               c_idx, layout, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS,
+                               TMA_DQ, FLEX, Q_BLOCK, ROTATE)
+    else:  # one item per program
+        i_b, i_hk, i_n, sched = _item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
+                                      ROTATE)
+        _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
+                    num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], gl.to_tensor(0), r_idx,
+                    c_idx, layout,
+                    BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS, TMA_DQ, FLEX, Q_BLOCK, ROTATE)
+    if TMA_DQ:
+        tma.store_wait(0, read_only=False)
+
+
+@gluon.jit
+def _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads, num_kv_blocks,
+                num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, step, r_idx, c_idx,
+                layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+                HAS_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr, W: gl.constexpr,
+                WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
+                ROTATE: gl.constexpr):
+    """This writer's steps of one work item, from `step` on (returned advanced)."""
     DQ_R: gl.constexpr = dq_bufs.shape[1]
     DQ_C: gl.constexpr = dq_bufs.shape[2]
     D: gl.constexpr = DQ_C * 128 // BLOCK_M
     ROW_STEP: gl.constexpr = BLOCK_M - DQ_R  # where part 1 starts: (0, D / 2) or (64, 0)
     COL_STEP: gl.constexpr = D - DQ_C
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // min(DQ_C // 4, 32), min(DQ_C // 4, 32)], [1, 1], [1, 0])
-    r_idx = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    c_idx = gl.arange(0, DQ_C, layout=gl.SliceLayout(0, layout))
-    step = 0
     for g in range(group_size):
         i_h = i_hk * group_size + g
         i_bhq = (i_b * num_kv_heads * group_size + i_h).to(gl.int64)
         n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
         for t in range(n_steps):
-            m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+            m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, ROTATE)
             merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
             if step % WRITERS == W:
-                turn, last = _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N,
-                                   HAS_LEFT, HAS_RIGHT, FLEX, Q_BLOCK)
+                turn, last = _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, num_kv_blocks,
+                                   num_q_blocks, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, FLEX, Q_BLOCK, ROTATE)
                 sem = sem_ptr + i_bhq * num_q_blocks + m0 // BLOCK_M
                 qb = step % DQ_BUFS
                 mbarrier.wait(dq_full.index(qb), (step // DQ_BUFS) & 1)
@@ -491,8 +633,7 @@ def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_s
                         _pass_turn(sem)
                     mbarrier.arrive(dq_empty.index(qb))
             step += 1
-    if TMA_DQ:
-        tma.store_wait(0, read_only=False)
+    return step
 
 
 # ---- the whole kernel ----------------------------------------------------------------------------------------
@@ -500,13 +641,13 @@ def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_s
 def attn_bwd_pipeline(
     q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr,
     stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks,
-    scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fk, caps_s, caps_m,
+    stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks, num_kv_blocks,
+    num_items, scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fk, caps_s, caps_m,
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
     TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr,
-    MASK_MOD: gl.constexpr,
+    MASK_MOD: gl.constexpr, ROTATE: gl.constexpr,
 ):
     """Shared memory, barriers and the partitions. The dense and flex kernels' docstrings say what their
     arguments hold; fx (the transposed block lists), fk (the forward ones), caps_s / caps_m, SCORE_GRAD /
@@ -515,19 +656,12 @@ def attn_bwd_pipeline(
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
-    i_n = gl.num_programs(0) - 1 - gl.program_id(0)  # the highest key block first (it adds to dQ first)
-    i_bh = gl.program_id(1)
-    i_b = i_bh // num_kv_heads
-    i_hk = i_bh % num_kv_heads
     if ALIGN_BOTTOM_RIGHT:
         off_diag = seqlen_k - seqlen_q
     else:
         off_diag = 0
-    if FLEX:
-        sched = (0, 0, 0, 0)  # (per head: _head_walk)
-    else:
-        sched = _query_range(i_n * BLOCK_N, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                             HAS_RIGHT, NEEDS_MASK)
+    # the work items and what _item needs to place them; a program takes items pid, pid + programs, ...
+    wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
@@ -550,12 +684,14 @@ def attn_bwd_pipeline(
     stat_bufs = gl.allocate_shared_memory(gl.float32, [STAGES * 2, BLOCK_M],
                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
+    mbarrier.init(kv_empty, count=2)  # both consumer warpgroups
     for s in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(s), count=2)  # the TMA bytes, the loader's statistics
         mbarrier.init(q_empty.index(s), count=2)
@@ -566,25 +702,23 @@ def attn_bwd_pipeline(
         mbarrier.init(dq_empty.index(s), count=1)
 
     gl.warp_specialize([
-        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, q_ready, q_empty,
-                     ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks,
-                     stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, seqlen_q,
-                     seqlen_k, off_diag, left, right, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
-                     0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD,
-                     MASK_MOD)),
-        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, q_ready, q_empty,
-                     ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks,
-                     stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, seqlen_q,
-                     seqlen_k, off_diag, left, right, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
-                     1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD,
-                     MASK_MOD)),
-        (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, q_ready,
-                   q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, i_b, i_hk, i_n, group_size, sched,
-                   fx, STAGES, FLEX, Q_BLOCK)),
-        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
-                      num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                      HAS_RIGHT, DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK)),
-        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
-                      num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                      HAS_RIGHT, DQ_BUFS, WRITER_ROWS, 1, 2, TMA_DQ, FLEX, Q_BLOCK)),
+        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
+                     q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
+                     stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
+                     caps_m, 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
+                     SCORE_GRAD, MASK_MOD, ROTATE)),
+        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
+                     q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
+                     stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
+                     caps_m, 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
+                     SCORE_GRAD, MASK_MOD, ROTATE)),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
+                   q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES, HAS_LEFT,
+                   HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, ROTATE)),
+        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
+                      BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK,
+                      ROTATE)),
+        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
+                      BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 1, 2, TMA_DQ, FLEX, Q_BLOCK,
+                      ROTATE)),
     ], [4, 1, 1, 1], [CONSUMER_REGS, WORKER_REGS, WORKER_REGS, WORKER_REGS])

@@ -5,7 +5,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ... import knobs
+from ... import hw, knobs
 from .bwd_kernels import bwd_dq_convert_kernel
 from .tma import gluon_sm90_reason, tma_ok
 
@@ -16,7 +16,9 @@ class Config(NamedTuple):
     """One head dim's config: Q / dO stages, dQ staging buffers, registers per consumer thread and per loader /
     writer thread, rows a writer moves per chunk, TMA reduce-adds for dQ where triton has them, and query rows
     per step (block_m: 64, or 128 where each warpgroup then computes dQ for 64 of the rows over the whole head
-    dim instead of all rows over half of it)."""
+    dim instead of all rows over half of it), and a persistent grid (one program per SM walking the work items,
+    launched cooperatively so that every program is resident; it rotates the walks of problems where every key
+    block sees every query block, which is safe only then)."""
     stages: int
     dq_bufs: int
     consumer_regs: int
@@ -24,6 +26,7 @@ class Config(NamedTuple):
     writer_rows: int
     tma_dq: bool
     block_m: int = 64
+    persistent: bool = False
 
 
 # Shared memory at D=128: 226 KB of the H100's 227. Chosen on the H100 (2026-11-24, `scripts/sweep.py bwd
@@ -35,7 +38,7 @@ class Config(NamedTuple):
 # (2026-11-24, `sweep.py bwd --dims 64 --sm90-cfgs 64:2,2,240,40,4,0,64`, two runs in either order): causal
 # +3-6% at N 2K-8K, non-causal within +-2% at N 2K-8K; the 16K rows swung +-15% between repeats of the same
 # config. (D=128 cannot: S^T, dP^T, dK and dV would need 256 accumulator registers.)
-CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128), 128: Config(2, 2, 232, 40, 2, True)}
+CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 232, 40, 2, True, 64, True)}
 # the default takes problems whose sequences both have at least this many tokens: below, the Triton kernels
 # measured faster or as fast (H100, B=4, H=32, fp16, dense: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128,
 # 80-90 vs 47-136 at D=64: a few steps per program and the dQ turn chain; at N=2K the Hopper kernel is ahead by
@@ -92,6 +95,22 @@ def meta(d):
     c = config(d)
     return dict(STAGES=c.stages, DQ_BUFS=c.dq_bufs, CONSUMER_REGS=c.consumer_regs, WORKER_REGS=c.worker_regs,
                 WRITER_ROWS=c.writer_rows, TMA_DQ=c.tma_dq, num_warps=4)
+
+
+def grid(d, num_kv_blocks, num_bh, device, rotatable):
+    """(grid, items, rotate): the work items are (key block, batch * kv head) pairs. One program per item, or,
+    where the config is persistent and the problem `rotatable` (every key block sees every query block), a
+    persistent grid that rotates the walks (rotate True): the largest multiple of num_kv_blocks up to one
+    program per SM (at most one per item), so that each round of items pid, pid + programs, ... holds whole
+    heads and every key block of a head runs at the same time (a head split across rounds measured 7% slower at
+    N=16K: its first key blocks waited a round for the rest). Launched cooperatively (every program resident,
+    which the rotated order needs to be free of deadlock). One CTA fits an SM: the kernel takes ~226 KB of
+    shared memory."""
+    items = num_kv_blocks * num_bh
+    sms = hw.device_info(device).num_sms
+    if config(d).persistent and rotatable and num_kv_blocks <= sms:
+        return (min(items, sms // num_kv_blocks * num_kv_blocks),), items, True
+    return (items,), items, False
 
 
 def convert(launch, acc, dq, lse, seqlen_q, heads_q, scale, zero_unseen):

@@ -10,14 +10,17 @@ from ..common.gluon_bwd_sm90 import attn_bwd_pipeline
 def attn_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr,
     stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks,
-    scale, qk_scale, softcap_scale, softcap_out, left, right,
+    stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks, num_kv_blocks,
+    num_items, scale, qk_scale, softcap_scale, softcap_out, left, right,
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
-    TMA_DQ: gl.constexpr,
+    TMA_DQ: gl.constexpr, ROTATE: gl.constexpr,
 ):
-    """Grid (cdiv(Sk, BLOCK_N), B * Hkv); num_warps = 4 (the first consumer warpgroup).
+    """Grid (programs,): num_items = num_kv_blocks * B * Hkv work items (num_kv_blocks = cdiv(Sk, BLOCK_N)), one
+    per program or fewer programs each walking several (persistent: then launched cooperatively, and ROTATE
+    only where every key block sees every query block and the grid holds num_kv_blocks programs or more);
+    num_warps = 4 (the first consumer warpgroup).
 
     Descriptors over [B, S, H, D] tensors: q and do with block [1, BLOCK_M, 1, D] (BLOCK_M 64 or 128: the
     config's query rows per step), k and v [1, BLOCK_N, 1, D]. lse, delta [B, Hq, Sq] float32 (same strides); dk,
@@ -31,6 +34,6 @@ def attn_bwd_sm90_kernel(
     attn_bwd_pipeline(
         q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr, stride_lb, stride_lh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads,
-        group_size, num_q_blocks, scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fx, (), (), STAGES,
-        DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, HAS_LEFT, HAS_RIGHT, ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP,
-        NEEDS_MASK, TMA_DQ, False, 128, None, None)
+        group_size, num_q_blocks, num_kv_blocks, num_items, scale, qk_scale, softcap_scale, softcap_out, left,
+        right, fx, fx, (), (), STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, HAS_LEFT, HAS_RIGHT,
+        ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, NEEDS_MASK, TMA_DQ, False, 128, None, None, ROTATE)

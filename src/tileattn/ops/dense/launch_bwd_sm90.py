@@ -52,7 +52,10 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     mb = triton.cdiv(p.seqlen_q, bm)
     # no masked step at all where no tile can need one (no window or causal rule, whole tiles)
     needs_mask = left >= 0 or right >= 0 or p.seqlen_q % bm or p.seqlen_k % BLOCK_N
-    grid = (triton.cdiv(p.seqlen_k, BLOCK_N), p.batch * p.heads_kv)
+    nk = triton.cdiv(p.seqlen_k, BLOCK_N)
+    # where every key block sees every query block, a persistent grid with each key block starting its walk at
+    # its own query block, so that no add to dQ waits for another (gluon_bwd_sm90.py: ROTATE)
+    grid, items, rotate = pipeline.grid(d, nk, p.batch * p.heads_kv, q.device, not needs_mask)
     # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~40 arguments per call (~100 us of
     # host time, more than the whole backward at N=1K)
     launch(attn_bwd_sm90_kernel, grid, (
@@ -60,7 +63,9 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
         gluon_desc(do, [1, bm, 1, d]), lse, delta, dk, dv,
         gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, turns, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
-        p.heads_kv, p.heads_q // p.heads_kv, mb, scale, qk_scale, softcap_scale, softcap_out, left, right),
+        p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, scale, qk_scale, softcap_scale, softcap_out, left,
+        right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
-             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), **meta))
+             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), ROTATE=rotate,
+             launch_cooperative_grid=rotate, **meta))
     pipeline.convert(launch, acc, dq, lse, p.seqlen_q, p.heads_q, scale, False)

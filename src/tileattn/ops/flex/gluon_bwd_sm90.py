@@ -11,7 +11,8 @@ from ..common.gluon_bwd_sm90 import attn_bwd_pipeline
 def flex_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr,
     stride_lb, stride_lh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks, scale, qk_scale, fx, fk, caps_s, caps_m,
+    seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks, num_kv_blocks, num_items, scale, qk_scale, fx, fk,
+    caps_s, caps_m,
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, TMA_DQ: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr,
 ):
@@ -25,6 +26,6 @@ def flex_bwd_sm90_kernel(
     attn_bwd_pipeline(
         q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr, stride_lb, stride_lh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads,
-        group_size, num_q_blocks, scale, qk_scale, 1.0, 1.0, 0, 0, fx, fk, caps_s, caps_m, STAGES, DQ_BUFS,
-        CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, False, False, False, False, True, TMA_DQ, True, 128, SCORE_GRAD,
-        MASK_MOD)
+        group_size, num_q_blocks, num_kv_blocks, num_items, scale, qk_scale, 1.0, 1.0, 0, 0, fx, fk, caps_s, caps_m,
+        STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, False, False, False, False, True, TMA_DQ, True, 128,
+        SCORE_GRAD, MASK_MOD, False)
