@@ -39,18 +39,19 @@ class Config(NamedTuple):
 # +3-6% at N 2K-8K, non-causal within +-2% at N 2K-8K; the 16K rows swung +-15% between repeats of the same
 # config. (D=128 cannot: S^T, dP^T, dK and dV would need 256 accumulator registers.)
 CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 232, 40, 2, True, 64, True)}
-# the default takes problems whose sequences both have at least this many tokens: below, the Triton kernels
-# measured faster or as fast (H100, B=4, H=32, fp16, dense: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128,
-# 80-90 vs 47-136 at D=64: a few steps per program and the dQ turn chain; at N=2K the Hopper kernel is ahead by
-# 2-16% except D=64 causal, 5% behind; at N >= 4K it is ahead on every row, by 4-46%)
+# the default takes problems whose sequences both have at least this many tokens (flex; dense passes its own,
+# ops/dense/launch_bwd_sm90.py): below, the Triton kernels measured faster or as fast (H100, B=4, H=32, fp16,
+# dense before the rotated walks: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128, 80-90 vs 47-136 at D=64: a
+# few steps per program and the dQ turn chain; at N=2K the Hopper kernel is ahead by 2-16% except D=64 causal, 5%
+# behind; at N >= 4K it is ahead on every row, by 4-46%)
 MIN_SEQLEN = 2048
 
 
-def reason(device, dtype, head_dim, head_dim_v, tensors, rows, seqlen):
+def reason(device, dtype, head_dim, head_dim_v, tensors, rows, seqlen, min_seqlen=MIN_SEQLEN):
     """Why the pipeline does not take a problem ("" when it does): TILEATTN_SM90_BWD, a Hopper GPU with a
     Gluon-verified triton, fp16 / bf16, D = Dv in CONFIGS, q, k, v, dO (`tensors`, seen as [B, S, H, D]) fit
     for tensor descriptors, fewer than 2^31 rows of dQ sums (`rows`: B * Hq * padded Sq), and by default the
-    shorter sequence (`seqlen`) at least MIN_SEQLEN."""
+    shorter sequence (`seqlen`) at least min_seqlen."""
     mode = knobs.sm90_bwd()
     if mode == "off":
         return "TILEATTN_SM90_BWD=0"
@@ -65,8 +66,8 @@ def reason(device, dtype, head_dim, head_dim_v, tensors, rows, seqlen):
         return "q, k, v or the output gradient is not aligned for tensor descriptors"
     if rows >= 2 ** 31:
         return "2^31 or more rows of dQ sums (int32 coordinates)"
-    if mode == "auto" and seqlen < MIN_SEQLEN:
-        return f"a sequence shorter than {MIN_SEQLEN}: the Triton kernels measured faster there"
+    if mode == "auto" and seqlen < min_seqlen:
+        return f"a sequence shorter than {min_seqlen}: the Triton kernels measured faster there"
     return ""
 
 

@@ -2,15 +2,22 @@
 
 It serves fp16 / bf16 batched (not varlen) problems with D = Dv in {64, 128} and tensors that suit tensor
 descriptors, on an H100/H200 with a Gluon-verified triton (ops/common/tma.py). By default it takes them when
-both sequences have at least MIN_SEQLEN tokens; TILEATTN_SM90_BWD=1 sends it everything it serves, =0 nothing.
+both sequences have at least MIN_SEQLEN (1024) tokens; TILEATTN_SM90_BWD=1 sends it everything it serves, =0 nothing.
 bwd.py sends the rest to the Triton kernels. The config table is ops/common/launch_bwd_sm90.py's.
 """
 import torch
 import triton
 
 from ..common import launch_bwd_sm90 as pipeline
-from ..common.launch_bwd_sm90 import BLOCK_N, CONFIGS, MIN_SEQLEN  # noqa: F401 - this op's names for them
+from ..common.launch_bwd_sm90 import BLOCK_N, CONFIGS  # noqa: F401 - this op's names for them
 from ..common.tma import gluon_desc
+
+# the default takes dense problems whose sequences both have at least this many tokens. With the rotated walks
+# (ca48337) the Hopper kernel beat the Triton kernels' N=1K rows of the last bench (H100, B=4 H=32 fp16, as a
+# fraction of cuDNN's backward in each run: D=128 non-causal 0.94 vs 0.76, causal 0.89 vs 0.83; D=64 non-causal
+# 1.0 vs 0.84, causal 0.97 vs 0.92; `gpu_check.sh ab-bwd` and bench/results/h100/bwd.json at ae5f553). Shorter
+# sequences are not measured.
+MIN_SEQLEN = 1024
 
 
 def reason(p, q, k, v, do):
@@ -21,7 +28,7 @@ def reason(p, q, k, v, do):
         return "more than 65535 (batch, kv head) pairs"
     rows = p.batch * p.heads_q * triton.cdiv(p.seqlen_q, 128) * 128  # (the sums' rows for any block_m <= 128)
     return pipeline.reason(q.device, q.dtype, p.head_dim, p.head_dim_v, (q, k, v, do), rows,
-                           min(p.seqlen_q, p.seqlen_k))
+                           min(p.seqlen_q, p.seqlen_k), MIN_SEQLEN)
 
 
 def alloc_sums(p, left, right, device):
