@@ -18,9 +18,9 @@ def attn_bwd_sm90_kernel(
     TMA_DQ: gl.constexpr, ROTATE: gl.constexpr,
 ):
     """Grid (programs,): num_items = num_kv_blocks * B * Hkv work items (num_kv_blocks = cdiv(Sk, BLOCK_N)), one
-    per program or fewer programs each walking several (persistent: then launched cooperatively, and ROTATE
-    only where every key block sees every query block and the grid holds num_kv_blocks programs or more);
-    num_warps = 4 (the first consumer warpgroup).
+    per program; or ROTATE (only where every key block sees every query block: whole tiles, no window): a
+    multiple of num_kv_blocks programs, launched cooperatively, each walking items pid, pid + programs, ... with
+    rotated walks; num_warps = 4 (the first consumer warpgroup).
 
     Descriptors over [B, S, H, D] tensors: q and do with block [1, BLOCK_M, 1, D] (BLOCK_M 64 or 128: the
     config's query rows per step), k and v [1, BLOCK_N, 1, D]. lse, delta [B, Hq, Sq] float32 (same strides); dk,
