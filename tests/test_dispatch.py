@@ -198,10 +198,11 @@ def test_mla_config_argument_still_works_and_warns(device):
                                dtype=torch.float16)
 
 
-@pytest.mark.parametrize("mode, n, taken", [("", 4096, True), ("", 1024, False), ("1", 1024, True),
-                                            ("0", 4096, False)], ids=["auto-4K", "auto-1K", "on-1K", "off-4K"])
+@pytest.mark.parametrize("mode, n, taken", [("", 4096, True), ("", 1024, True), ("", 512, False), ("1", 512, True),
+                                            ("0", 4096, False)], ids=["auto-4K", "auto-1K", "auto-512", "on-512",
+                                                                      "off-4K"])
 def test_backward_route(mode, n, taken, h100, monkeypatch):
-    """The dense backward takes the Hopper kernel by default where it measured faster (both sequences >= 2K),
+    """The dense backward takes the Hopper kernel by default where it measured faster (both sequences >= 1K),
     everywhere it serves with TILEATTN_SM90_BWD=1, nowhere with =0."""
     from tileattn.ops.dense import launch_bwd_sm90
     monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
@@ -210,4 +211,4 @@ def test_backward_route(mode, n, taken, h100, monkeypatch):
     why = launch_bwd_sm90.reason(p, t, t, t, t)
     assert (why == "") == taken, why
     if not taken:
-        assert ("TILEATTN_SM90_BWD=0" if mode == "0" else "shorter than 2048") in why
+        assert ("TILEATTN_SM90_BWD=0" if mode == "0" else "shorter than 1024") in why

@@ -12,7 +12,7 @@
     TILEATTN_SM90=0                  former switch, now TILEATTN_BACKEND=triton (warns once)
     TILEATTN_SM90_BWD=0|1            the Hopper (Gluon) backward, dense and flex, never (0) or wherever it serves
                                      (1); unset: where it measured faster than the Triton kernels (both
-                                     sequences >= 2K on an H100, ops/common/launch_bwd_sm90.py)
+                                     sequences >= 1K dense, >= 2K flex, on an H100; ops/*/launch_bwd_sm90.py)
 
 Switches are read when a launch plan is made: plans made before a change keep their choice (tests clear the
 plan caches after changing one).

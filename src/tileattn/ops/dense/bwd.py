@@ -1,5 +1,5 @@
 """Launch of dense attention backward: delta, then dK/dV and dQ on one of four paths: the Hopper kernel
-(launch_bwd_sm90.py, D = Dv <= 128, sequences >= 2K), the whole-row Triton kernels (kernels_bwd.py), the split
+(launch_bwd_sm90.py, D = Dv <= 128, sequences >= 1K), the whole-row Triton kernels (kernels_bwd.py), the split
 backward for head dims above 128 on batched inputs (launch_bwd_large_d.py: score tiles, then cuBLAS GEMMs), and
 the fused slice kernels for varlen head dims above 256 (kernels_bwd_large_d.py).
 
