@@ -4,7 +4,7 @@
 flex_bwd_sm90_kernel, FLEX mode: query blocks from a block mask's lists, traced score / mask mods).
 
 Work items are (key block of BLOCK_N = 128 keys, batch * kv head) pairs, (batch, kv head)-major with the highest key
-block first (_item). One CTA per item, or (ROTATE) a persistent, cooperatively launched grid whose programs walk
+block first (workwork_item). One CTA per item, or (ROTATE) a persistent, cooperatively launched grid whose programs walk
 items pid, pid + programs, ... with K and V reloaded per item behind a kv_empty barrier. An item walks the query
 blocks (BLOCK_M = 64 or 128 rows: launch_bwd_sm90.CONFIGS) that see its keys, for every query head of the kv
 head's group, in ascending order (masked blocks below the unmasked range, the unmasked range, masked blocks above;
@@ -56,119 +56,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from . import masking, softmax
-from .gluon_compat import thread_barrier, tma_load, tma_reduce_add, tma_store
-from .gluon_sm90_loader import flex_lists
+from . import softmax
+from .gluon_bwd_sm90_dq import dq_writer
+from .gluon_bwd_sm90_walk import head_walk, step_counts, walk_m0, walk_next, work_item
+from .gluon_compat import thread_barrier, tma_load
 
 LOG2E = gl.constexpr(softmax.LOG2E)
 _tanh = gluon.jit(softmax.tanh.fn)
-_key_range = gluon.jit(masking.key_range.fn)
-_query_range = gluon.jit(masking.query_range.fn)
-
-
-# ---- the CTA's schedule (every partition walks the same steps) ----------------------------------------------
-# A walk is one query head's. Dense: sched = query_range(...) = (m_lo, f_lo, f_hi, m_hi), the same for every head.
-# Flex: the block mask's transposed lists of the CTA's key block, (partial blocks, full blocks, partial list,
-# full list) of Q_BLOCK-row query blocks, merged in ascending order (as dense: each key block reaches a query
-# block a few steps after the key block above it, so dQ turns rarely wait; the partial list first, then the full
-# one, made every turn wait for the whole walk of the key block above under a sliding window: 14x slower), each
-# block in Q_BLOCK / BLOCK_M steps. The merge keeps (i_p, i_f, a, f): the next entry of each list and its value
-# (NO_BLOCK past the end).
-NO_BLOCK = gl.constexpr(2 ** 30)
-
-
-@gluon.jit
-def _item(item, wk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-          NEEDS_MASK: gl.constexpr, FLEX: gl.constexpr, ROTATE: gl.constexpr):
-    """(i_b, i_hk, i_n, sched) of work item `item`: items are (batch, kv head)-major with the highest key block
-    first, the order in which a plain grid dispatches them and a persistent program takes them. Dense: sched =
-    (query_range(...), rot): rot is where the key block's walk of the unmasked range starts (ROTATE, else 0)."""
-    num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right = wk
-    i_bh = item // num_kv_blocks
-    i_n = num_kv_blocks - 1 - item % num_kv_blocks
-    if FLEX:
-        sched = (0, 0, 0, 0, 0)  # (per head: _head_walk)
-    else:
-        m_lo, f_lo, f_hi, m_hi = _query_range(i_n * BLOCK_N, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
-                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK)
-        if ROTATE:  # key block n starts at query block n * blocks // key blocks (blocks of the unmasked range)
-            rot = (i_n * ((f_hi - f_lo) // BLOCK_M)) // num_kv_blocks
-        else:
-            rot = 0
-        sched = (m_lo, f_lo, f_hi, m_hi, rot)
-    return i_bh // num_kv_heads, i_bh % num_kv_heads, i_n, sched
-
-
-@gluon.jit
-def _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
-    """(steps, walk, merge state) of query head i_h."""
-    if FLEX:
-        walk = flex_lists(fx, i_b, i_h, i_n)
-        n_part, n_full, part, full = walk
-        return (n_part + n_full) * (Q_BLOCK // BLOCK_M), walk, (0, 0, _list_entry(part, 0, n_part),
-                                                                _list_entry(full, 0, n_full))
-    else:
-        n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
-        return n_above + n_full + n_below, sched, (0, 0, 0, 0)
-
-
-@gluon.jit
-def _list_entry(lst, i, n):
-    """Entry i of a block list of n entries, NO_BLOCK for i >= n (never reading past the tensor)."""
-    return gl.where(i < n, gl.load(lst + gl.maximum(gl.minimum(i, n - 1), 0)), NO_BLOCK)
-
-
-@gluon.jit
-def _flex_next(t, merge, walk, BLOCK_M: gl.constexpr, Q_BLOCK: gl.constexpr):
-    """The merge state after step t (the next block's entries are loaded a step ahead of their use)."""
-    i_p, i_f, a, f = merge
-    n_part, n_full, part, full = walk
-    done = (t % (Q_BLOCK // BLOCK_M)) == (Q_BLOCK // BLOCK_M) - 1
-    i_p = i_p + (done & (a < f)).to(gl.int32)
-    i_f = i_f + (done & (a > f)).to(gl.int32)
-    return i_p, i_f, _list_entry(part, i_p, n_part), _list_entry(full, i_f, n_full)
-
-
-@gluon.jit
-def _step_counts(sched, BLOCK_M: gl.constexpr):
-    """Dense: (masked steps above the unmasked range, unmasked steps, masked steps below)."""
-    m_lo, f_lo, f_hi, m_hi, rot = sched
-    return gl.cdiv(m_hi - f_hi, BLOCK_M), (f_hi - f_lo) // BLOCK_M, gl.cdiv(f_lo - m_lo, BLOCK_M)
-
-
-@gluon.jit
-def _walk_m0(t, walk, merge, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
-             ROTATE: gl.constexpr):
-    """First query row of step t (ascending; dense: masked below the unmasked range, unmasked (ROTATE: from block
-    rot on, cyclically), masked above)."""
-    if FLEX:
-        return gl.minimum(merge[2], merge[3]) * Q_BLOCK + (t % (Q_BLOCK // BLOCK_M)) * BLOCK_M
-    else:
-        m_lo, f_lo, f_hi, m_hi, rot = walk
-        n_above, n_full, n_below = _step_counts(walk, BLOCK_M)
-        if t < n_below:
-            m0 = m_lo + t * BLOCK_M
-        elif t < n_below + n_full:
-            if ROTATE:
-                m0 = f_lo + ((t - n_below + rot) % n_full) * BLOCK_M
-            else:
-                m0 = f_lo + (t - n_below) * BLOCK_M
-        else:
-            m0 = f_hi + (t - n_below - n_full) * BLOCK_M
-        return m0
-
-
-@gluon.jit
-def _walk_next(t, walk, merge, BLOCK_M: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr):
-    if FLEX:
-        return _flex_next(t, merge, walk, BLOCK_M, Q_BLOCK)
-    else:
-        return merge
 
 
 # ---- loader --------------------------------------------------------------------------------------------------
@@ -207,7 +105,7 @@ def _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem,
     (returned advanced)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    i_b, i_hk, i_n, sched = _item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
+    i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
     if ROTATE:
         mbarrier.wait(kv_empty, (it & 1) ^ 1)  # the consumers are done with the last item's (a fresh barrier passes)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -226,11 +124,11 @@ def _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, l
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     for g in range(group_size):
         i_h = i_hk * group_size + g
-        n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
+        n_steps, walk, merge = head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
         off = i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh
         for t in range(n_steps):
-            m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, ROTATE)
-            merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+            m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, ROTATE)
+            merge = walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
             s = step % STAGES
             m_ok = m0 + rows < seqlen_q
             lse = gl.load(lse_ptr + off + m0 + rows, mask=m_ok, other=float("inf"))
@@ -379,7 +277,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
         step = 0
         it = 0
         for item in range(gl.program_id(0), wk[0], gl.num_programs(0)):
-            i_b, i_hk, i_n, sched = _item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
+            i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
             mbarrier.wait(kv_ready, it & 1)
             step = _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready,
                                  q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks,
@@ -389,7 +287,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
                                  DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, ROTATE)
             it += 1
     else:  # one item per program
-        i_b, i_hk, i_n, sched = _item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
+        i_b, i_hk, i_n, sched = work_item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
                                       ROTATE)
         mbarrier.wait(kv_ready, 0)
         _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready, q_empty,
@@ -425,13 +323,13 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
     for g in range(group_size):  # the query heads of the kv head: the loader and writers track which
         i_h = i_hk * group_size + g
         fm = (i_b, i_h, scale)
-        n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
+        n_steps, walk, merge = head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
         if FLEX:  # one merged walk; mask_mod applies on blocks of the partial list (a runtime flag: two inlined
             # steps under a branch spilled and computed wrong gradients with an ALiBi score mod)
             for t in range(n_steps):
-                m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, False)
+                m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, False)
                 full = merge[2] > merge[3]
-                merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
+                merge = walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
                 dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
                                stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
                                off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, full, caps_s,
@@ -440,7 +338,7 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                 step += 1
         else:
             m_lo, f_lo, f_hi, m_hi, rot = sched
-            n_above, n_full, n_below = _step_counts(sched, BLOCK_M)
+            n_above, n_full, n_below = step_counts(sched, BLOCK_M)
             # three ranges, each its own instantiation of the step: masked below the unmasked range, unmasked,
             # masked above (the masked ones only where a tile can need a mask)
             for r in gl.static_range(3):
@@ -475,172 +373,6 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
     cols = gl.arange(0, DV, layout=gl.SliceLayout(0, v_layout))
     gl.store(dv_ptr + i_b.to(gl.int64) * stride_vb + i_hk.to(gl.int64) * stride_vh + rows[:, None] * stride_vs
              + cols[None, :], dv.to(dv_ptr.dtype.element_ty), mask=(rows < seqlen_k)[:, None])
-    return step
-
-
-# ---- dQ writer -----------------------------------------------------------------------------------------------
-@gluon.jit
-def _wait_turn(sem, target):
-    """Lane 0 polls the counter at sem (acquire, 64 ns back-off) until it reads target; the warp barrier then
-    orders the whole warp's later memory operations after it."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred %p<2>; .reg .b32 %l<1>; mov.u32 %l0, %laneid; setp.ne.u32 %p1, %l0, 0; mov.b32 $0, $2; "
-        "@%p1 bra done_${:uid}; spin_${:uid}: ld.global.acquire.gpu.b32 $0, [$1]; setp.ne.s32 %p0, $0, $2; "
-        "@!%p0 bra done_${:uid}; nanosleep.u32 64; bra spin_${:uid}; done_${:uid}: bar.warp.sync -1; }",
-        "=r,l,r", [sem, target], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _pass_turn(sem):
-    """After the warp barrier (every lane's stores ordered before it), lane 0 adds 1 to the counter (release)."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred %p<1>; .reg .b32 %l<1>; bar.warp.sync -1; mov.u32 %l0, %laneid; setp.eq.u32 %p0, %l0, 0; "
-        "@%p0 red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }", "=r,l", [sem], dtype=gl.int32,
-        is_pure=False, pack=1)
-
-
-@gluon.jit
-def _fence_proxy_async():
-    """Orders this thread's generic-proxy memory operations with its bulk-copy (async proxy) ones, both ways."""
-    gl.inline_asm_elementwise("fence.proxy.async; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _count_around(lst, n, kvb, num_kv_blocks):
-    """(entries above kvb, entries below kvb) among the first n of block list lst (entries outside
-    [0, num_kv_blocks) are no key block and not counted); one warp, 128 entries at a time."""
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
-    o = gl.arange(0, 128, layout=layout)
-    above = 0
-    below = 0
-    for c in range(0, n, 128):
-        j = gl.load(lst + c + o, mask=c + o < n, other=-1)
-        ok = (j >= 0) & (j < num_kv_blocks)
-        above += gl.sum((ok & (j > kvb)).to(gl.int32), axis=0)
-        below += gl.sum((ok & (j < kvb)).to(gl.int32), axis=0)
-    return above, below
-
-
-@gluon.jit
-def _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, num_kv_blocks, num_q_blocks,
-          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-          FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
-    """(turn, last) of key block i_n on the query block at m0: how many key blocks add to its dQ first, and
-    whether none adds after (then nobody waits for the turn). Dense: from the masking rule's key range, higher
-    key blocks first; ROTATE (every key block sees every query block, key block n's walk starts at query block
-    rot(n) = n * num_q_blocks // num_kv_blocks): in the order the walks reach the block, j0 = the highest key
-    block with rot(j0) <= the block's index first, then j0 - 1, ..., 0, then num_kv_blocks - 1, ..., j0 + 1.
-    Flex: counted in the query block's forward lists fk."""
-    if FLEX:
-        n_part, n_full, part, full = flex_lists(fk, i_b, i_h, m0 // Q_BLOCK)
-        above, below = _count_around(part, n_part, i_n, num_kv_blocks)
-        above_full, below_full = _count_around(full, n_full, i_n, num_kv_blocks)
-        return above + above_full, below + below_full == 0
-    elif ROTATE:
-        j0 = ((m0 // BLOCK_M + 1) * num_kv_blocks + num_q_blocks - 1) // num_q_blocks - 1
-        turn = (j0 - i_n + num_kv_blocks) % num_kv_blocks
-        return turn, turn == num_kv_blocks - 1
-    else:
-        lo, hi, _, _ = _key_range(m0, m0 + BLOCK_M - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
-                                  HAS_RIGHT)
-        # key blocks add from the highest that sees this query block down: turn = how many come first
-        return ((hi - 1) // BLOCK_N) - i_n, i_n * BLOCK_N <= lo
-
-
-@gluon.jit
-def _dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-               NEEDS_MASK: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr, W: gl.constexpr,
-               WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
-               ROTATE: gl.constexpr):
-    """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and adds
-    overlap with the other writers' (different query blocks). TMA_DQ (triton >= 3.9): acc is a tensor
-    descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
-    acc is a pointer and the warp adds ROWS rows at a time with vector atomics. The two staged parts of a step
-    are its [BLOCK_M, D / 2] column halves, or with BLOCK_M = 128 its [64, D] row halves."""
-    DQ_C: gl.constexpr = dq_bufs.shape[2]
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // min(DQ_C // 4, 32), min(DQ_C // 4, 32)], [1, 1], [1, 0])
-    r_idx = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    c_idx = gl.arange(0, DQ_C, layout=gl.SliceLayout(0, layout))
-    num_kv_blocks = wk[1]
-    num_kv_heads = wk[2]
-    if ROTATE:  # the persistent grid: items pid, pid + programs, ...
-        step = 0
-        for item in range(gl.program_id(0), wk[0], gl.num_programs(0)):
-            i_b, i_hk, i_n, sched = _item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
-            step = _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
-                               num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], step, r_idx,
-                               c_idx, layout, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS,
-                               TMA_DQ, FLEX, Q_BLOCK, ROTATE)
-    else:  # one item per program
-        i_b, i_hk, i_n, sched = _item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
-                                      ROTATE)
-        _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
-                    num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], gl.to_tensor(0), r_idx,
-                    c_idx, layout,
-                    BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS, TMA_DQ, FLEX, Q_BLOCK, ROTATE)
-    if TMA_DQ:
-        tma.store_wait(0, read_only=False)
-
-
-@gluon.jit
-def _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads, num_kv_blocks,
-                num_q_blocks, sched, fx, fk, seqlen_k, off_diag, left, right, step, r_idx, c_idx,
-                layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-                HAS_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr, W: gl.constexpr,
-                WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
-                ROTATE: gl.constexpr):
-    """This writer's steps of one work item, from `step` on (returned advanced)."""
-    DQ_R: gl.constexpr = dq_bufs.shape[1]
-    DQ_C: gl.constexpr = dq_bufs.shape[2]
-    D: gl.constexpr = DQ_C * 128 // BLOCK_M
-    ROW_STEP: gl.constexpr = BLOCK_M - DQ_R  # where part 1 starts: (0, D / 2) or (64, 0)
-    COL_STEP: gl.constexpr = D - DQ_C
-    for g in range(group_size):
-        i_h = i_hk * group_size + g
-        i_bhq = (i_b * num_kv_heads * group_size + i_h).to(gl.int64)
-        n_steps, walk, merge = _head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
-        for t in range(n_steps):
-            m0 = _walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, ROTATE)
-            merge = _walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
-            if step % WRITERS == W:
-                turn, last = _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, num_kv_blocks,
-                                   num_q_blocks, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, FLEX, Q_BLOCK, ROTATE)
-                sem = sem_ptr + i_bhq * num_q_blocks + m0 // BLOCK_M
-                qb = step % DQ_BUFS
-                mbarrier.wait(dq_full.index(qb), (step // DQ_BUFS) & 1)
-                if turn > 0:
-                    _wait_turn(sem, turn)
-                if TMA_DQ:
-                    row = (i_bhq * num_q_blocks * BLOCK_M + m0).to(gl.int32)  # < 2^31: launch_bwd_sm90 checks
-                    if turn > 0:
-                        _fence_proxy_async()  # the earlier blocks' adds, acquired above, before this one's
-                        for h in gl.static_range(2):
-                            tma_reduce_add(acc, [row + h * ROW_STEP, h * COL_STEP], dq_bufs.index(qb * 2 + h))
-                    else:
-                        for h in gl.static_range(2):
-                            tma_store(acc, [row + h * ROW_STEP, h * COL_STEP], dq_bufs.index(qb * 2 + h))
-                    tma.store_wait(0)  # the halves are read: the consumers may stage the next step's
-                    mbarrier.arrive(dq_empty.index(qb))
-                    if not last:
-                        tma.store_wait(0, read_only=False)  # written to global memory before the turn passes
-                        _fence_proxy_async()
-                        _pass_turn(sem)
-                else:
-                    base = acc + (i_bhq * num_q_blocks * BLOCK_M + m0) * D
-                    for h in gl.static_range(2):
-                        for r in gl.static_range(0, DQ_R, ROWS):
-                            x = dq_bufs.index(qb * 2 + h).slice(r, ROWS, dim=0).load(layout)
-                            ptrs = base + (h * ROW_STEP + r + r_idx)[:, None] * D + (h * COL_STEP + c_idx)[None, :]
-                            if turn > 0:
-                                gl.atomic_add(ptrs, x, sem="relaxed", scope="gpu")  # ordered by the turn
-                            else:
-                                gl.store(ptrs, x)
-                    if not last:
-                        _pass_turn(sem)
-                    mbarrier.arrive(dq_empty.index(qb))
-            step += 1
     return step
 
 
@@ -723,10 +455,10 @@ def attn_bwd_pipeline(
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
                    q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES, HAS_LEFT,
                    HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, ROTATE)),
-        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
+        (dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK,
                       ROTATE)),
-        (_dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
+        (dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 1, 2, TMA_DQ, FLEX, Q_BLOCK,
                       ROTATE)),
     ], [4, 1, 1, 1], [CONSUMER_REGS, WORKER_REGS, WORKER_REGS, WORKER_REGS])
