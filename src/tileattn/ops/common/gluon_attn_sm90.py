@@ -67,8 +67,7 @@ def _exp2_asm(on_fma):
     return "{ .reg .f32 x, t, j, f, p; .reg .b32 ti, pi; " + mufu + fma + "}"
 
 
-_EXP2_ASM_1 = gl.constexpr(_exp2_asm(1))
-_EXP2_ASM_2 = gl.constexpr(_exp2_asm(2))
+_EXP2_ASM = gl.constexpr((None, _exp2_asm(1), _exp2_asm(2)))  # by the number of values on the FMA pipe
 
 
 @gluon.jit
@@ -76,13 +75,9 @@ def _exp2_fma(x, EXP2_FMA: gl.constexpr):
     """exp2 of a float32 block with EXP2_FMA (1 or 2) of every 4 values computed on the FMA pipe instead of the
     MUFU (_exp2_asm): the MUFU's 16 exp2 per cycle and SM match the tensor cores' rate on a D=64 16-bit or a
     D=128 fp8 block, so taking a share off it lets the softmax keep pace (FlashAttention-4's lever)."""
-    if EXP2_FMA == 1:
-        return gl.inline_asm_elementwise(_EXP2_ASM_1, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
-                                         pack=4)
-    else:
-        gl.static_assert(EXP2_FMA == 2, "EXP2_FMA: 0, 1 or 2 of every 4 values")
-        return gl.inline_asm_elementwise(_EXP2_ASM_2, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
-                                         pack=4)
+    gl.static_assert(EXP2_FMA == 1 or EXP2_FMA == 2, "EXP2_FMA: 1 or 2 of every 4 values")
+    return gl.inline_asm_elementwise(_EXP2_ASM[EXP2_FMA], "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32,
+                                     is_pure=True, pack=4)
 
 
 # the masking model's helpers, written once as Triton functions and compiled here as Gluon
