@@ -16,9 +16,9 @@ class Config(NamedTuple):
     """One head dim's config: Q / dO stages, dQ staging buffers, registers per consumer thread and per loader /
     writer thread, rows a writer moves per chunk, TMA reduce-adds for dQ where triton has them, and query rows
     per step (block_m: 64, or 128 where each warpgroup then computes dQ for 64 of the rows over the whole head
-    dim instead of all rows over half of it), and a persistent grid (one program per SM walking the work items,
-    launched cooperatively so that every program is resident; it rotates the walks of problems where every key
-    block sees every query block, which is safe only then)."""
+    dim instead of all rows over half of it), and `persistent`: problems where every key block sees every query
+    block take a persistent, cooperatively launched grid with rotated walks (grid() says when), the others keep
+    one program per work item."""
     stages: int
     dq_bufs: int
     consumer_regs: int
@@ -47,11 +47,12 @@ CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 232
 MIN_SEQLEN = 2048
 
 
-def reason(device, dtype, head_dim, head_dim_v, tensors, rows, seqlen, min_seqlen=MIN_SEQLEN):
+def reason(device, dtype, head_dim, head_dim_v, tensors, rows, items, seqlen, min_seqlen=MIN_SEQLEN):
     """Why the pipeline does not take a problem ("" when it does): TILEATTN_SM90_BWD, a Hopper GPU with a
     Gluon-verified triton, fp16 / bf16, D = Dv in CONFIGS, q, k, v, dO (`tensors`, seen as [B, S, H, D]) fit
-    for tensor descriptors, fewer than 2^31 rows of dQ sums (`rows`: B * Hq * padded Sq), and by default the
-    shorter sequence (`seqlen`) at least min_seqlen."""
+    for tensor descriptors, fewer than 2^31 rows of dQ sums (`rows`: B * Hq * padded Sq) and work items (`items`:
+    key blocks * B * Hkv, the grid's one dimension), and by default the shorter sequence (`seqlen`) at least
+    min_seqlen."""
     mode = knobs.sm90_bwd()
     if mode == "off":
         return "TILEATTN_SM90_BWD=0"
@@ -66,6 +67,8 @@ def reason(device, dtype, head_dim, head_dim_v, tensors, rows, seqlen, min_seqle
         return "q, k, v or the output gradient is not aligned for tensor descriptors"
     if rows >= 2 ** 31:
         return "2^31 or more rows of dQ sums (int32 coordinates)"
+    if items >= 2 ** 31:
+        return "2^31 or more work items (key blocks x batch x kv heads: the grid's limit)"
     if mode == "auto" and seqlen < min_seqlen:
         return f"a sequence shorter than {min_seqlen}: the Triton kernels measured faster there"
     return ""

@@ -24,10 +24,9 @@ def reason(p, q, k, v, do):
     """Why the Hopper backward does not take problem p ("" when it does)."""
     if p.varlen:
         return "packed (varlen) inputs"
-    if p.batch * p.heads_kv > 65535:
-        return "more than 65535 (batch, kv head) pairs"
     rows = p.batch * p.heads_q * triton.cdiv(p.seqlen_q, 128) * 128  # (the sums' rows for any block_m <= 128)
-    return pipeline.reason(q.device, q.dtype, p.head_dim, p.head_dim_v, (q, k, v, do), rows,
+    items = triton.cdiv(p.seqlen_k, BLOCK_N) * p.batch * p.heads_kv
+    return pipeline.reason(q.device, q.dtype, p.head_dim, p.head_dim_v, (q, k, v, do), rows, items,
                            min(p.seqlen_q, p.seqlen_k), MIN_SEQLEN)
 
 

@@ -24,10 +24,9 @@ def reason(p, dout):
     if (p.q_block, p.kv_block) != (BLOCK, BLOCK) or p.seqlen_q % BLOCK or p.seqlen_k % BLOCK:
         return (f"mask blocks {p.q_block} x {p.kv_block} or lengths Sq={p.seqlen_q}, Sk={p.seqlen_k}: it serves "
                 f"{BLOCK} x {BLOCK} blocks and lengths that are multiples of {BLOCK}")
-    if p.batch * p.heads_kv > 65535:
-        return "more than 65535 (batch, kv head) pairs"
     rows = p.batch * p.heads_q * p.seqlen_q
-    return pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, (dout.transpose(1, 2),), rows,
+    items = p.seqlen_k // BLOCK * p.batch * p.heads_kv
+    return pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, (dout.transpose(1, 2),), rows, items,
                            min(p.seqlen_q, p.seqlen_k))
 
 
