@@ -353,7 +353,7 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                     n_r = n_above
                 if NEEDS_MASK or r == 1:
                     for t in range(n_r):
-                        if ROTATE and r == 1:  # (ROTATE: every key block's walk is its whole unmasked range)
+                        if ROTATE and r == 1:  # walk_m0's rotation (the loader and writers walk the same)
                             m0 = m_start + ((t + rot) % n_r) * BLOCK_M
                         else:
                             m0 = m_start + t * BLOCK_M
