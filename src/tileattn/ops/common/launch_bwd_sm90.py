@@ -47,12 +47,11 @@ CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 232
 MIN_SEQLEN = 2048
 
 
-def reason(device, dtype, head_dim, head_dim_v, tensors, rows, items, seqlen, min_seqlen=MIN_SEQLEN):
+def reason(device, dtype, head_dim, head_dim_v, tensors, counts, seqlen, min_seqlen=MIN_SEQLEN):
     """Why the pipeline does not take a problem ("" when it does): TILEATTN_SM90_BWD, a Hopper GPU with a
     Gluon-verified triton, fp16 / bf16, D = Dv in CONFIGS, q, k, v, dO (`tensors`, seen as [B, S, H, D]) fit
-    for tensor descriptors, fewer than 2^31 rows of dQ sums (`rows`: B * Hq * padded Sq) and work items (`items`:
-    key blocks * B * Hkv, the grid's one dimension), and by default the shorter sequence (`seqlen`) at least
-    min_seqlen."""
+    for tensor descriptors, `counts` = (rows of dQ sums: B * Hq * padded Sq, work items: key blocks * B * Hkv, the
+    grid's one dimension) both below 2^31, and by default the shorter sequence (`seqlen`) at least min_seqlen."""
     mode = knobs.sm90_bwd()
     if mode == "off":
         return "TILEATTN_SM90_BWD=0"
@@ -65,6 +64,7 @@ def reason(device, dtype, head_dim, head_dim_v, tensors, rows, items, seqlen, mi
         return f"head dims D={head_dim}, Dv={head_dim_v}: it serves D = Dv in {sorted(CONFIGS)}"
     if not all(tma_ok(t) for t in tensors):
         return "q, k, v or the output gradient is not aligned for tensor descriptors"
+    rows, items = counts
     if rows >= 2 ** 31:
         return "2^31 or more rows of dQ sums (int32 coordinates)"
     if items >= 2 ** 31:

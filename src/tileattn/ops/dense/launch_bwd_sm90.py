@@ -26,7 +26,7 @@ def reason(p, q, k, v, do):
         return "packed (varlen) inputs"
     rows = p.batch * p.heads_q * triton.cdiv(p.seqlen_q, 128) * 128  # (the sums' rows for any block_m <= 128)
     items = triton.cdiv(p.seqlen_k, BLOCK_N) * p.batch * p.heads_kv
-    return pipeline.reason(q.device, q.dtype, p.head_dim, p.head_dim_v, (q, k, v, do), rows, items,
+    return pipeline.reason(q.device, q.dtype, p.head_dim, p.head_dim_v, (q, k, v, do), (rows, items),
                            min(p.seqlen_q, p.seqlen_k), MIN_SEQLEN)
 
 

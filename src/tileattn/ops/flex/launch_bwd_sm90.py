@@ -26,7 +26,7 @@ def reason(p, dout):
                 f"{BLOCK} x {BLOCK} blocks and lengths that are multiples of {BLOCK}")
     rows = p.batch * p.heads_q * p.seqlen_q
     items = p.seqlen_k // BLOCK * p.batch * p.heads_kv
-    return pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, (dout.transpose(1, 2),), rows, items,
+    return pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, (dout.transpose(1, 2),), (rows, items),
                            min(p.seqlen_q, p.seqlen_k))
 
 
