@@ -403,9 +403,8 @@ def test_gpu_backward_sm90(case, dtype, device, monkeypatch):
     check_grads(lambda q, k, v: tileattn.attention(q, k, v, return_lse=with_lse, **opts), ref, q, k, v,
                 with_lse=with_lse)
     assert ran
-    # dQ through TMA reduce-adds exactly where the table asks for them and the triton has them (3.9)
-    from tileattn.ops.common.gluon_compat import TMA_REDUCE
-    assert ran[0]["TMA_DQ"] == (bool(launch_bwd_sm90.CONFIGS[D][5]) and TMA_REDUCE)
+    # dQ through TMA reduce-adds exactly where the table asks for them (on triton 3.6 and 3.9)
+    assert ran[0]["TMA_DQ"] == bool(launch_bwd_sm90.CONFIGS[D][5])
 
 
 @pytest.mark.gpu

@@ -24,7 +24,7 @@ flex: the block mask's transposed lists, its partial blocks (masked by mask_mod)
     in global memory, in descending key-block order: a counter per (query head, query block) says how many
     higher key blocks have added; the writer spins until it is its turn (one lane polls), adds (the first key
     block of a query block stores instead) and passes the turn on with a release, which orders its adds
-    before the next block's. Adds are vector atomics, or with triton >= 3.9 at D=128 one TMA reduce-add per
+    before the next block's. Adds are vector atomics, or at D=128 one TMA reduce-add per
     half (TMA_DQ; launch_bwd_sm90.CONFIGS). Waiting happens in the writers only: the consumers go on with the
     next tiles while they wait, and two writers keep two query blocks in flight. The turn of a key block is
     the number of higher key blocks that see the query block: from the masking rule (dense) or by counting

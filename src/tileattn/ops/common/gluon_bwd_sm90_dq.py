@@ -6,7 +6,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import masking
 from .gluon_bwd_sm90_walk import head_walk, walk_m0, walk_next, work_item
-from .gluon_compat import tma_reduce_add, tma_store
+from .gluon_compat import tma_reduce_add, tma_store, tma_wait_writes
 from .gluon_sm90_loader import flex_lists
 
 _key_range = gluon.jit(masking.key_range.fn)
@@ -89,7 +89,7 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
               WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
               ROTATE: gl.constexpr):
     """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and adds
-    overlap with the other writers' (different query blocks). TMA_DQ (triton >= 3.9): acc is a tensor
+    overlap with the other writers' (different query blocks). TMA_DQ: acc is a tensor
     descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
     acc is a pointer and the warp adds ROWS rows at a time with vector atomics. The two staged parts of a step
     are its [BLOCK_M, D / 2] column halves, or with BLOCK_M = 128 its [64, D] row halves."""
@@ -115,7 +115,7 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
                     c_idx, layout,
                     BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS, TMA_DQ, FLEX, Q_BLOCK, ROTATE)
     if TMA_DQ:
-        tma.store_wait(0, read_only=False)
+        tma_wait_writes()
 
 
 @gluon.jit
@@ -158,7 +158,7 @@ def _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_
                     tma.store_wait(0)  # the halves are read: the consumers may stage the next step's
                     mbarrier.arrive(dq_empty.index(qb))
                     if not last:
-                        tma.store_wait(0, read_only=False)  # written to global memory before the turn passes
+                        tma_wait_writes()  # written to global memory before the turn passes
                         _fence_proxy_async()
                         _pass_turn(sem)
                 else:

@@ -14,7 +14,7 @@ BLOCK_N = 128  # keys per CTA: 64 per consumer warpgroup
 
 class Config(NamedTuple):
     """One head dim's config: Q / dO stages, dQ staging buffers, registers per consumer thread and per loader /
-    writer thread, rows a writer moves per chunk, TMA reduce-adds for dQ where triton has them, and query rows
+    writer thread, rows a writer moves per chunk, TMA reduce-adds for dQ (else vector atomics), and query rows
     per step (block_m: 64, or 128 where each warpgroup then computes dQ for 64 of the rows over the whole head
     dim instead of all rows over half of it), and `persistent`: problems where every key block sees every query
     block take a persistent, cooperatively launched grid with rotated walks (grid() says when), the others keep
@@ -33,8 +33,10 @@ class Config(NamedTuple):
 # --sm90-cfgs ...` and `gpu_check.sh ab-bwd`, docs/design/backward.md): at D=128 232 / 40 registers beat 240 / 24
 # (N=16K non-causal 489 vs 422 TFLOPS, 4K 411 vs 392: the dQ writers are the bottleneck and 24 registers spill
 # their loop state; the consumers do not spill at 232); at D=64, 4 dQ buffers, 3 stages or 8-row chunks were
-# within 2%. TMA reduce-adds (triton 3.9) against vector atomics: D=128 +3-9% on every row (N 2K-16K, causal and
-# not), D=64 -9-10% at N 2K-4K non-causal and even elsewhere, so D=128 only. D=64 takes 128-row steps
+# within 2%. TMA reduce-adds against vector atomics: D=128 +3-9% on every row (N 2K-16K, causal and not; triton
+# 3.9, 2026-11-24), and on triton 3.6 with the rotated walks +2-9% (2026-11-25, `gpu_check.sh ab-bwd`, N 1K-16K:
+# non-causal 16K 480 -> 521, causal 16K 411 -> 426); D=64 -9-10% at N 2K-4K non-causal and even elsewhere (3.9),
+# so D=128 only. D=64 takes 128-row steps
 # (2026-11-24, `sweep.py bwd --dims 64 --sm90-cfgs 64:2,2,240,40,4,0,64`, two runs in either order): causal
 # +3-6% at N 2K-8K, non-causal within +-2% at N 2K-8K; the 16K rows swung +-15% between repeats of the same
 # config. (D=128 cannot: S^T, dP^T, dK and dV would need 256 accumulator registers.)
@@ -75,12 +77,11 @@ def reason(device, dtype, head_dim, head_dim_v, tensors, counts, seqlen, min_seq
 
 
 def config(d):
-    """Head dim d's Config, tma_dq only where this triton has TMA reduce-adds."""
-    from .gluon_compat import TMA_REDUCE
+    """Head dim d's Config (checked)."""
     cfg = Config(*CONFIGS[d])
     if cfg.block_m not in (64, 128):  # the kernel splits a step's dQ between its two warpgroups by columns or rows
         raise ValueError(f"launch_bwd_sm90.CONFIGS[{d}].block_m = {cfg.block_m}: the kernel takes 64 or 128")
-    return cfg._replace(tma_dq=bool(cfg.tma_dq) and TMA_REDUCE)
+    return cfg
 
 
 def block_m(d):
