@@ -479,7 +479,8 @@ def test_sm90_backward_config_rows_per_step(monkeypatch):
 
 def test_sm90_backward_grid(monkeypatch):
     """The Hopper backward's grid: one program per work item (key block, batch * kv head), or, with the table's
-    persistent flag and a problem whose walks rotate, whole heads' key blocks per round up to one per SM."""
+    persistent flag and a problem whose walks rotate (up to ROTATE_MAX_KV_BLOCKS key blocks), whole heads' key
+    blocks per round up to one per SM."""
     from tileattn import hw
     from tileattn.ops.common import launch_bwd_sm90 as pipeline
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
@@ -487,6 +488,10 @@ def test_sm90_backward_grid(monkeypatch):
     assert pipeline.grid(128, 16, 128, "cuda", True) == ((128,), 2048, True)  # whole heads per round
     assert pipeline.grid(128, 40, 128, "cuda", True) == ((120,), 40 * 128, True)
     assert pipeline.grid(128, 4, 8, "cuda", True) == ((32,), 32, True)
+    assert pipeline.grid(128, 64, 128, "cuda", True) == ((128,), 64 * 128, True)
+    assert pipeline.grid(128, 65, 2, "cuda", True) == ((130,), 130, False)  # long sequences: plain grid
+    monkeypatch.setattr(pipeline, "ROTATE_MAX_KV_BLOCKS", 1000)
+    assert pipeline.grid(128, 128, 4, "cuda", True) == ((128,), 512, True)
     assert pipeline.grid(128, 133, 2, "cuda", True) == ((266,), 266, False)  # a head's key blocks would not fit
     assert pipeline.grid(128, 16, 128, "cuda", False) == ((2048,), 2048, False)  # masked: one program per item
     monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=False))

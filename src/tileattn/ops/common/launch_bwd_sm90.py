@@ -102,6 +102,14 @@ def meta(d):
                 WRITER_ROWS=c.writer_rows, TMA_DQ=c.tma_dq, num_warps=4)
 
 
+# rotated walks up to this many key blocks (N = 8K at BLOCK_N = 128); longer problems keep one program per item.
+# Measured on the H100 (fp16, B=4, H=32, non-causal, `gpu_check.sh ab-bwd`, same run): at N=16K the plain grid
+# beat the rotated one in both runs taken (2026-11-24: D=128 516 vs 492 TFLOPS, D=64 404 vs 394; 2026-11-25, TMA
+# reduce-adds at D=128: 550 vs 533, D=64 471 vs 389): the chain's idle time is a small share of a long program's
+# life and the persistent grid leaves 4 of 132 SMs idle. At N <= 4K rotation measured +9-23%; N=8K even.
+ROTATE_MAX_KV_BLOCKS = 64
+
+
 def grid(d, num_kv_blocks, num_bh, device, rotatable):
     """(grid, items, rotate): the work items are (key block, batch * kv head) pairs. One program per item, or,
     where the config is persistent and the problem `rotatable` (every key block sees every query block), a
@@ -109,11 +117,11 @@ def grid(d, num_kv_blocks, num_bh, device, rotatable):
     program per SM (at most one per item), so that each round of items pid, pid + programs, ... holds whole
     heads and every key block of a head runs at the same time (a head split across rounds measured 7% slower at
     N=16K: its first key blocks waited a round for the rest). Launched cooperatively (every program resident,
-    which the rotated order needs to be free of deadlock). One CTA fits an SM: the kernel takes ~226 KB of
-    shared memory."""
+    which the rotated order needs to be free of deadlock), up to ROTATE_MAX_KV_BLOCKS key blocks. One CTA fits an
+    SM: the kernel takes ~226 KB of shared memory."""
     items = num_kv_blocks * num_bh
     sms = hw.device_info(device).num_sms
-    if config(d).persistent and rotatable and num_kv_blocks <= sms:
+    if config(d).persistent and rotatable and num_kv_blocks <= min(sms, ROTATE_MAX_KV_BLOCKS):
         return (min(items, sms // num_kv_blocks * num_kv_blocks),), items, True
     return (items,), items, False
 
