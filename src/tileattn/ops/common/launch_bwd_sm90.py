@@ -36,10 +36,10 @@ class Config(NamedTuple):
 # within 2%. TMA reduce-adds against vector atomics: D=128 +3-9% on every row (N 2K-16K, causal and not; triton
 # 3.9, 2026-11-24), and on triton 3.6 with the rotated walks +2-9% (2026-11-25, `gpu_check.sh ab-bwd`, N 1K-16K:
 # non-causal 16K 480 -> 521, causal 16K 411 -> 426); D=64 -9-10% at N 2K-4K non-causal and even elsewhere (3.9),
-# so D=128 only. D=64 takes 128-row steps
-# (2026-11-24, `sweep.py bwd --dims 64 --sm90-cfgs 64:2,2,240,40,4,0,64`, two runs in either order): causal
-# +3-6% at N 2K-8K, non-causal within +-2% at N 2K-8K; the 16K rows swung +-15% between repeats of the same
-# config. (D=128 cannot: S^T, dP^T, dK and dV would need 256 accumulator registers.)
+# so D=128 only. D=64 takes 128-row steps (2026-11-24, `sweep.py bwd --dims 64 --sm90-cfgs 64:2,2,240,40,4,0,64`,
+# two runs in either order): causal +3-6% at N 2K-8K, non-causal within +-2% at N 2K-8K; the 16K rows swung
+# +-15% between repeats of the same config. (D=128 cannot: S^T, dP^T, dK and dV would need 256 accumulator
+# registers.)
 CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 232, 40, 2, True, 64, True)}
 # the default takes problems whose sequences both have at least this many tokens (flex; dense passes its own,
 # ops/dense/launch_bwd_sm90.py): below, the Triton kernels measured faster or as fast (H100, B=4, H=32, fp16,
