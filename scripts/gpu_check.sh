@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-small] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -67,6 +67,16 @@ for s in $steps; do
         tests/flex/test_flex_backward.py -k "gpu_flex_backward_sm90 and (alibi_causal-128-bf16 or document-64-fp16 or gqa or noop)" \
         > "$OUT/sanitize_flex_bwd.log" 2>&1; rc=$?
       summary+=("sanitize-flex-bwd rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_flex_bwd.log" | tail -n 2 | tr '\n' ' ')") ;;
+    sanitize-bwd)
+      # the dense Hopper backward under memcheck and synccheck: D=128 (dQ as TMA reduce-adds), causal and windows,
+      # Sq != Sk, GQA, the persistent walks
+      rc=0
+      for tool in memcheck synccheck; do
+        timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
+          tests/dense/test_backward.py -k "gpu_backward_sm90 and fp16 and D128 or persistent_walks" \
+          > "$OUT/sanitize_bwd_$tool.log" 2>&1 || rc=$?
+        summary+=("sanitize-bwd $tool rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_bwd_$tool.log" | tail -n 2 | tr '\n' ' ')")
+      done ;;
     sanitize-large-d)
       timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
         tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal) or gpu_large_d_sm90 and Sq300 and (D576 or D520 or D256 or D200 or D264)" \
@@ -167,6 +177,10 @@ for s in $steps; do
           --only ${AB_ONLY:-sm90} --tag "$tree " ${AB_ARGS:-} >> "$OUT/ab_bwd.log" 2>&1
       done; rc=$?
       summary+=("ab-bwd rc=$rc"); grep -E "^(\.ab2?/src|src) D=" "$OUT/ab_bwd.log" | sort -t' ' -k2,4 -s ;;
+    profile-small)
+      # timed / kernel / host time of the short rows, each kernel's GPU time (SMALL_ARGS: `profile_kernels.py small` options)
+      timeout 300 python3 scripts/profile_kernels.py small --breakdown ${SMALL_ARGS:-} > "$OUT/profile_small.log" 2>&1; rc=$?
+      summary+=("profile-small rc=$rc"); grep -E "^SMALL|^    " "$OUT/profile_small.log" ;;
     profile-bwd)
       timeout 300 python3 scripts/profile_kernels.py bwd > "$OUT/profile_bwd.log" 2>&1; rc=$?
       summary+=("profile-bwd rc=$rc"); grep "^PROF" "$OUT/profile_bwd.log" ;;

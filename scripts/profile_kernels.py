@@ -139,11 +139,15 @@ def small(a):
                     os.environ["TILEATTN_SM90_BWD"] = name[-1] if "sm90=" in name else ""
                     plans.clear_plans()  # the switch is read when a plan is made
                     ms = do_bench(fn)
-                    kern = sum(t for t, _ in kernel_times(fn))
+                    per_kernel = kernel_times(fn)
+                    kern = sum(t for t, _ in per_kernel)
                     f = flops * (2.5 if name.startswith("bwd") else 1.0)
                     print(f"SMALL N={n} D={d} causal={int(causal)} {name:>22}: timed {ms * 1e3:7.1f} us "
                           f"({f / ms / 1e9:5.0f} TFLOPS), kernels {kern * 1e3:7.1f} us, host {host_us(fn):6.1f} us",
                           flush=True)
+                    if a.breakdown:
+                        for t, kname in per_kernel:
+                            print(f"    {t * 1e3:7.1f} us  {kname}", flush=True)
                 os.environ.pop("TILEATTN_SM90_BWD", None)
 
 
@@ -282,6 +286,7 @@ def main():
     p = sub.add_parser("small", help="timed vs kernel vs host time of the grids' short rows")
     p.add_argument("--N", default="1024,2048")
     p.add_argument("--D", default="64,128")
+    p.add_argument("--breakdown", action="store_true", help="each kernel's GPU time too")
     p.set_defaults(func=small)
     p = sub.add_parser("host", help="where a call's host time goes (forward, backward, cuDNN beside)")
     p.add_argument("--N", type=int, default=1024)

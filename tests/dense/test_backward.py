@@ -430,6 +430,39 @@ def test_gpu_backward_sm90_many_programs(device, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_sm90_early_conversion(D, device, monkeypatch):
+    """The dQ conversion starts while the backward's last programs run (programmatic dependent launch) and waits
+    per head for the writers' done counts: a short causal problem with many heads, whose longest programs come
+    last, must give the Triton kernels' gradients, bit-identical over runs, with the conversion launched so."""
+    from tileattn.ops.common.tma import gluon_sm90_reason
+    from tileattn.ops.dense import launch_bwd_sm90, plans
+    q = leaf(4, 1024, 32, D, dtype=torch.float16, device=device)
+    k, v = (leaf(4, 1024, 8, D, dtype=torch.float16, device=device) for _ in range(2))
+    if gluon_sm90_reason(q.device):
+        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
+    launched = []
+    real = launch_bwd_sm90.attn_bwd_sm90
+
+    def spy(p, c, do, delta, grads, sums, tail, launch):
+        return real(p, c, do, delta, grads, sums, tail,
+                    lambda kernel, grid, args, kw: launched.append(kw) or launch(kernel, grid, args, kw))
+    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
+    w = torch.randn(4, 1024, 32, D, device=device)
+
+    def grads(mode):
+        monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
+        plans.clear_plans()
+        return torch.autograd.grad((tileattn.attention(q, k, v, causal=True).float() * w).sum(), (q, k, v))
+    runs = [grads("1") for _ in range(3)]
+    assert launched and launched[-1].get("launch_pdl") is True  # the conversion, the pipeline's last launch
+    assert all(torch.equal(a, b) for r in runs[1:] for a, b in zip(runs[0], r))
+    for a, b in zip(runs[0], grads("0")):
+        assert torch.isfinite(a).all()
+        assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(4, 2048, 8, 128), (2, 4096, 8, 64)],
                          ids=["D128-16-key-blocks", "D64-32-key-blocks"])
 def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
@@ -464,6 +497,15 @@ def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
     for a, b in zip(runs[0], grads("0")):
         assert torch.isfinite(a).all()
         assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+
+
+def test_sm90_backward_turn_counters():
+    """The writers find a (batch, kv head)'s done counter right after the turn counters (one zeroed buffer)."""
+    from tileattn.ops.common import launch_bwd_sm90 as pipeline
+    turns, done = pipeline.turn_counters(2, 8, 4, 3, "cpu")
+    assert turns.shape == (2 * 8 * 3,) and done.shape == (2 * 4,)
+    assert done.data_ptr() == turns.data_ptr() + turns.numel() * 4
+    assert turns.dtype == done.dtype == torch.int32 and not turns.any() and not done.any()
 
 
 def test_sm90_backward_config_rows_per_step(monkeypatch):

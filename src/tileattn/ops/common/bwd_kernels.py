@@ -152,15 +152,29 @@ def masked_step(i, lo, full_hi, n_before, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def bwd_dq_convert_kernel(ACC, DQ, LSE, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, seqlen_q,
-                          num_heads, rows_per_head, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                          ZERO_UNSEEN: tl.constexpr):
+def _wait_count(ptr, target):
+    """Until the int32 at ptr reaches target: lane 0 of each warp polls it (acquire, 128 ns back-off), the warp
+    barrier then orders the warp's later loads after it."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred %p<2>; .reg .b32 %l<1>; mov.u32 %l0, %laneid; setp.ne.u32 %p1, %l0, 0; mov.b32 $0, 0; "
+        "@%p1 bra done_${:uid}; spin_${:uid}: ld.global.acquire.gpu.b32 $0, [$1]; setp.lt.s32 %p0, $0, $2; "
+        "@!%p0 bra done_${:uid}; nanosleep.u32 128; bra spin_${:uid}; done_${:uid}: bar.warp.sync -1; }",
+        "=r,l,r", [ptr, target], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def bwd_dq_convert_kernel(ACC, DQ, LSE, DONE, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                          num_heads, group_size, done_target, rows_per_head, scale, D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, ZERO_UNSEEN: tl.constexpr):
     """Grid (cdiv(Sq, BLOCK_M), B * Hq): dQ = scale * the float32 sums of the Hopper backward (gluon_bwd_sm90.py;
-    ACC [B * Hq, rows_per_head, D]) in dQ's dtype and strides. ZERO_UNSEEN: rows whose lse (LSE [B, Hq, Sq]) is
-    -inf saw no key and get 0 whatever ACC holds (a query block that no key block sees is never written: flex
-    allocates the sums without zeroing them)."""
+    ACC [B * Hq, rows_per_head, D]) in dQ's dtype and strides, once the head's sums are complete: the kernel may
+    start while the backward still runs (programmatic dependent launch), so it first waits for the done counter of
+    the head's (batch, kv head) (DONE [B, Hkv], group_size query heads per kv head) to reach done_target.
+    ZERO_UNSEEN: rows whose lse (LSE [B, Hq, Sq]) is -inf saw no key and get 0 whatever ACC holds (a query block
+    that no key block sees is never written: flex allocates the sums without zeroing them)."""
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1)
+    _wait_count(DONE + i_bh // group_size, done_target)  # (batch * Hq + h) // g = batch * Hkv + h // g
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, D)
     m_ok = (o_m < seqlen_q)[:, None]

@@ -30,7 +30,11 @@ flex: the block mask's transposed lists, its partial blocks (masked by mask_mod)
     the number of higher key blocks that see the query block: from the masking rule (dense) or by counting
     them in the query block's forward lists (flex; those lists and the transposed ones must describe the same
     mask, as torch's BlockMask constructors make them).
-    bwd_kernels.bwd_dq_convert_kernel then writes dQ = scale * sum in dQ's dtype.
+    After an item's last add is written, each writer counts once on the (batch, kv head)'s done counter.
+    bwd_kernels.bwd_dq_convert_kernel then writes dQ = scale * sum in dQ's dtype. It is launched with
+    programmatic dependent launch, and the loader lets it start as soon as every program of the grid runs: its
+    programs fill the SMs the grid's tail frees, each waiting for its head's done count (a head's
+    longest items come last under a causal rule: launch_bwd_sm90.convert).
 ROTATE (dense problems where every key block sees every query block: whole tiles, no window): key block n starts
 its walk at query block rot(n) = n * query blocks // key blocks and wraps around, and the adds to a query block go
 in the order the walks reach it (_turn), so in the steady state no add waits for another (the plain order had
@@ -71,6 +75,14 @@ _tanh = gluon.jit(softmax.tanh.fn)
 
 # ---- loader --------------------------------------------------------------------------------------------------
 @gluon.jit
+def _launch_dependents():
+    """Lets a kernel launched after this one with programmatic dependent launch (the dQ conversion) start once
+    every program of this grid has run this (or exited), instead of once the grid is done."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty, q_ready,
             q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr, FLEX: gl.constexpr,
@@ -79,6 +91,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, st
     step's Q and dO tiles; each step's lse and delta rows through registers into stat_bufs (lse as exp2's
     offset: lse * log2 e, +inf for rows past Sq and rows that saw no key, so p = 0). The ring runs on across
     items, so the next item's first tiles load under the current item's last steps."""
+    _launch_dependents()  # every program is running: the dQ conversion may start on the SMs the grid frees
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     rows = gl.arange(0, BLOCK_M, layout=stat_layout)

@@ -107,6 +107,7 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
                                num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], step, r_idx,
                                c_idx, layout, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS,
                                TMA_DQ, FLEX, Q_BLOCK, ROTATE)
+            _item_done(sem_ptr, wk, group_size, num_q_blocks, i_b, i_hk, TMA_DQ)
     else:  # one item per program
         i_b, i_hk, i_n, sched = work_item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
                                       ROTATE)
@@ -114,8 +115,20 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
                     num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], gl.to_tensor(0), r_idx,
                     c_idx, layout,
                     BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS, TMA_DQ, FLEX, Q_BLOCK, ROTATE)
+        _item_done(sem_ptr, wk, group_size, num_q_blocks, i_b, i_hk, TMA_DQ)
+
+
+@gluon.jit
+def _item_done(sem_ptr, wk, group_size, num_q_blocks, i_b, i_hk, TMA_DQ: gl.constexpr):
+    """This writer's adds to the item's dQ sums are in global memory: one count on the done counter of the
+    item's (batch, kv head), which follows the turn counters ([B * Hq, query blocks], then [B, Hkv]: the launch
+    allocates them as one buffer). The dQ conversion, launched to start early, waits for a head's count to reach
+    every writer of every key block (launch_bwd_sm90.convert)."""
     if TMA_DQ:
         tma_wait_writes()
+        _fence_proxy_async()
+    num_bh = wk[0] // wk[1]  # batch * kv heads
+    _pass_turn(sem_ptr + num_bh * group_size * num_q_blocks + i_b * wk[2] + i_hk)
 
 
 @gluon.jit

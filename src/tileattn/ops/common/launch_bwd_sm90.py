@@ -126,12 +126,29 @@ def grid(d, num_kv_blocks, num_bh, device, rotatable):
     return (items,), items, False
 
 
-def convert(launch, acc, dq, lse, seqlen_q, heads_q, scale, zero_unseen):
+# dQ writer warps per program (gluon_bwd_sm90.attn_bwd_pipeline): each counts once per work item on its (batch, kv
+# head)'s done counter, so a head's sums are complete at WRITERS * key blocks counts
+WRITERS = 2
+
+
+def turn_counters(batch, heads_q, heads_kv, q_blocks, device):
+    """(turns, done): the kernel's zeroed int32 counters, one buffer: a turn counter per (batch * query head,
+    query block), then the done counter per (batch, kv head) that the writers find right after them."""
+    n = batch * heads_q * q_blocks
+    buf = torch.zeros(n + batch * heads_kv, dtype=torch.int32, device=device)
+    return buf[:n], buf[n:]
+
+
+def convert(launch, acc, done, dq, lse, counts, scale, zero_unseen):
     """Launches dQ = scale * sums (acc [B * Hq * query blocks * block_m(D), D] float32) into dq [B, Sq, Hq, D] (a
-    view in any strides); zero_unseen: rows whose lse [B, Hq, Sq] is -inf get 0 (their sums may be unwritten)."""
-    batch, d = dq.shape[0], dq.shape[3]
+    view in any strides); counts = (heads_kv, key blocks); done: turn_counters' second buffer. Launched with
+    programmatic dependent launch: its programs start on the SMs the backward's tail frees, each waiting for its
+    head's done counter to reach WRITERS * key blocks. zero_unseen: rows whose lse [B, Hq, Sq] is -inf get 0
+    (their sums may be unwritten)."""
+    batch, seqlen_q, heads_q, d = dq.shape
+    heads_kv, kv_blocks = counts
     bm = block_m(d)
     launch(bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, 64), batch * heads_q), (
-        acc, dq, lse, dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1), seqlen_q, heads_q,
-        triton.cdiv(seqlen_q, bm) * bm, scale), dict(D=d, BLOCK_M=64, ZERO_UNSEEN=zero_unseen,
-                                                               num_warps=4))
+        acc, dq, lse, done, dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1), seqlen_q,
+        heads_q, heads_q // heads_kv, WRITERS * kv_blocks, triton.cdiv(seqlen_q, bm) * bm, scale),
+        dict(D=d, BLOCK_M=64, ZERO_UNSEEN=zero_unseen, num_warps=4, launch_pdl=True))

@@ -44,7 +44,7 @@ class Launches:
 
     def buffers(self, tensors, alloc_sums=None):
         """Buffers the call allocated, reported before a launch uses them: dq, dk, dv and delta, then on the
-        Hopper path the dQ sums and turn counters, which alloc_sums() allocates again."""
+        Hopper path the dQ sums, turn and done counters, which alloc_sums() allocates again."""
 
     def __call__(self, kernel, grid, args, kwargs):
         launch_cached(kernel, grid, args, kwargs)

@@ -31,8 +31,9 @@ def reason(p, q, k, v, do):
 
 
 def alloc_sums(p, left, right, device):
-    """(acc, turns): the float32 dQ sums [B * Hq * query blocks * block_m, D] and the per-(head, query block)
-    turn counters of problem p (left, right: its window bounds as bwd.py clamps them)."""
+    """(acc, turns, done): the float32 dQ sums [B * Hq * query blocks * block_m, D], the per-(head, query block)
+    turn counters and the per-(batch, kv head) done counters (pipeline.turn_counters) of problem p (left, right:
+    its window bounds as bwd.py clamps them)."""
     bm = pipeline.block_m(p.head_dim)
     mb = triton.cdiv(p.seqlen_q, bm)
     # query blocks that no key block sees get no dQ part: their sums must start at zero
@@ -40,7 +41,7 @@ def alloc_sums(p, left, right, device):
     empty_blocks = left >= 0 or (right >= 0 and off + right < 0)
     acc = (torch.zeros if empty_blocks else torch.empty)(p.batch * p.heads_q * mb * bm, p.head_dim,
                                                           dtype=torch.float32, device=device)
-    return acc, torch.zeros(p.batch * p.heads_q * mb, dtype=torch.int32, device=device)
+    return (acc, *pipeline.turn_counters(p.batch, p.heads_q, p.heads_kv, mb, device))
 
 
 def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
@@ -50,7 +51,7 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     from .gluon_bwd_sm90 import attn_bwd_sm90_kernel
     q, k, v, lse = c.q, c.k, c.v, c.lse
     dq, dk, dv = grads
-    acc, turns = sums
+    acc, turns, done = sums
     scale, qk_scale, softcap_scale, softcap_out, left, right = tail
     d = p.head_dim
     meta = pipeline.meta(d)
@@ -74,4 +75,4 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
              HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), ROTATE=rotate,
              launch_cooperative_grid=rotate, **meta))
-    pipeline.convert(launch, acc, dq, lse, p.seqlen_q, p.heads_q, scale, False)
+    pipeline.convert(launch, acc, done, dq, lse, (p.heads_kv, nk), scale, False)

@@ -51,7 +51,7 @@ def flex_bwd_sm90(p, c, dout, delta, grads):
     # every query block's sums are written (stored by its first key block, or never: rows that saw no key,
     # which the conversion zeroes by their lse), so no zero fill
     acc = torch.empty(p.batch * p.heads_q * p.seqlen_q, d, dtype=torch.float32, device=p.device)
-    turns = torch.zeros(p.batch * p.heads_q * mb, dtype=torch.int32, device=p.device)
+    turns, done = pipeline.turn_counters(p.batch, p.heads_q, p.heads_kv, mb, p.device)
     lse = c.lse
     smod, mmod = p.score_mod, p.mask_mod
     grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, False)  # (no rotated walks: one per item)
@@ -63,5 +63,5 @@ def flex_bwd_sm90(p, c, dout, delta, grads):
         p.seqlen_k, p.heads_kv, p.group, mb, nk, items, float(p.scale), float(p.scale * LOG2E), fx, fk,
         *(capture_args(t) for t in mod_captures(p, c)),
         SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None, **meta)
-    pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, dq.transpose(1, 2), lse,
-                     p.seqlen_q, p.heads_q, p.scale, True)
+    pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, done, dq.transpose(1, 2), lse,
+                     (p.heads_kv, nk), p.scale, True)
