@@ -2,7 +2,8 @@
 
 Backward only: the forward runs once outside the timed region and each timed call is
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); providers are timed interleaved over two rounds,
-the best median kept (common.bench_rounds), after a second of matmuls (common.warm_up_gpu). FLOPs 2.5x the
+the best median kept (common.bench_rounds; each provider first runs 0.3 s untimed), after a second of matmuls
+(common.warm_up_gpu). FLOPs 2.5x the
 forward's (targets.md). Before timing, tileattn's gradients of (batch 0, head 0) are checked against autograd
 through the float32 reference (tolerance rule; autograd through the same reference in the inputs' dtype is the
 input-precision error).
@@ -77,8 +78,11 @@ def _case_rows(shape, dt, providers, rows, log):
         except Exception as e:  # noqa: BLE001 - a peer that refuses a shape (or its backward) is reported
             outs.pop(p, None)
             log(f"{p} refused {case}: {error_text(e, 100)}")
+    # each provider warmed for 0.3 s first: without it, the first short row of a group (the first timed after
+    # the check and a compile) measured 0.5-0.8x its rerun, tileattn's alone (2026-11-25, bench-bwd: D=128 causal
+    # 1K 201 TFLOPS, 240-254 in ab-bwd runs of the same tree)
     ms = bench_rounds({p: (lambda o=o, x=x, g=g: torch.autograd.grad(o, x, g, retain_graph=True))
-                       for p, (o, x, g) in outs.items()})
+                       for p, (o, x, g) in outs.items()}, warm_s=0.3)
     for p in outs:
         rows.append({"case": case, "provider": p, "ms": ms[p], "gbps": None,
                      "tflops": 2.5 * attn_tflops(B, H, N, N, D, D, causal, ms[p]),

@@ -55,9 +55,16 @@ class Progress:
         return f"[{self.done:>{width}}/{self.total} {self._clock() - self.t0:5.0f} s] "
 
 
-def bench_rounds(fns, rounds=2):
+def bench_rounds(fns, rounds=2, warm_s=0.0):
     """{name: best of `rounds` do_bench medians} with the functions interleaved round by round (the order
-    reversed every other round), so that slow drift of the clocks cannot favour whichever runs first."""
+    reversed every other round), so that slow drift of the clocks cannot favour whichever runs first. warm_s:
+    first each function runs for about that many seconds, untimed."""
+    import time
+    for fn in fns.values():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warm_s:
+            fn()
+            torch.cuda.synchronize()
     times = {p: [] for p in fns}
     order = list(fns)
     for r in range(rounds):
