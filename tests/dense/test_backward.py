@@ -263,6 +263,24 @@ def test_gpu_backward(D, causal, dtype, device):
     check_grads(lambda q, k, v: tileattn.attention(q, k, v, causal=causal), ref, q, k, v)
 
 
+def _sm90_launches(monkeypatch):
+    """Records every launch of the dense Hopper backward's host side from now on (its kernel, then the dQ
+    conversion) as (grid, args, kwargs), in the returned list; kept plans are cleared, since a plan replays
+    without passing through attn_bwd_sm90."""
+    from tileattn.ops.dense import launch_bwd_sm90, plans
+    launches = []
+    real = launch_bwd_sm90.attn_bwd_sm90
+
+    def spy(p, c, do, delta, grads, sums, tail, launch):
+        def record(kernel, grid, args, kw):
+            launches.append((grid, args, kw))
+            return launch(kernel, grid, args, kw)
+        return real(p, c, do, delta, grads, sums, tail, record)
+    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
+    plans.clear_plans()
+    return launches
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sm90_bwd,D,causal", [("0", 128, True), ("1", 128, True), ("1", 128, False), ("1", 64, True),
                                                ("1", 64, False), ("0", 512, True)],
@@ -272,31 +290,22 @@ def test_gpu_backward_deterministic(sm90_bwd, D, causal, device, monkeypatch):
     halves at D=128, row halves at D=64; both step orders: causal, and non-causal with dQ under dK), the
     large-D kernels."""
     from tileattn.ops.common.tma import gluon_sm90_reason
-    from tileattn.ops.dense import launch_bwd_sm90, plans
+    from tileattn.ops.dense import launch_bwd_sm90
     monkeypatch.setenv("TILEATTN_SM90_BWD", sm90_bwd)
     q = leaf(2, 2048, 8, D, dtype=torch.bfloat16, device=device)
     k, v = leaf(2, 2048, 2, D, dtype=torch.bfloat16, device=device), leaf(2, 2048, 2, D, dtype=torch.bfloat16,
                                                                          device=device)
     if sm90_bwd == "1" and gluon_sm90_reason(q.device):
         pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
-    rows = []  # the query rows per step of each Hopper kernel launch (its q descriptor's block)
-    real = launch_bwd_sm90.attn_bwd_sm90
-
-    def record(kernel, grid, args, kw, launch):
-        if hasattr(args[0], "block_shape"):  # (not the dQ conversion launched after it)
-            rows.append(args[0].block_shape[1])
-        return launch(kernel, grid, args, kw)
-
-    def spy(p, c, do, delta, grads, sums, tail, launch):
-        return real(p, c, do, delta, grads, sums, tail, lambda *a: record(*a, launch))
-    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
-    plans.clear_plans()  # (a kept plan would replay without passing through attn_bwd_sm90)
+    launches = _sm90_launches(monkeypatch)
     w = torch.randn(2, 2048, 8, D, device=device)
     runs = [torch.autograd.grad((tileattn.attention(q, k, v, causal=causal).float() * w).sum(), (q, k, v))
             for _ in range(3)]
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
-    # the Hopper cases ran the Hopper kernel, with the table's rows per step (128 at D=64), the others did not
+    # the Hopper cases ran the Hopper kernel, with the table's rows per step (128 at D=64), the others did not:
+    # the query rows per step of each Hopper kernel launch (its q descriptor's block; not the dQ conversion)
+    rows = [args[0].block_shape[1] for _, args, _ in launches if hasattr(args[0], "block_shape")]
     assert rows == ([launch_bwd_sm90.pipeline.block_m(D)] if sm90_bwd == "1" else [])
 
 
@@ -379,7 +388,7 @@ def test_gpu_backward_sm90(case, dtype, device, monkeypatch):
     """The Hopper backward kernel (ops/dense/gluon_bwd_sm90.py) against autograd through the reference, on the
     shapes and rules its schedule special-cases; the test checks that the kernel actually ran."""
     from tileattn.ops.common.tma import gluon_sm90_reason
-    from tileattn.ops.dense import launch_bwd_sm90, plans
+    from tileattn.ops.dense import launch_bwd_sm90
     B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, with_lse = case
     q, k = leaf(B, Sq, Hq, D, dtype=dtype, device=device), leaf(B, Sk, Hkv, D, dtype=dtype, device=device)
     v = leaf(B, Sk, Hkv, D, dtype=dtype, device=device)
@@ -387,14 +396,7 @@ def test_gpu_backward_sm90(case, dtype, device, monkeypatch):
     if why:
         pytest.skip(f"the Hopper backward does not run here: {why}")
     monkeypatch.setenv("TILEATTN_SM90_BWD", "1")
-    plans.clear_plans()  # a kept backward plan would replay without passing through attn_bwd_sm90
-    ran = []
-    real = launch_bwd_sm90.attn_bwd_sm90
-
-    def spy(p, c, do, delta, grads, sums, tail, launch):
-        return real(p, c, do, delta, grads, sums, tail,
-                    lambda kernel, grid, args, kw: ran.append(kw) or launch(kernel, grid, args, kw))
-    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
+    launches = _sm90_launches(monkeypatch)
     opts = dict(causal=causal, window=window, softcap=softcap)
 
     def ref(q, k, v, dt):
@@ -402,9 +404,9 @@ def test_gpu_backward_sm90(case, dtype, device, monkeypatch):
         return (out, lse) if with_lse else out
     check_grads(lambda q, k, v: tileattn.attention(q, k, v, return_lse=with_lse, **opts), ref, q, k, v,
                 with_lse=with_lse)
-    assert ran
+    assert launches
     # dQ through TMA reduce-adds exactly where the table asks for them (on triton 3.6 and 3.9)
-    assert ran[0]["TMA_DQ"] == bool(launch_bwd_sm90.CONFIGS[D][5])
+    assert launches[0][2]["TMA_DQ"] == bool(launch_bwd_sm90.CONFIGS[D][5])
 
 
 @pytest.mark.gpu
@@ -436,18 +438,12 @@ def test_gpu_backward_sm90_early_conversion(D, device, monkeypatch):
     per head for the writers' done counts: a short causal problem with many heads, whose longest programs come
     last, must give the Triton kernels' gradients, bit-identical over runs, with the conversion launched so."""
     from tileattn.ops.common.tma import gluon_sm90_reason
-    from tileattn.ops.dense import launch_bwd_sm90, plans
+    from tileattn.ops.dense import plans
     q = leaf(4, 1024, 32, D, dtype=torch.float16, device=device)
     k, v = (leaf(4, 1024, 8, D, dtype=torch.float16, device=device) for _ in range(2))
     if gluon_sm90_reason(q.device):
         pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
-    launched = []
-    real = launch_bwd_sm90.attn_bwd_sm90
-
-    def spy(p, c, do, delta, grads, sums, tail, launch):
-        return real(p, c, do, delta, grads, sums, tail,
-                    lambda kernel, grid, args, kw: launched.append(kw) or launch(kernel, grid, args, kw))
-    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
+    launches = _sm90_launches(monkeypatch)
     w = torch.randn(4, 1024, 32, D, device=device)
 
     def grads(mode):
@@ -455,7 +451,7 @@ def test_gpu_backward_sm90_early_conversion(D, device, monkeypatch):
         plans.clear_plans()
         return torch.autograd.grad((tileattn.attention(q, k, v, causal=True).float() * w).sum(), (q, k, v))
     runs = [grads("1") for _ in range(3)]
-    assert launched and launched[-1].get("launch_pdl") is True  # the conversion, the pipeline's last launch
+    assert launches and launches[-1][2].get("launch_pdl") is True  # the conversion, the pipeline's last launch
     assert all(torch.equal(a, b) for r in runs[1:] for a, b in zip(runs[0], r))
     for a, b in zip(runs[0], grads("0")):
         assert torch.isfinite(a).all()
@@ -477,13 +473,7 @@ def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
         pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
     if not launch_bwd_sm90.pipeline.config(D).persistent:
         pytest.skip("the table's grid is not persistent")
-    ran = []
-    real = launch_bwd_sm90.attn_bwd_sm90
-
-    def spy(p, c, do, delta, grads, sums, tail, launch):
-        return real(p, c, do, delta, grads, sums, tail,
-                    lambda kernel, grid, args, kw: ran.append((grid, kw)) or launch(kernel, grid, args, kw))
-    monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
+    launches = _sm90_launches(monkeypatch)
     w = torch.randn(B, N, 2 * H, D, device=device)
 
     def grads(mode):
@@ -492,7 +482,7 @@ def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
         return torch.autograd.grad((tileattn.attention(q, k, v).float() * w).sum(), (q, k, v))
     runs = [grads("1") for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
-    grid, kw = ran[0]
+    grid, _, kw = launches[0]
     assert kw["ROTATE"] and kw["launch_cooperative_grid"] and grid == (128,)
     for a, b in zip(runs[0], grads("0")):
         assert torch.isfinite(a).all()
