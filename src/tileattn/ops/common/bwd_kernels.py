@@ -151,15 +151,24 @@ def masked_step(i, lo, full_hi, n_before, BLOCK: tl.constexpr):
     return tl.where(i < n_before, lo + i * BLOCK, full_hi + (i - n_before) * BLOCK)
 
 
+def wait_count_ptx(backoff_ns):
+    """Inline PTX ("=r,l,r": out, the int32's address, the target) that waits until the int32 reaches the target:
+    lane 0 of each warp polls it (acquire, backoff_ns between reads), then the warp barrier orders the whole
+    warp's later memory operations after it. The Triton conversion below and the Gluon dQ writers
+    (gluon_bwd_sm90_dq.py, the turn waits) share it."""
+    return ("{ .reg .pred %p<2>; .reg .b32 %l<1>; mov.u32 %l0, %laneid; setp.ne.u32 %p1, %l0, 0; mov.b32 $0, 0; "
+            "@%p1 bra done_${:uid}; spin_${:uid}: ld.global.acquire.gpu.b32 $0, [$1]; setp.lt.s32 %p0, $0, $2; "
+            f"@!%p0 bra done_${{:uid}}; nanosleep.u32 {backoff_ns}; bra spin_${{:uid}}; done_${{:uid}}: "
+            "bar.warp.sync -1; }")
+
+
+_WAIT_COUNT = tl.constexpr(wait_count_ptx(128))
+
+
 @triton.jit
 def _wait_count(ptr, target):
-    """Until the int32 at ptr reaches target: lane 0 of each warp polls it (acquire, 128 ns back-off), the warp
-    barrier then orders the warp's later loads after it."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred %p<2>; .reg .b32 %l<1>; mov.u32 %l0, %laneid; setp.ne.u32 %p1, %l0, 0; mov.b32 $0, 0; "
-        "@%p1 bra done_${:uid}; spin_${:uid}: ld.global.acquire.gpu.b32 $0, [$1]; setp.lt.s32 %p0, $0, $2; "
-        "@!%p0 bra done_${:uid}; nanosleep.u32 128; bra spin_${:uid}; done_${:uid}: bar.warp.sync -1; }",
-        "=r,l,r", [ptr, target], dtype=tl.int32, is_pure=False, pack=1)
+    """Until the int32 at ptr reaches target (wait_count_ptx)."""
+    tl.inline_asm_elementwise(_WAIT_COUNT, "=r,l,r", [ptr, target], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -5,6 +5,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import masking
+from .bwd_kernels import wait_count_ptx
 from .gluon_bwd_sm90_walk import head_walk, walk_m0, walk_next, work_item
 from .gluon_compat import tma_reduce_add, tma_store, tma_wait_writes
 from .gluon_sm90_loader import flex_lists
@@ -13,15 +14,15 @@ _key_range = gluon.jit(masking.key_range.fn)
 
 
 # ---- dQ writer -----------------------------------------------------------------------------------------------
+_WAIT_TURN = gl.constexpr(wait_count_ptx(64))
+
+
 @gluon.jit
 def _wait_turn(sem, target):
-    """Lane 0 polls the counter at sem (acquire, 64 ns back-off) until it reads target; the warp barrier then
-    orders the whole warp's later memory operations after it."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred %p<2>; .reg .b32 %l<1>; mov.u32 %l0, %laneid; setp.ne.u32 %p1, %l0, 0; mov.b32 $0, $2; "
-        "@%p1 bra done_${:uid}; spin_${:uid}: ld.global.acquire.gpu.b32 $0, [$1]; setp.ne.s32 %p0, $0, $2; "
-        "@!%p0 bra done_${:uid}; nanosleep.u32 64; bra spin_${:uid}; done_${:uid}: bar.warp.sync -1; }",
-        "=r,l,r", [sem, target], dtype=gl.int32, is_pure=False, pack=1)
+    """Until the counter at sem reaches target (bwd_kernels.wait_count_ptx: lane 0 polls with a 64 ns back-off,
+    the warp barrier orders the warp's later memory operations after it). A turn counter only rises one add at a
+    time and no add past this one's can come first, so reaching the target is reading it."""
+    gl.inline_asm_elementwise(_WAIT_TURN, "=r,l,r", [sem, target], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
