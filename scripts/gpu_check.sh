@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-small] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -177,6 +177,19 @@ for s in $steps; do
           --only ${AB_ONLY:-sm90} --tag "$tree " ${AB_ARGS:-} >> "$OUT/ab_bwd.log" 2>&1
       done; rc=$?
       summary+=("ab-bwd rc=$rc"); grep -E "^(\.ab2?/src|src) D=" "$OUT/ab_bwd.log" | sort -t' ' -k2,4 -s ;;
+    host-ab)
+      # host time to issue one backward (ours, cuDNN's, a trivial autograd node's) for the tree before this change
+      # (.ab/src, carried) and this one, alternated twice (the host drifts); cProfile of this tree's backward last
+      # (HOST_ARGS: `profile_kernels.py host` options, default D=64 causal N=1K)
+      rc=0
+      for rep in 1 2; do for tree in .ab/src src; do
+        [ -d $tree ] || continue
+        extra=--no-cprofile; [ $tree = src ] && [ $rep = 2 ] && extra=
+        PYTHONPATH=$PWD/$tree:${T39_PATH:-}$PWD timeout 200 python3 scripts/profile_kernels.py host \
+          ${HOST_ARGS:---N 1024 --D 64 --causal} --only '^(bwd|floor)' $extra > "$OUT/host_ab_tmp.log" 2>&1 || rc=$?
+        sed "s#^#$tree #" "$OUT/host_ab_tmp.log" >> "$OUT/host_ab.log"
+      done; done
+      summary+=("host-ab rc=$rc"); grep "HOST N=" "$OUT/host_ab.log" ;;
     profile-small)
       # timed / kernel / host time of the short rows, each kernel's GPU time (SMALL_ARGS: `profile_kernels.py small` options)
       timeout 300 python3 scripts/profile_kernels.py small --breakdown ${SMALL_ARGS:-} > "$OUT/profile_small.log" 2>&1; rc=$?

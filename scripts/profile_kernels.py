@@ -38,6 +38,7 @@ Not named profile.py: `python scripts/<any>.py` puts scripts/ first on sys.path,
 standard library's `profile`, which cProfile imports (and torch._dynamo imports cProfile).
 """
 import argparse
+import re
 import time
 
 import torch
@@ -197,6 +198,8 @@ def host(a):
     cases.update({"floor autograd.Function": lambda: torch.autograd.grad(o_i, qg, dout, retain_graph=True),
                   "floor custom_op": lambda: torch.autograd.grad(o_l, qg, dout, retain_graph=True),
                   "bwd tileattn direct": lambda: custom_ops._attn_bwd(dout, None, saved, opts)})
+    if a.only:
+        cases = {n: f for n, f in cases.items() if re.search(a.only, n)}
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
     for name, fn in [*cases.items(), *cases.items()]:  # twice: the host's noise shows in the pairs
         fn()
@@ -211,6 +214,8 @@ def host(a):
         torch.cuda.synchronize()
         print(f"HOST N={a.N} D={a.D} causal={int(a.causal)} {name:>23}: timed {ms * 1e3:7.1f} us, host issue "
               f"{issue:6.1f} us per call", flush=True)
+    if a.no_cprofile:
+        return
     direct = [lc._direct is not None for lc in launcher._CACHED.values()]
     print(f"HOST launchers: {sum(direct)} of {len(direct)} direct; hooks installed: {launcher._hooks_installed()}")
     prof = cProfile.Profile()
@@ -292,6 +297,8 @@ def main():
     p.add_argument("--N", type=int, default=1024)
     p.add_argument("--D", type=int, default=64)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--only", default="", help="a regular expression: the cases whose names match it")
+    p.add_argument("--no-cprofile", action="store_true", help="no cProfile of the backward after the timings")
     p.set_defaults(func=host)
     p = sub.add_parser("split", help="per-kernel GPU time of the split backward (D > 128, torch.profiler)")
     p.add_argument("--B", type=int, default=1)

@@ -459,6 +459,47 @@ def test_gpu_backward_sm90_early_conversion(D, device, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
+def test_gpu_backward_sm90_poisoned_counters(D, causal, device, monkeypatch):
+    """The counters come from torch.empty and only the preprocess zeroes them: with the buffer filled with a
+    large count before every call (as memory the allocator hands back may hold), the gradients still equal the
+    Triton kernels' (a counter left at that value would let writers add out of turn and the conversion start
+    before its sums are complete)."""
+    from tileattn.ops.common.tma import gluon_sm90_reason
+    from tileattn.ops.dense import launch_bwd_sm90, plans
+    q = leaf(2, 2048, 8, D, dtype=torch.float16, device=device)
+    k, v = (leaf(2, 2048, 4, D, dtype=torch.float16, device=device) for _ in range(2))
+    if gluon_sm90_reason(q.device):
+        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
+    real = launch_bwd_sm90.sums_allocator
+    poisoned = []
+
+    def allocator(*args):
+        alloc = real(*args)
+
+        def poison():
+            acc, counters = alloc()
+            poisoned.append(counters.fill_(1 << 20))
+            return acc, counters
+        return poison
+    monkeypatch.setattr(launch_bwd_sm90, "sums_allocator", allocator)
+    w = torch.randn(2, 2048, 8, D, device=device)
+
+    def grads(mode):
+        monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
+        plans.clear_plans()
+        return [torch.autograd.grad((tileattn.attention(q, k, v, causal=causal).float() * w).sum(), (q, k, v))
+                for _ in range(2)]  # the plan's first call, then its replay
+    runs = grads("1")
+    assert len(poisoned) == 2  # (both calls took the poisoned buffers)
+    ref = grads("0")[0]
+    for run in runs:
+        for a, b in zip(run, ref):
+            assert torch.isfinite(a).all()
+            assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(4, 2048, 8, 128), (2, 4096, 8, 64)],
                          ids=["D128-16-key-blocks", "D64-32-key-blocks"])
 def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
@@ -489,13 +530,31 @@ def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
         assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
 
 
-def test_sm90_backward_turn_counters():
-    """The writers find a (batch, kv head)'s done counter right after the turn counters (one zeroed buffer)."""
+@pytest.mark.parametrize("B,H,Hkv,Sq", [(2, 8, 4, 300), (1, 3, 1, 64)])
+def test_sm90_backward_counters_zeroed_by_preprocess(B, H, Hkv, Sq, device):
+    """The Hopper backward's counters (a turn counter per (B * Hq, query block), then a done counter per (B, Hkv))
+    are allocated empty and zeroed by the preprocess kernel, which still computes delta = rowsum(dO * O)."""
+    import triton
+
     from tileattn.ops.common import launch_bwd_sm90 as pipeline
-    turns, done = pipeline.turn_counters(2, 8, 4, 3, "cpu")
-    assert turns.shape == (2 * 8 * 3,) and done.shape == (2 * 4,)
-    assert done.data_ptr() == turns.data_ptr() + turns.numel() * 4
-    assert turns.dtype == done.dtype == torch.int32 and not turns.any() and not done.any()
+    from tileattn.ops.common.bwd_kernels import bwd_preprocess_kernel
+    mb = triton.cdiv(Sq, pipeline.block_m(64))
+    turns, n = pipeline.counter_count(B, H, Hkv, mb)
+    assert (turns, n) == (B * H * mb, B * H * mb + B * Hkv)
+    counters = torch.full((n,), 12345, dtype=torch.int32, device=device)
+    out, do = (randn(B, Sq, H, 64, dtype=DT, device=device) for _ in range(2))
+    delta = torch.full((B, H, Sq), float("nan"), device=device)
+    pm = 64
+    programs = triton.cdiv(Sq, pm) * B * H
+    zero, zero_kw = pipeline.zero_args(counters, programs)
+    assert zero_kw["ZERO_CHUNK"] * programs >= n
+    bwd_preprocess_kernel[(triton.cdiv(Sq, pm), B * H, 1)](
+        out, do, delta, delta, out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        delta.stride(0), delta.stride(1), 0, 0, delta, Sq, H, B * H, *zero, DV=64, BLOCK_M=pm, BLOCK_DV=64,
+        IS_VARLEN=False, HAS_DLSE=False, num_warps=4, **zero_kw)
+    assert not counters.any()
+    ref = (out.float() * do.float()).sum(-1).transpose(1, 2)
+    torch.testing.assert_close(delta, ref, rtol=1e-3, atol=1e-3)
 
 
 def test_sm90_backward_config_rows_per_step(monkeypatch):

@@ -22,15 +22,21 @@ def seq_rows(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
-                          stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh,
-                          DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
-                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32):
+                          stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh, ZERO,
+                          zero_count, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32,
+                          ZERO_CHUNK: tl.constexpr = 0):
     """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
-    layout (dlse contiguous along the sequence)."""
+    layout (dlse contiguous along the sequence). ZERO_CHUNK > 0: the programs also zero the int32 buffer ZERO
+    [zero_count], ZERO_CHUNK elements each in the order of (B * Hq, query block) (the Hopper backward's counters,
+    launch_bwd_sm90.zero_args: one launch fewer than a fill)."""
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     if i_bh >= num_bh:
         return
+    if ZERO_CHUNK > 0:
+        o_z = (i_bh * tl.num_programs(0) + i_m) * ZERO_CHUNK + tl.arange(0, ZERO_CHUNK)
+        tl.store(ZERO + o_z, tl.zeros([ZERO_CHUNK], tl.int32), mask=o_z < zero_count)
     i_b = i_bh // num_heads
     i_h = (i_bh % num_heads).to(tl.int64)
     q0, _, seqlen_q, _ = seq_rows(i_b, cu_q, cu_q, seqlen_q, seqlen_q, IS_VARLEN)
@@ -172,18 +178,20 @@ def _wait_count(ptr, target):
 
 
 @triton.jit
-def bwd_dq_convert_kernel(ACC, DQ, LSE, DONE, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, seqlen_q,
-                          num_heads, group_size, done_target, rows_per_head, scale, D: tl.constexpr,
-                          BLOCK_M: tl.constexpr, ZERO_UNSEEN: tl.constexpr):
+def bwd_dq_convert_kernel(ACC, DQ, LSE, COUNTERS, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh,
+                          seqlen_q, num_heads, group_size, done_offset, done_target, rows_per_head, scale,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, ZERO_UNSEEN: tl.constexpr):
     """Grid (cdiv(Sq, BLOCK_M), B * Hq): dQ = scale * the float32 sums of the Hopper backward (gluon_bwd_sm90.py;
     ACC [B * Hq, rows_per_head, D]) in dQ's dtype and strides, once the head's sums are complete: the kernel may
     start while the backward still runs (programmatic dependent launch), so it first waits for the done counter of
-    the head's (batch, kv head) (DONE [B, Hkv], group_size query heads per kv head) to reach done_target.
+    the head's (batch, kv head) (COUNTERS[done_offset:] [B, Hkv], after the turn counters; group_size query heads
+    per kv head) to reach done_target.
     ZERO_UNSEEN: rows whose lse (LSE [B, Hq, Sq]) is -inf saw no key and get 0 whatever ACC holds (a query block
     that no key block sees is never written: flex allocates the sums without zeroing them)."""
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1)
-    _wait_count(DONE + i_bh // group_size, done_target)  # (batch * Hq + h) // g = batch * Hkv + h // g
+    # (batch * Hq + h) // g = batch * Hkv + h // g
+    _wait_count(COUNTERS + done_offset + i_bh // group_size, done_target)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, D)
     m_ok = (o_m < seqlen_q)[:, None]

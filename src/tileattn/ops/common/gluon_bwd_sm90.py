@@ -20,16 +20,16 @@ flex: the block mask's transposed lists, its partial blocks (masked by mask_mod)
     then both write dS^T into shared memory, and each computes half of dQ = dS K from it (wgmma with both
     operands in shared memory: half the head dim, or with BLOCK_M = 128 half the rows), staged as float32 for
     the writer (without a right bound, dense: dQ goes before dK and is staged while dK runs);
-  - two dQ writers (1 warp each, even and odd steps): add each step's dQ tile to the query block's float32 sum
-    in global memory, in descending key-block order: a counter per (query head, query block) says how many
-    higher key blocks have added; the writer spins until it is its turn (one lane polls), adds (the first key
-    block of a query block stores instead) and passes the turn on with a release, which orders its adds
-    before the next block's. Adds are vector atomics, or at D=128 one TMA reduce-add per
-    half (TMA_DQ; launch_bwd_sm90.CONFIGS). Waiting happens in the writers only: the consumers go on with the
-    next tiles while they wait, and two writers keep two query blocks in flight. The turn of a key block is
-    the number of higher key blocks that see the query block: from the masking rule (dense) or by counting
-    them in the query block's forward lists (flex; those lists and the transposed ones must describe the same
-    mask, as torch's BlockMask constructors make them).
+  - two dQ writers (1 warp each, even and odd steps): add each step's dQ tile to the query block's float32 sum in
+    global memory, in descending key-block order: a counter per (query head, query block) (zeroed by the backward's
+    preprocess, launch_bwd_sm90.zero_args) says how many higher key blocks have added; the writer spins until it is
+    its turn (one lane polls), adds (the first key block of a query block stores instead) and passes the turn on
+    with a release, which orders its adds before the next block's. Adds are vector atomics, or at D=128 one TMA
+    reduce-add per half (TMA_DQ; launch_bwd_sm90.CONFIGS). Waiting happens in the writers only: the consumers go on
+    with the next tiles while they wait, and two writers keep two query blocks in flight. The turn of a key block is
+    the number of higher key blocks that see the query block: from the masking rule (dense) or by counting them in
+    the query block's forward lists (flex; those lists and the transposed ones must describe the same mask, as
+    torch's BlockMask constructors make them).
     After an item's last add is written, each writer counts once on the (batch, kv head)'s done counter.
     bwd_kernels.bwd_dq_convert_kernel then writes dQ = scale * sum in dQ's dtype. It is launched with
     programmatic dependent launch, and the loader lets it start as soon as every program of the grid runs: its

@@ -131,24 +131,32 @@ def grid(d, num_kv_blocks, num_bh, device, rotatable):
 WRITERS = 2
 
 
-def turn_counters(batch, heads_q, heads_kv, q_blocks, device):
-    """(turns, done): the kernel's zeroed int32 counters, one buffer: a turn counter per (batch * query head,
+def counter_count(batch, heads_q, heads_kv, q_blocks):
+    """(turn counters, all counters) of the kernel's int32 counter buffer: a turn counter per (batch * query head,
     query block), then the done counter per (batch, kv head) that the writers find right after them."""
-    n = batch * heads_q * q_blocks
-    buf = torch.zeros(n + batch * heads_kv, dtype=torch.int32, device=device)
-    return buf[:n], buf[n:]
+    turns = batch * heads_q * q_blocks
+    return turns, turns + batch * heads_kv
 
 
-def convert(launch, acc, done, dq, lse, counts, scale, zero_unseen):
+def zero_args(counters, programs):
+    """(args, kwargs) that make the backward's preprocess (bwd_kernels.bwd_preprocess_kernel, `programs` programs)
+    zero the counter buffer: the buffer is allocated empty, and the preprocess runs before the kernel on the same
+    stream (a fill would cost one launch more per backward: host time, the N = 1K rows' bottleneck)."""
+    n = counters.numel()
+    chunk = max(2, triton.next_power_of_2(triton.cdiv(n, programs)))
+    return (counters, n), dict(ZERO_CHUNK=chunk)
+
+
+def convert(launch, acc, counters, dq, lse, counts, scale, zero_unseen):
     """Launches dQ = scale * sums (acc [B * Hq * query blocks * block_m(D), D] float32) into dq [B, Sq, Hq, D] (a
-    view in any strides); counts = (heads_kv, key blocks); done: turn_counters' second buffer. Launched with
-    programmatic dependent launch: its programs start on the SMs the backward's tail frees, each waiting for its
-    head's done counter to reach WRITERS * key blocks. zero_unseen: rows whose lse [B, Hq, Sq] is -inf get 0
-    (their sums may be unwritten)."""
+    view in any strides); counts = (heads_kv, key blocks); counters: the kernel's counter buffer (counter_count).
+    Launched with programmatic dependent launch: its programs start on the SMs the backward's tail frees, each
+    waiting for its head's done counter to reach WRITERS * key blocks. zero_unseen: rows whose lse [B, Hq, Sq] is
+    -inf get 0 (their sums may be unwritten)."""
     batch, seqlen_q, heads_q, d = dq.shape
     heads_kv, kv_blocks = counts
-    bm = block_m(d)
+    q_blocks = triton.cdiv(seqlen_q, block_m(d))
     launch(bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, 64), batch * heads_q), (
-        acc, dq, lse, done, dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1), seqlen_q,
-        heads_q, heads_q // heads_kv, WRITERS * kv_blocks, triton.cdiv(seqlen_q, bm) * bm, scale),
-        dict(D=d, BLOCK_M=64, ZERO_UNSEEN=zero_unseen, num_warps=4, launch_pdl=True))
+        acc, dq, lse, counters, dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1), seqlen_q,
+        heads_q, heads_q // heads_kv, counter_count(batch, heads_q, heads_kv, q_blocks)[0], WRITERS * kv_blocks,
+        q_blocks * block_m(d), scale), dict(D=d, BLOCK_M=64, ZERO_UNSEEN=zero_unseen, num_warps=4, launch_pdl=True))

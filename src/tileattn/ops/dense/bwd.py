@@ -8,8 +8,6 @@ Inputs: the forward's problem and call (its tensors, its output and its log-sum-
 Gradients come in the dtypes and layouts of q, k, v; deterministic (no atomics: see kernels_bwd.py). Tiles:
 ops/common/configs.py (BwdConfig, forced with tileattn.force_backend(config=BwdConfig(...))).
 """
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -44,7 +42,7 @@ class Launches:
 
     def buffers(self, tensors, alloc_sums=None):
         """Buffers the call allocated, reported before a launch uses them: dq, dk, dv and delta, then on the
-        Hopper path the dQ sums, turn and done counters, which alloc_sums() allocates again."""
+        Hopper path the dQ sums and the counters, which alloc_sums() allocates again."""
 
     def __call__(self, kernel, grid, args, kwargs):
         launch_cached(kernel, grid, args, kwargs)
@@ -122,10 +120,18 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
     cfg = bwd_config(max(d, dv))
     (km, kn, kw, ks), (qm, qn, qw, qs) = cfg.dkdv, cfg.dq
     pm = 64 if bdv <= 128 else 32
-    launch(bwd_preprocess_kernel, _grid(triton.cdiv(sq, pm), batch * hq), (
+    pre_grid = _grid(triton.cdiv(sq, pm), batch * hq)
+    sm90 = not launch_bwd_sm90.reason(p, q, k, v, do)
+    zero, zero_kw = (delta, 0), {}  # (the preprocess zeroes nothing)
+    if sm90:  # the Hopper kernel's dQ sums and counters, the counters zeroed by the preprocess
+        alloc_sums = launch_bwd_sm90.sums_allocator(p, left, right, q.device)
+        sums = alloc_sums()
+        launch.buffers(sums, alloc_sums)
+        zero, zero_kw = launch_bwd_sm90.pipeline.zero_args(sums[1], pre_grid[0] * batch * hq)
+    launch(bwd_preprocess_kernel, pre_grid, (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
-        *gls, cu_q_arg, sq, hq, batch * hq), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
-                                                  HAS_DLSE=dlse is not None, ACC=acc, num_warps=4))
+        *gls, cu_q_arg, sq, hq, batch * hq, *zero), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
+                                                         HAS_DLSE=dlse is not None, ACC=acc, num_warps=4, **zero_kw))
     if softcap > 0:
         qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
     else:
@@ -156,10 +162,7 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
             q, k, v, do, lse, delta, dq, *qkv_strides, *_strides(dq, varlen), *ls, cu_q_arg, cu_k_arg, sq, sk, hq,
             hq // hkv, batch * hq, *tail), dict(NUM_SLICES=ns_q, **large))
         return dq, dk, dvv
-    if not launch_bwd_sm90.reason(p, q, k, v, do):
-        alloc_sums = functools.partial(launch_bwd_sm90.alloc_sums, p, left, right, q.device)
-        sums = alloc_sums()
-        launch.buffers(sums, alloc_sums)
+    if sm90:
         launch_bwd_sm90.attn_bwd_sm90(p, c, do, delta, (dq, dk, dvv), sums, tail, launch)
         return dq, dk, dvv
     # launch_cached: the normal kernel[grid](...) path costs ~100 us of host time per launch, more than the
@@ -234,9 +237,11 @@ class _Plan:
 
 
 def _aliasing(tensors):
-    """For each tensor, the index of the first one that is the same object: a plan maps its launches'
-    arguments to the call's tensors by identity, so calls that alias differently (attention(x, x, x), an
-    output gradient that is q) need their own plans."""
+    """For each tensor, the index of the first one that is the same object (None when all are distinct: the
+    common case, one set instead of a scan): a plan maps its launches' arguments to the call's tensors by identity,
+    so calls that alias differently (attention(x, x, x), an output gradient that is q) need their own plans."""
+    if len({id(t) for t in tensors}) == len(tensors):
+        return None
     return tuple(next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors))
 
 
@@ -248,8 +253,8 @@ def attn_bwd_planned(q, k, v, out, lse, do, dlse, options):
     if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
         dlse = dlse.contiguous()
     tensors = (q, k, v, out, lse, do, dlse)
-    key = (options, q.device, tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
-                                     for t in tensors]), _aliasing(tensors), knobs.sm90_bwd(), forced_key(),
+    key = (options, q.device, *[None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
+                                for t in tensors], _aliasing(tensors), knobs.sm90_bwd(), forced_key(),
            hw.interpreter_enabled())
     plan = _plans.get(key)
     if plan is not None:

@@ -127,6 +127,19 @@ class EagerAttn(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # no double backward: a clear error, as the op gives
     def backward(ctx, grad_out, grad_lse):
-        return _backward(ctx, grad_out, grad_lse)
+        # the usual call (batched, a plain output gradient with a contiguous last dim, no create_graph) goes
+        # straight to the backward's launch plans: each wrapper layer costs host time, which bounds the N = 1K
+        # backward (docs/design/backward.md, the eighth round)
+        if (not torch.is_grad_enabled() and ctx.has_lse and type(grad_out) is torch.Tensor
+                and grad_out.stride(-1) == 1):
+            saved = ctx.saved_tensors
+            if len(saved) == 5:
+                q, k, v, out, lse = saved
+                return (*bwd.attn_bwd_planned(q, k, v, out, lse, grad_out, grad_lse, ctx.options), None, None, None)
+        return _once_differentiable_backward(ctx, grad_out, grad_lse)
+
+
+# no double backward: a clear error, as the registered op gives (create_graph=True runs the backward with grad mode
+# on; the outputs are then marked so that differentiating them raises)
+_once_differentiable_backward = torch.autograd.function.once_differentiable(_backward)

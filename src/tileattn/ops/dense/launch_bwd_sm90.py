@@ -30,28 +30,34 @@ def reason(p, q, k, v, do):
                            min(p.seqlen_q, p.seqlen_k), MIN_SEQLEN)
 
 
-def alloc_sums(p, left, right, device):
-    """(acc, turns, done): the float32 dQ sums [B * Hq * query blocks * block_m, D], the per-(head, query block)
-    turn counters and the per-(batch, kv head) done counters (pipeline.turn_counters) of problem p (left, right:
-    its window bounds as bwd.py clamps them)."""
+def sums_allocator(p, left, right, device):
+    """A function () -> (acc, counters) that allocates the float32 dQ sums [B * Hq * query blocks * block_m, D] and
+    the int32 counter buffer (pipeline.counter_count; empty: the preprocess zeroes it, pipeline.zero_args) of
+    problem p (left, right: its window bounds as bwd.py clamps them); everything it needs is worked out here, once
+    per plan, not per call."""
     bm = pipeline.block_m(p.head_dim)
     mb = triton.cdiv(p.seqlen_q, bm)
     # query blocks that no key block sees get no dQ part: their sums must start at zero
     off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
-    empty_blocks = left >= 0 or (right >= 0 and off + right < 0)
-    acc = (torch.zeros if empty_blocks else torch.empty)(p.batch * p.heads_q * mb * bm, p.head_dim,
-                                                          dtype=torch.float32, device=device)
-    return (acc, *pipeline.turn_counters(p.batch, p.heads_q, p.heads_kv, mb, device))
+    alloc_acc = torch.zeros if left >= 0 or (right >= 0 and off + right < 0) else torch.empty
+    shape = (p.batch * p.heads_q * mb * bm, p.head_dim)
+    n = pipeline.counter_count(p.batch, p.heads_q, p.heads_kv, mb)[1]
+    f32, i32 = torch.float32, torch.int32
+
+    def alloc():
+        return alloc_acc(shape, dtype=f32, device=device), torch.empty(n, dtype=i32, device=device)
+    return alloc
 
 
 def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
-    """Launches the kernel: gradients into grads = (dq, dk, dv), through the sums = alloc_sums(...) (tail:
+    """Launches the kernel: gradients into grads = (dq, dk, dv), through sums = (acc, counters) of
+    sums_allocator(...), the counters zeroed by the preprocess (tail:
     scale, qk_scale, softcap_scale, softcap_out, left, right as bwd.py computes them, the window bounds
     clamped; launch: bwd.Launches)."""
     from .gluon_bwd_sm90 import attn_bwd_sm90_kernel
     q, k, v, lse = c.q, c.k, c.v, c.lse
     dq, dk, dv = grads
-    acc, turns, done = sums
+    acc, counters = sums
     scale, qk_scale, softcap_scale, softcap_out, left, right = tail
     d = p.head_dim
     meta = pipeline.meta(d)
@@ -68,11 +74,11 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     launch(attn_bwd_sm90_kernel, grid, (
         gluon_desc(q, [1, bm, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
         gluon_desc(do, [1, bm, 1, d]), lse, delta, dk, dv,
-        gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, turns, lse.stride(0), lse.stride(1),
+        gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, counters, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
         p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, scale, qk_scale, softcap_scale, softcap_out, left,
         right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
              HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), ROTATE=rotate,
              launch_cooperative_grid=rotate, **meta))
-    pipeline.convert(launch, acc, done, dq, lse, (p.heads_kv, nk), scale, False)
+    pipeline.convert(launch, acc, counters, dq, lse, (p.heads_kv, nk), scale, False)

@@ -9,6 +9,7 @@ import triton
 
 from ..common.bwd_kernels import bwd_preprocess_kernel
 from ..common.configs import bwd_config
+from ..common.launch_bwd_sm90 import zero_args
 from . import launch_bwd_sm90
 from .bwd_kernels import flex_bwd_dkdv_kernel, flex_bwd_dq_kernel
 from .problem import mask_strides, mod_captures
@@ -42,15 +43,20 @@ def flex_bwd(p, c, dout, dlse):
     delta = torch.empty(B, H, Sq, dtype=torch.float32, device=query.device)
     bdv = triton.next_power_of_2(Dv)
     pm = 64 if bdv <= 128 else 32
+    sm90 = not launch_bwd_sm90.reason(p, dout) and lse.stride() == delta.stride()
+    zero, zero_kw = (delta, 0), {}  # (the preprocess zeroes nothing)
+    if sm90:  # the Hopper kernel's counters, zeroed by the preprocess
+        counters = launch_bwd_sm90.alloc_counters(p)
+        zero, zero_kw = zero_args(counters, triton.cdiv(Sq, pm) * B * H)
     # the preprocess reads (batch, sequence, head) strides
     bwd_preprocess_kernel[(triton.cdiv(Sq, pm), B * H, 1)](
         out, dout, dlse if dlse is not None else lse, delta, out.stride(0), out.stride(2), out.stride(1),
         dout.stride(0), dout.stride(2), dout.stride(1), lse.stride(0), lse.stride(1),
-        *((dlse.stride(0), dlse.stride(1)) if dlse is not None else (0, 0)), lse, Sq, H, B * H,
-        DV=Dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=False, HAS_DLSE=dlse is not None, num_warps=4,
+        *((dlse.stride(0), dlse.stride(1)) if dlse is not None else (0, 0)), lse, Sq, H, B * H, *zero,
+        DV=Dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=False, HAS_DLSE=dlse is not None, num_warps=4, **zero_kw,
     )
-    if not launch_bwd_sm90.reason(p, dout) and lse.stride() == delta.stride():
-        launch_bwd_sm90.flex_bwd_sm90(p, c, dout, delta, (dq, dk, dv))
+    if sm90:
+        launch_bwd_sm90.flex_bwd_sm90(p, c, dout, delta, (dq, dk, dv), counters)
         return dq, dk, dv
     dense = lists is None
     (km, kn, kw, ks), (qm, qn, qw, qs) = _tiles(max(D, Dv), p.q_block, p.kv_block)

@@ -34,10 +34,18 @@ def _fx(lists):
     return (*lists, *(s for t in lists for s in mask_strides(t)))
 
 
-def flex_bwd_sm90(p, c, dout, delta, grads):
+def alloc_counters(p):
+    """The kernel's int32 counter buffer for problem p (pipeline.counter_count), not zeroed: the preprocess
+    zeroes it (pipeline.zero_args)."""
+    mb = p.seqlen_q // pipeline.block_m(p.head_dim)
+    n = pipeline.counter_count(p.batch, p.heads_q, p.heads_kv, mb)[1]
+    return torch.empty(n, dtype=torch.int32, device=p.device)
+
+
+def flex_bwd_sm90(p, c, dout, delta, grads, counters):
     """Launches the kernel and the dQ conversion: gradients into grads = (dq, dk, dv) ([B, H, S, D] like the
     inputs) for call c (its lse, lists and transposed lists), dout and delta ([B, Hq, Sq] float32, lse's
-    strides)."""
+    strides); counters: alloc_counters(p), zeroed by the preprocess."""
     from .gluon_bwd_sm90 import flex_bwd_sm90_kernel
     dq, dk, dv = grads
     d = p.head_dim
@@ -51,17 +59,16 @@ def flex_bwd_sm90(p, c, dout, delta, grads):
     # every query block's sums are written (stored by its first key block, or never: rows that saw no key,
     # which the conversion zeroes by their lse), so no zero fill
     acc = torch.empty(p.batch * p.heads_q * p.seqlen_q, d, dtype=torch.float32, device=p.device)
-    turns, done = pipeline.turn_counters(p.batch, p.heads_q, p.heads_kv, mb, p.device)
     lse = c.lse
     smod, mmod = p.score_mod, p.mask_mod
     grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, False)  # (no rotated walks: one per item)
     flex_bwd_sm90_kernel[grid](
         gluon_desc(q, [1, bm, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
         gluon_desc(do, [1, bm, 1, d]), lse, delta, dk_, dv_,
-        gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, turns, lse.stride(0), lse.stride(1),
+        gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, counters, lse.stride(0), lse.stride(1),
         dk_.stride(0), dk_.stride(1), dk_.stride(2), dv_.stride(0), dv_.stride(1), dv_.stride(2), p.seqlen_q,
         p.seqlen_k, p.heads_kv, p.group, mb, nk, items, float(p.scale), float(p.scale * LOG2E), fx, fk,
         *(capture_args(t) for t in mod_captures(p, c)),
         SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None, **meta)
-    pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, done, dq.transpose(1, 2), lse,
+    pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, counters, dq.transpose(1, 2), lse,
                      (p.heads_kv, nk), p.scale, True)
