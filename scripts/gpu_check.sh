@@ -186,7 +186,7 @@ for s in $steps; do
         [ -d $tree ] || continue
         extra=--no-cprofile; [ $tree = src ] && [ $rep = 2 ] && extra=
         PYTHONPATH=$PWD/$tree:${T39_PATH:-}$PWD timeout 200 python3 scripts/profile_kernels.py host \
-          ${HOST_ARGS:---N 1024 --D 64 --causal} --only '^(bwd|floor)' $extra > "$OUT/host_ab_tmp.log" 2>&1 || rc=$?
+          ${HOST_ARGS:---N 1024 --D 64 --causal} --only "${HOST_ONLY:-^(bwd|floor|shaped)}" $extra > "$OUT/host_ab_tmp.log" 2>&1 || rc=$?
         sed "s#^#$tree #" "$OUT/host_ab_tmp.log" >> "$OUT/host_ab.log"
       done; done
       summary+=("host-ab rc=$rc"); grep "HOST N=" "$OUT/host_ab.log" ;;

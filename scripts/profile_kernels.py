@@ -195,6 +195,30 @@ def host(a):
     o_p = tileattn.attention(qp, kp, vp, causal=a.causal)
     cases.update({"fwd+graph tileattn op": lambda: tileattn.attention(qp, kp, vp, causal=a.causal),
                   "bwd tileattn op": lambda: torch.autograd.grad(o_p, (qp, kp, vp), dout, retain_graph=True)})
+    threads = set()
+
+    class Shaped(torch.autograd.Function):
+        """EagerAttn's shape (q, k, v in; out, lse out; five tensors saved) with a trivial or the real backward."""
+        @staticmethod
+        def forward(ctx, q, k, v, real):
+            out, lse = o_t.detach().clone(), node.saved_tensors[4].detach().clone()
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.real = real
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, g, g_lse):
+            import threading
+            threads.add(threading.current_thread().name)
+            q, k, v, out, lse = ctx.saved_tensors
+            if ctx.real:
+                return (*bwd.attn_bwd_planned(q, k, v, out, lse, g, None, opts), None)
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+
+    from tileattn.ops.dense import bwd
+    o_s, o_r = Shaped.apply(qg, kg, vg, False)[0], Shaped.apply(qg, kg, vg, True)[0]
+    cases.update({"floor shaped": lambda: torch.autograd.grad(o_s, (qg, kg, vg), dout, retain_graph=True),
+                  "shaped + body": lambda: torch.autograd.grad(o_r, (qg, kg, vg), dout, retain_graph=True)})
     cases.update({"floor autograd.Function": lambda: torch.autograd.grad(o_i, qg, dout, retain_graph=True),
                   "floor custom_op": lambda: torch.autograd.grad(o_l, qg, dout, retain_graph=True),
                   "bwd tileattn direct": lambda: custom_ops._attn_bwd(dout, None, saved, opts)})
@@ -214,6 +238,8 @@ def host(a):
         torch.cuda.synchronize()
         print(f"HOST N={a.N} D={a.D} causal={int(a.causal)} {name:>23}: timed {ms * 1e3:7.1f} us, host issue "
               f"{issue:6.1f} us per call", flush=True)
+    import threading
+    print(f"HOST threads: {[t.name for t in threading.enumerate()]}; shaped backward ran on {sorted(threads)}")
     if a.no_cprofile:
         return
     direct = [lc._direct is not None for lc in launcher._CACHED.values()]
