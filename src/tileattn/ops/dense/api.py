@@ -61,8 +61,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | fp8.Fp8V, *, c
         float32 (natural log). A row that sees no key gets out = 0 and lse = -inf.
     """
     if q_descale is None and k_descale is None and v_descale is None and out_dtype is None \
-            and getattr(q, "dtype", None) not in fp8.FP8_DTYPES and _plain_eager(q, k, v):
-        return plans.attention_eager(q, k, v, causal, scale, window, softcap, return_lse)
+            and getattr(q, "dtype", None) not in fp8.FP8_DTYPES:
+        if _plain_eager(q, k, v):
+            return plans.attention_eager(q, k, v, causal, scale, window, softcap, return_lse)
+        if _plain_tracked(q, k, v, None, None) and plans.checked(q, k, v):
+            return _attention_tracked(q, k, v, causal, scale, window, softcap, return_lse)
     v_packed = isinstance(v, fp8.Fp8V)
     if v_packed:
         v = v.view()  # the sequence-major view the kernels take (keys in packed order)
@@ -135,6 +138,35 @@ def _plain_tracked(q, k, v, cu_q, cu_k):
             and not torch._C._are_functorch_transforms_active() and torch._C._len_torch_dispatch_stack() == 0)
 
 
+_tracked_options = {}  # the registered op's options string per (option values, head dim), built once
+
+
+def _attention_tracked(q, k, v, causal, scale, window, softcap, return_lse):
+    """attention() for an eager 16-bit call on plain tensors that tracks a gradient, tensors already checked
+    (plans.checked): the options checked, their string for custom_ops.EagerAttn built once per option values
+    (AttnOptions.encode costs ~10 us of Python a call, scripts/host_overhead.py --cpu), then the same forward and
+    backward as _run's."""
+    check_options(causal, scale, window, softcap)
+    _check_grad_head_dim(q, v)
+    key = (scale, causal, window[0], window[1], softcap, bool(return_lse), q.shape[-1])
+    options = _tracked_options.get(key)
+    if options is None:
+        options = AttnOptions(scale=_scale(q, scale), window=effective_window(causal, window),
+                              softcap=float(softcap), return_lse=True).encode()
+        if len(_tracked_options) >= 1024:
+            _tracked_options.clear()
+        _tracked_options[key] = options
+    out, lse = custom_ops.EagerAttn.apply(q, k, v, None, None, options)
+    return (out, lse) if return_lse else out
+
+
+def _check_grad_head_dim(q, v):
+    if max(q.shape[-1], v.shape[-1]) > MAX_GRAD_HEAD_DIM:
+        raise ValueError(f"q, k or v requires grad, but the backward takes head dims up to "
+                         f"{MAX_GRAD_HEAD_DIM} (got D={q.shape[-1]}, Dv={v.shape[-1]}); run the forward "
+                         f"under torch.no_grad() or detach the inputs")
+
+
 def _scale(q, scale):
     return float(q.shape[-1] ** -0.5 if scale is None else scale)
 
@@ -149,10 +181,8 @@ def _run(q, k, v, cu_seqlens, descales, opts):
     (a tracked gradient asks for the lse: the backward recomputes the probabilities from it), else straight to
     the launch plans. descales: fp8.split_descales' tensors; opts: AttnOptions (return_lse as the caller asked)."""
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if grad and max(q.shape[-1], v.shape[-1]) > MAX_GRAD_HEAD_DIM:
-        raise ValueError(f"q, k or v requires grad, but the backward takes head dims up to "
-                         f"{MAX_GRAD_HEAD_DIM} (got D={q.shape[-1]}, Dv={v.shape[-1]}); run the forward "
-                         f"under torch.no_grad() or detach the inputs")
+    if grad:
+        _check_grad_head_dim(q, v)
     run_opts = opts.with_lse() if grad and not opts.return_lse else opts
     descales = None if descales[0] is None else descales
     # The registered op is what torch.compile traces and what autograd sees; an eager call with no gradient

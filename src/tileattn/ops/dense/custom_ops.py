@@ -87,6 +87,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zero tensor made or read)
     ctx.options = options
     ctx.has_lse = AttnOptions.decode(options).return_lse
+    ctx.varlen = cu_seqlens_q is not None
     if ctx.has_lse:
         ctx.save_for_backward(q, k, v, out, lse, *_cu(cu_seqlens_q, cu_seqlens_k))
 
@@ -131,11 +132,12 @@ class EagerAttn(torch.autograd.Function):
         # the usual call (batched, a plain output gradient with a contiguous last dim, no create_graph) goes
         # straight to the backward's launch plans: each wrapper layer costs host time, which bounds the N = 1K
         # backward (docs/design/backward.md, the eighth round)
-        if (not torch.is_grad_enabled() and ctx.has_lse and type(grad_out) is torch.Tensor
-                and grad_out.stride(-1) == 1):
-            saved = ctx.saved_tensors
-            if len(saved) == 5:
-                q, k, v, out, lse = saved
+        # (compiled autograd traces this method with fake tensors that report themselves as plain ones: it takes
+        # the registered op, through _backward)
+        if (not torch.is_grad_enabled() and ctx.has_lse and not ctx.varlen and type(grad_out) is torch.Tensor
+                and grad_out.stride(-1) == 1 and not torch.compiler.is_compiling()):
+            q, k, v, out, lse = ctx.saved_tensors
+            if type(q) is torch.Tensor:
                 return (*bwd.attn_bwd_planned(q, k, v, out, lse, grad_out, grad_lse, ctx.options), None, None, None)
         return _once_differentiable_backward(ctx, grad_out, grad_lse)
 

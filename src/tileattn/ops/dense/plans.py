@@ -120,6 +120,15 @@ def _new_entry(key, q, v, varlen, torch_layout=False, out_dtype=None):
     return entry
 
 
+def checked(q, k, v):
+    """Whether batched q, k, v have the layouts of a call already checked (a kept entry: check_inputs and
+    check_device passed for this tensor key; on the CPU, as in attention_eager, the device is checked again)."""
+    entry = _entries.get(_tensor_key(q, k, v, False))
+    if entry is not None and entry.on_cpu:
+        check_device(q, k, v)
+    return entry is not None
+
+
 def attention_eager(q, k, v, causal, scale, window, softcap, return_lse):
     """attention() for plain eager calls (torch.Tensor inputs, nothing to trace, no gradient to track): the
     tensor checks run once per tensor key, the option checks every call. Returns out, or (out, lse)."""
