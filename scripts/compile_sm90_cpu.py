@@ -113,11 +113,12 @@ def varlen(dt, D, backend="dense.triton", N=4096, **opts):
         tileattn.varlen_attention(q, k, v, cu, cu, N, N, **opts)
 
 
-def backward(dt, D, causal, varlen=False):
-    """The backward kernels on random forward results (no forward compiled)."""
+def backward(dt, D, causal, varlen=False, hkv=2):
+    """The backward kernels on random forward results (no forward compiled); 4 query heads over hkv kv heads (4:
+    no GQA, the bench grid's case, where Triton specializes the group size of 1 away)."""
     from tileattn.ops.dense.bwd import attn_bwd
     from tileattn.ops.dense.problem import AttnOptions, AttnProblem, Call
-    q, k, v = _rand(2, 1024, 4, D, dtype=dt), _rand(2, 1024, 2, D, dtype=dt), _rand(2, 1024, 2, D, dtype=dt)
+    q, k, v = _rand(2, 1024, 4, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt)
     do, o, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(2, 4, 1024)
     cu, opts = None, AttnOptions(scale=D ** -0.5, window=(-1, 0 if causal else -1))
     if varlen:
@@ -320,6 +321,7 @@ def main():
     p.add_argument("--exp2-fma", type=int, default=None, choices=(0, 1, 2),
                    help="the config's exp2_fma instead of the table's (of every 4 exp2s, how many on the FMA pipe)")
     p.add_argument("--hq", type=int, default=64)
+    p.add_argument("--hkv", type=int, default=2, choices=(1, 2, 4), help="--bwd-sm90: kv heads of the 4 query heads")
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
     p.add_argument("--compare", default=None, help="with --fingerprint: an earlier file that must be equal")
@@ -337,7 +339,7 @@ def main():
                    for name in ("bwd_scores_kernel", "bwd_dkdv_large_d_kernel", "bwd_dq_large_d_kernel"))
     if a.bwd_sm90:
         os.environ["TILEATTN_SM90_BWD"] = "1"
-        backward(DT[a.dtype], a.d, a.causal)
+        backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv)
         name = "attn_bwd_sm90_kernel"
     elif a.bwd:
         from tileattn import force_backend
