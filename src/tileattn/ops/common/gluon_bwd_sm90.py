@@ -211,7 +211,7 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
             if MASK_MOD is not None:
                 vis = MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m) | full
                 pt = gl.where(vis, pt, 0.0)
-        elif not full:  # (a runtime branch: the steps of the unmasked range skip it)
+        else:
             o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             m_ok = o_m < seqlen_q
             o_n = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
@@ -350,20 +350,32 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                                SCORE_GRAD, MASK_MOD)
                 step += 1
         else:
+            m_lo, f_lo, f_hi, m_hi, rot = sched
             n_above, n_full, n_below = step_counts(sched, BLOCK_M)
-            # one instantiation of the step for the three ranges (masked below the unmasked range, unmasked, masked
-            # above), the mask a runtime branch: a masked instantiation beside the unmasked one made the register
-            # allocator spill in the unmasked loop (D=128 causal: 13 / 8 local loads and stores per step,
-            # docs/design/backward.md, the eighth round)
-            for t in range(n_below + n_full + n_above):
-                m0 = walk_m0(t, sched, sched, BLOCK_M, FLEX, Q_BLOCK, ROTATE)  # (the loader and writers: the same)
-                full = (t >= n_below) & (t < n_below + n_full)
-                dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
-                               stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
-                               off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, full, caps_s,
-                               caps_m, WG, NEEDS_MASK, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
-                               SCORE_GRAD, MASK_MOD)
-                step += 1
+            # three ranges, each its own instantiation of the step: masked below the unmasked range, unmasked,
+            # masked above (the masked ones only where a tile can need a mask)
+            for r in gl.static_range(3):
+                if r == 0:
+                    m_start = m_lo
+                    n_r = n_below
+                elif r == 1:
+                    m_start = f_lo
+                    n_r = n_full
+                else:
+                    m_start = f_hi
+                    n_r = n_above
+                if NEEDS_MASK or r == 1:
+                    for t in range(n_r):
+                        if ROTATE and r == 1:  # walk_m0's rotation (the loader and writers walk the same)
+                            m0 = m_start + ((t + rot) % n_r) * BLOCK_M
+                        else:
+                            m0 = m_start + t * BLOCK_M
+                        dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half,
+                                       k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full,
+                                       dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+                                       softcap_out, fm, False, caps_s, caps_m, WG, r != 1, HAS_LEFT, HAS_RIGHT,
+                                       HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
+                        step += 1
     if ROTATE:  # every wgmma reading K / V has completed (each step waits for its last): the next item's may load
         mbarrier.arrive(kv_empty)
     rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
