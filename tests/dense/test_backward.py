@@ -602,7 +602,7 @@ def test_sm90_backward_counters_zeroed_by_preprocess(B, H, Hkv, Sq, device):
     delta = torch.full((B, H, Sq), float("nan"), device=device)
     pm = 64
     programs = triton.cdiv(Sq, pm) * B * H
-    zero, zero_kw = pipeline.zero_args(counters, programs)
+    zero, zero_kw = pipeline.zero_args(counters, programs, delta)
     assert zero_kw["ZERO_CHUNK"] * programs >= n
     bwd_preprocess_kernel[(triton.cdiv(Sq, pm), B * H, 1)](
         out, do, delta, delta, out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2),

@@ -138,10 +138,13 @@ def counter_count(batch, heads_q, heads_kv, q_blocks):
     return turns, turns + batch * heads_kv
 
 
-def zero_args(counters, programs):
+def zero_args(counters, programs, unused):
     """(args, kwargs) that make the backward's preprocess (bwd_kernels.bwd_preprocess_kernel, `programs` programs)
     zero the counter buffer: the buffer is allocated empty, and the preprocess runs before the kernel on the same
-    stream (a fill would cost one launch more per backward: host time, the N = 1K rows' bottleneck)."""
+    stream (a fill would cost one launch more per backward: host time, the N = 1K rows' bottleneck). counters None
+    (a backward off this pipeline): nothing zeroed, `unused` (any tensor) stands for the buffer."""
+    if counters is None:
+        return (unused, 0), {}
     n = counters.numel()
     chunk = max(2, triton.next_power_of_2(triton.cdiv(n, programs)))
     return (counters, n), dict(ZERO_CHUNK=chunk)

@@ -17,6 +17,7 @@ from ...launcher import launch_cached
 from ..common.backend import forced_key
 from ..common.bwd_kernels import bwd_preprocess_kernel
 from ..common.configs import bwd_config
+from ..common.launch_bwd_sm90 import zero_args
 from ..common.softmax import LOG2E
 from . import launch_bwd_large_d, launch_bwd_sm90
 from .kernels_bwd import bwd_dkdv_kernel, bwd_dq_kernel
@@ -122,12 +123,12 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
     pm = 64 if bdv <= 128 else 32
     pre_grid = _grid(triton.cdiv(sq, pm), batch * hq)
     sm90 = not launch_bwd_sm90.reason(p, q, k, v, do)
-    zero, zero_kw = (delta, 0), {}  # (the preprocess zeroes nothing)
+    sums = None
     if sm90:  # the Hopper kernel's dQ sums and counters, the counters zeroed by the preprocess
         alloc_sums = launch_bwd_sm90.sums_allocator(p, left, right, q.device)
         sums = alloc_sums()
         launch.buffers(sums, alloc_sums)
-        zero, zero_kw = launch_bwd_sm90.pipeline.zero_args(sums[1], pre_grid[0] * batch * hq)
+    zero, zero_kw = zero_args(sums[1] if sums else None, pre_grid[0] * batch * hq, delta)
     launch(bwd_preprocess_kernel, pre_grid, (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
         *gls, cu_q_arg, sq, hq, batch * hq, *zero), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,

@@ -87,7 +87,6 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zero tensor made or read)
     ctx.options = options
     ctx.has_lse = AttnOptions.decode(options).return_lse
-    ctx.varlen = cu_seqlens_q is not None
     if ctx.has_lse:
         ctx.save_for_backward(q, k, v, out, lse, *_cu(cu_seqlens_q, cu_seqlens_k))
 
@@ -129,17 +128,13 @@ class EagerAttn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        # the usual call (batched, a plain output gradient with a contiguous last dim, no create_graph) goes
-        # straight to the backward's launch plans: each wrapper layer costs host time, which bounds the N = 1K
-        # backward (docs/design/backward.md, the eighth round)
-        # (compiled autograd traces this method with fake tensors that report themselves as plain ones: it takes
-        # the registered op, through _backward)
-        if (not torch.is_grad_enabled() and ctx.has_lse and not ctx.varlen and type(grad_out) is torch.Tensor
-                and grad_out.stride(-1) == 1 and not torch.compiler.is_compiling()):
-            q, k, v, out, lse = ctx.saved_tensors
-            if type(q) is torch.Tensor:
-                return (*bwd.attn_bwd_planned(q, k, v, out, lse, grad_out, grad_lse, ctx.options), None, None, None)
-        return _once_differentiable_backward(ctx, grad_out, grad_lse)
+        # once_differentiable's wrapper only where it matters (create_graph: grad mode on); the usual backward
+        # goes straight to _backward, whose routing (plain tensors to the launch plans, the rest to the op) is the
+        # registered op's: each wrapper layer costs host time, which bounds the N = 1K backward
+        # (docs/design/backward.md, the eighth round)
+        if torch.is_grad_enabled():
+            return _once_differentiable_backward(ctx, grad_out, grad_lse)
+        return _backward(ctx, grad_out, grad_lse)
 
 
 # no double backward: a clear error, as the registered op gives (create_graph=True runs the backward with grad mode

@@ -44,10 +44,8 @@ def flex_bwd(p, c, dout, dlse):
     bdv = triton.next_power_of_2(Dv)
     pm = 64 if bdv <= 128 else 32
     sm90 = not launch_bwd_sm90.reason(p, dout) and lse.stride() == delta.stride()
-    zero, zero_kw = (delta, 0), {}  # (the preprocess zeroes nothing)
-    if sm90:  # the Hopper kernel's counters, zeroed by the preprocess
-        counters = launch_bwd_sm90.alloc_counters(p)
-        zero, zero_kw = zero_args(counters, triton.cdiv(Sq, pm) * B * H)
+    counters = launch_bwd_sm90.alloc_counters(p) if sm90 else None  # (zeroed by the preprocess)
+    zero, zero_kw = zero_args(counters, triton.cdiv(Sq, pm) * B * H, delta)
     # the preprocess reads (batch, sequence, head) strides
     bwd_preprocess_kernel[(triton.cdiv(Sq, pm), B * H, 1)](
         out, dout, dlse if dlse is not None else lse, delta, out.stride(0), out.stride(2), out.stride(1),
