@@ -7,7 +7,8 @@ them, before spending device time.
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
     python scripts/compile_sm90_cpu.py --bwd-sm90 [--d 128] [--causal]   (the Hopper backward, TILEATTN_SM90_BWD=1)
-    python scripts/compile_sm90_cpu.py --bwd-large-d [--d 512] [--causal]   (D > 256 backward: split, varlen)
+    python scripts/compile_sm90_cpu.py --bwd-large-d [--d 512] [--causal] [--hkv 4]   (D > 128 backward: split
+                                                              (D = 256: the Hopper score kernel), varlen)
     python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json] [--only NAME_PREFIX]
 
 The first three compile one routed Gluon kernel through the public API (dispatch chooses it, as on an H100)
@@ -333,10 +334,12 @@ def main():
     if a.fingerprint:
         return fingerprint(a.fingerprint, a.compare, a.out, a.only)
     if a.bwd_large_d:  # the split backward's score kernel (batched) and the fused kernels (varlen)
-        backward(DT[a.dtype], a.d, a.causal)
+        backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv)
         backward(DT[a.dtype], a.d, a.causal, varlen=True)
-        return max(report(next(k for n, k in COMPILED if n == name), a.out)
-                   for name in ("bwd_scores_kernel", "bwd_dkdv_large_d_kernel", "bwd_dq_large_d_kernel"))
+        names = ("bwd_scores_sm90_kernel" if a.d == 256 else "bwd_scores_kernel", "bwd_dkdv_large_d_kernel",
+                 "bwd_dq_large_d_kernel")
+        return max(report(next(k for n, k in COMPILED if n == name), a.out) for name in names
+                   if any(n == name for n, _ in COMPILED))  # (varlen D <= 256 takes the whole-row kernels)
     if a.bwd_sm90:
         os.environ["TILEATTN_SM90_BWD"] = "1"
         backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv)

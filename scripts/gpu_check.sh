@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -145,9 +145,16 @@ for s in $steps; do
       summary+=("bench-flex rc=$rc: $(grep '^summary' "$OUT/bench_flex.log")")
       grep -v Warn "$OUT/bench_flex.log" | head -30 ;;
     bwd-tests)
-      timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py tests/flex/test_flex_backward.py > "$OUT/bwd_tests.log" 2>&1; rc=$?
+      timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py tests/dense/test_backward_split.py tests/flex/test_flex_backward.py > "$OUT/bwd_tests.log" 2>&1; rc=$?
       summary+=("bwd-tests rc=$rc: $(tail -n 1 "$OUT/bwd_tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/bwd_tests.log" | head -10 ;;
+    split-tests)
+      # the split backward (D > 128) with its Hopper score kernel at D = 256: its own tests, the D=256 / 320 / 512
+      # rows of the backward matrix, the determinism test
+      timeout ${SPLIT_TIMEOUT:-300} python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward_split.py \
+        tests/dense/test_backward.py -k "split or gpu_backward and (256 or 320 or 512) or large_d" > "$OUT/split_tests.log" 2>&1; rc=$?
+      summary+=("split-tests rc=$rc: $(tail -n 1 "$OUT/split_tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/split_tests.log" | head -10 ;;
     sweep-fwd)
       # the Hopper forward's table config against variants (FWD_ARGS: sweep.py fwd options), compiled in parallel
       for d in 64 128; do for c in 0 1; do
@@ -194,6 +201,10 @@ for s in $steps; do
       # timed / kernel / host time of the short rows, each kernel's GPU time (SMALL_ARGS: `profile_kernels.py small` options)
       timeout 300 python3 scripts/profile_kernels.py small --breakdown ${SMALL_ARGS:-} > "$OUT/profile_small.log" 2>&1; rc=$?
       summary+=("profile-small rc=$rc"); grep -E "^SMALL|^    " "$OUT/profile_small.log" ;;
+    profile-split)
+      # each kernel's GPU time in the split backward (SPLIT_ARGS: `profile_kernels.py split` options)
+      timeout 300 python3 scripts/profile_kernels.py split ${SPLIT_ARGS:-} > "$OUT/profile_split.log" 2>&1; rc=$?
+      summary+=("profile-split rc=$rc"); grep "^SPLIT" "$OUT/profile_split.log" | cut -c1-160 ;;
     profile-bwd)
       timeout 300 python3 scripts/profile_kernels.py bwd > "$OUT/profile_bwd.log" 2>&1; rc=$?
       summary+=("profile-bwd rc=$rc"); grep "^PROF" "$OUT/profile_bwd.log" ;;

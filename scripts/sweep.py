@@ -18,9 +18,10 @@ timed; a config that fails the check, does not compile or is refused is reported
             last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
     bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math] [--whole]
-            [--pieces 4] [--bh 1,16] [--workspace-mib 1024]:
-            the split large-D backward per score-tile candidate (SCORE_TILES), gradients checked, against SDPA's
-            backward, B=1, H=16: "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."
+            [--pieces 4] [--bh 1,16] [--workspace-mib 1024] [--no-sm90]:
+            the split large-D backward per score-tile candidate (SCORE_TILES), and with the Hopper score kernel
+            where it serves D ("sm90 scores"), gradients checked, against SDPA's backward, B=1, H=16:
+            "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."
     large-d [--dims 320,512,1024] [--causal 0,1] [--n 8192] [--heads 48] [--configs I,J] [--budget-s 500]
             [--sm90]: large-D Triton kernel (LargeDConfig) vs SDPA EFFICIENT, B=1: "EFF" per case, "CFG <i> ..."
             per (config, case) (i: index into LARGE_D; --sm90: CFG -1, unforced, the Gluon kernel where it
@@ -382,7 +383,8 @@ def bwd_large_d(a):
     from tileattn.bench.dense import sdpa
     from tileattn.ops.dense import bwd as dense_bwd
     from tileattn.ops.dense import launch_bwd_large_d as split
-    table = (split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES, dense_bwd.SPLIT_ABOVE_HEAD_DIM)
+    table = (split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES, dense_bwd.SPLIT_ABOVE_HEAD_DIM,
+             split.SCORES_SM90)
     B, H = a.bh
     for D, causal, N in itertools.product(a.dims, (bool(x) for x in a.causal), a.seqlens):
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
@@ -408,10 +410,15 @@ def bwd_large_d(a):
                 line.append(f"{p}: {err(e, 50)}")
             o = None
         cfgs = SCORE_TILES if a.tiles is None else [SCORE_TILES[i] for i in a.tiles]
-        for cfg, n, ws in itertools.product(cfgs, a.pieces if causal else a.pieces[:1], a.workspace_mib):
-            split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES = cfg, n, ws << 20
-            timed(f"{list(cfg)}" + (f" pieces={n}" if causal else "") + (f" ws={ws}M" if ws != 1024 else ""))
-        split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES = table[:3]
+        # the Triton score kernel with each tile candidate, then the Hopper one where it serves D
+        sm90 = [True] if D in split.SCORES_SM90_CONFIGS and not a.no_sm90 else []
+        for cfg, n, ws in itertools.product([*cfgs, *sm90], a.pieces if causal else a.pieces[:1], a.workspace_mib):
+            split.SCORES_SM90 = cfg is True
+            split.SCORE_TILES = table[0] if cfg is True else cfg
+            split.PIECES_MASKED, split.WORKSPACE_BYTES = n, ws << 20
+            timed(("sm90 scores" if cfg is True else f"{list(cfg)}") + (f" pieces={n}" if causal else "")
+                  + (f" ws={ws}M" if ws != 1024 else ""))
+        split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES, split.SCORES_SM90 = table[:3] + (table[4], )
         if a.whole and D <= dense_bwd.MAX_WHOLE_HEAD_DIM:  # the whole-row Triton kernels instead of the split one
             dense_bwd.SPLIT_ABOVE_HEAD_DIM = dense_bwd.MAX_WHOLE_HEAD_DIM
             timed("whole-row")
@@ -690,6 +697,7 @@ def main():
     p.add_argument("--pieces", type=ints, default="4", help="PIECES_MASKED values (causal rows)")
     p.add_argument("--bh", type=ints, default="1,16", help="batch, heads")
     p.add_argument("--workspace-mib", type=ints, default="1024", help="WORKSPACE_BYTES values, MiB")
+    p.add_argument("--no-sm90", action="store_true", help="not the Hopper score kernel (SCORES_SM90_CONFIGS dims)")
     p.set_defaults(func=bwd_large_d)
     p = sub.add_parser("large-d", help="large-D Triton kernel configs against SDPA EFFICIENT")
     p.add_argument("--dims", type=ints, default="320,512,1024")

@@ -4,7 +4,8 @@ No register file holds a [BLOCK_N, 512] float32 dK and dV (kernels_bwd_large_d.p
 and recompute S and dP per slice instead: 2-4x the FLOPs). The split backward computes each score tile once:
   1. bwd_scores_kernel writes P and dZ' * scale of a chunk (the rows of some (batch, kv head) units, their
      query heads interleaved as in q, against a key range) in q's dtype to two workspaces, with the forward's
-     masking, softcap and lse;
+     masking, softcap and lse; on Hopper at D = Dv = 256 gluon_bwd_scores_sm90.py's kernel does (Q and dO held
+     in registers, TMA stores; scores_sm90_reason says when);
   2. batched GEMMs (torch.bmm: cuBLAS) finish the chunk: dQ = dZ' K, dK = dZ'^T Q, dV = P^T dO, a kv head's
      query heads stacked along the rows (GQA: dK and dV summed over the group by the GEMM itself).
 P and dZ' are rounded to q's dtype before their products, as in the fused kernels (and FlashAttention's).
@@ -19,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ... import hw, knobs
+from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
 from .kernels_bwd_large_d import bwd_scores_kernel
 from .launch_triton import MAX_GRID_Y
 
@@ -39,6 +41,11 @@ PIECES_MASKED = 4
 # Compiled for sm90: 120 registers, no spills.
 SCORE_TILES = (128, 64, 64, 8, 3)
 SCORE_TILES_INTERPRETER = (32, 16, 32, 4, 1)
+# The Hopper score kernel (gluon_bwd_scores_sm90.py) per head dim (D = Dv): (key tile, ring slots, registers per
+# consumer thread). At D = 256 six 32 KB slots and the 32 KB of staging buffers fill the H100's 227 KB; Q and dO
+# live in registers. SCORES_SM90 = False keeps every chunk on the Triton kernel (sweep.py bwd-large-d).
+SCORES_SM90_CONFIGS = {256: (64, 6, 240)}
+SCORES_SM90 = True
 
 
 def _bmm_acc(a, b):
@@ -104,6 +111,7 @@ class _Chunk:
         self.g, self.units = g, (b[1] - b[0]) * (h[1] - h[0])
         self.row_piece, self.key_piece = _piece(*m, n_pieces), _piece(*keys, n_pieces)
         self.direct = g == 1 and b[1] - b[0] == 1
+        self.sm90 = False  # the Hopper score kernel (attn_bwd_large_d sets it)
 
     def rows_of(self, t, a, b):
         """Query-side t ([B, Sq, Hq, D]: q, dO) rows [a, b) of the units, [units, (b - a) * g, D] in the
@@ -149,24 +157,64 @@ class _Chunk:
         return t[self.b0:self.b1, a:b, self.h0:self.h1].transpose(1, 2)
 
 
+def scores_sm90_reason(p, q, k, v, do):
+    """Why the Hopper score kernel does not take problem p's chunks ("" when it does): SCORES_SM90 and
+    TILEATTN_SM90_BWD (=0: off), a Hopper GPU with a Gluon-verified triton, fp16 / bf16, D = Dv in
+    SCORES_SM90_CONFIGS, q, k, v, dO fit for tensor descriptors."""
+    if not SCORES_SM90 or knobs.sm90_bwd() == "off":
+        return "turned off (SCORES_SM90, TILEATTN_SM90_BWD=0)"
+    why = gluon_sm90_reason(q.device)
+    if why:
+        return why
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {q.dtype}"
+    if p.head_dim != p.head_dim_v or p.head_dim not in SCORES_SM90_CONFIGS:
+        return f"head dims D={p.head_dim}, Dv={p.head_dim_v}: it serves D = Dv in {sorted(SCORES_SM90_CONFIGS)}"
+    if not all(tma_ok(t) for t in (q, k, v, do)):
+        return "q, k, v or the output gradient is not aligned for tensor descriptors"
+    return ""
+
+
+def _workspaces(ch, rows, cols, q, pitch):
+    """The chunk's two workspaces [units, rows * g, cols] in q's dtype, rows `pitch` elements apart."""
+    return [_empty(ch.units, rows * ch.g, pitch, like=q)[..., :cols] for _ in range(2)]
+
+
 def _scores(p, c, do, delta, ch, tail, launch):
-    """bwd_scores_kernel over chunk ch (with its GEMM pieces ch.row_piece, ch.key_piece): the workspaces
-    (P, dZ' * scale) as [units, rows * g, keys]."""
+    """The score kernel over chunk ch (with its GEMM pieces ch.row_piece, ch.key_piece): the workspaces
+    (P, dZ' * scale) as [units, rows * g, keys]. The Hopper kernel where scores_sm90_reason allows (ch.sm90),
+    else bwd_scores_kernel."""
     q, k, v, lse = c.q, c.k, c.v, c.lse
-    left, right = tail[4], tail[5]
-    bm, bn, bk, warps, stages = SCORE_TILES_INTERPRETER if hw.interpreter_enabled() else SCORE_TILES
+    scale, qk_scale, softcap_scale, softcap_out, left, right = tail
     rows, cols, bh = ch.m1 - ch.m0, ch.hi - ch.lo, ch.units * ch.g
-    ws = [_empty(ch.units, rows * ch.g, cols, like=q) for _ in range(2)]
+    flags = dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
+                 HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=left >= 0 or right >= 0)
+    args = (ch.b0, ch.h0 * ch.g, ch.m0, ch.lo, rows, cols, ch.row_piece, ch.key_piece, p.seqlen_q, p.seqlen_k,
+            (ch.h1 - ch.h0) * ch.g)
+    if ch.sm90:
+        from .gluon_bwd_scores_sm90 import bwd_scores_sm90_kernel
+        d = p.head_dim
+        bn, slots, regs = SCORES_SM90_CONFIGS[d]
+        pitch = triton.cdiv(cols, 8) * 8  # (TMA: 16-byte aligned strides, those of size-1 dimensions too)
+        ws = _workspaces(ch, rows, cols, q, pitch)
+        descs = [gluon_desc(w.as_strided((ch.units, rows, ch.g, cols), (rows * ch.g * pitch, ch.g * pitch, pitch, 1)),
+                            [1, 64, 1, bn]) for w in ws]
+        launch(bwd_scores_sm90_kernel, (triton.cdiv(rows, 128) * bh, ), (
+            gluon_desc(q, [1, 64, 1, d]), gluon_desc(k, [1, bn, 1, d]), gluon_desc(v, [1, bn, 1, d]),
+            gluon_desc(do, [1, 64, 1, d]), *descs, lse, delta, lse.stride(0), lse.stride(1), *args, ch.g,
+            triton.cdiv(rows, 128), scale, qk_scale, softcap_scale, softcap_out, left, right),
+            dict(SLOTS=slots, CONSUMER_REGS=regs, num_warps=4, **flags))
+        return ws
+    bm, bn, bk, warps, stages = SCORE_TILES_INTERPRETER if hw.interpreter_enabled() else SCORE_TILES
+    ws = _workspaces(ch, rows, cols, q, cols)
     # (delta has lse's layout)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *lse.stride()[:2])
     launch(bwd_scores_kernel, (triton.cdiv(rows, bm) * triton.cdiv(cols, bn), min(bh, MAX_GRID_Y),
                                triton.cdiv(bh, MAX_GRID_Y)),
-           (q, k, v, do, lse, delta, *ws, *strides, ch.b0, ch.h0 * ch.g, ch.m0, ch.lo, rows, cols, ch.row_piece,
-            ch.key_piece, p.seqlen_q, p.seqlen_k, (ch.h1 - ch.h0) * ch.g, ch.g, bh, *tail),
-           dict(D=p.head_dim, DV_=p.head_dim_v, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_LEFT=left >= 0,
-                HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right, HAS_SOFTCAP=p.opts.softcap > 0,
-                NEEDS_MASK=left >= 0 or right >= 0, ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-                num_warps=warps, num_stages=stages))
+           (q, k, v, do, lse, delta, *ws, *strides, *args, ch.g, bh, *tail),
+           dict(D=p.head_dim, DV_=p.head_dim_v, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                ACC=tl.float64 if q.dtype == torch.float64 else tl.float32, num_warps=warps, num_stages=stages,
+                **flags))
     return ws
 
 
@@ -225,6 +273,7 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
     off = sk - sq if p.opts.bottom_right else 0
     n_pieces = PIECES_MASKED if left >= 0 or right >= 0 else 1
     nb, nh, mc = _chunks(p, g)
+    sm90 = not scores_sm90_reason(p, q, c.k, c.v, do)
     launch.not_replayable()  # the GEMMs and copies below are torch calls, not kernels a plan replays
     for b0 in range(0, p.batch, nb):
         for h0 in range(0, p.heads_kv, nh):
@@ -241,6 +290,7 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
             for m0 in range(0, sq, mc):
                 m1 = min(m0 + mc, sq)
                 ch = _Chunk(b, h, (m0, m1), _key_span(m0, m1, sk, off, left, right), g, n_pieces)
+                ch.sm90 = sm90
                 _chunk_grads(p, c, do, delta, ch, (dq, dk, dv, sums), tail, launch)
             if acc:
                 ch = _Chunk(b, h, (0, sq), (0, sk), g)

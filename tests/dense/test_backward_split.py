@@ -1,0 +1,78 @@
+"""The split backward (ops/dense/launch_bwd_large_d.py) with its Hopper score kernel (gluon_bwd_scores_sm90.py,
+D = Dv = 256): gradients against autograd through the float32 reference on the shapes and rules the kernel's
+tiles, masks, chunks and workspace pitch special-case; the tests check that the kernel ran on every chunk."""
+import pytest
+import torch
+
+import tileattn
+from tileattn.ops.common.tma import gluon_sm90_reason
+from tileattn.ops.dense import launch_bwd_large_d, plans
+from tileattn.ops.dense.reference import attention_ref
+
+from tests.dense.test_backward import check_grads, grads, leaf
+
+CASES = [  # (B, Sq, Sk, Hq, Hkv, causal, window, softcap, workspace bytes, direct)
+    (2, 300, 300, 2, 2, True, (-1, -1), 0.0, None, False),  # ragged rows, 300 keys: a padded workspace pitch
+    (1, 257, 333, 4, 2, False, (40, 20), 5.0, None, False),  # GQA, both window bounds, softcap, Sq < Sk
+    (2, 384, 256, 2, 1, False, (-1, -1), 0.0, None, False),  # MQA, whole tiles, no rule
+    (1, 200, 100, 2, 2, True, (-1, -1), 0.0, None, False),  # bottom-right: 100 rows see no key
+    (1, 260, 270, 2, 1, True, (-1, -1), 0.0, 1, False),  # row chunks of one unit (float32 dK / dV sums)
+    (2, 300, 280, 4, 4, False, (-1, 50), 0.0, None, True),  # a chunk per batch (views of the tensors)
+    (1, 640, 640, 2, 2, False, (100, -1), 0.0, None, True),  # left bound only: zero tiles on both sides
+]
+
+
+def _spy(monkeypatch):
+    """The chunks' score-kernel choices (ch.sm90) from now on, in the returned list."""
+    chunks = []
+    real = launch_bwd_large_d._scores
+
+    def spy(p, c, do, delta, ch, tail, launch):
+        chunks.append(ch.sm90)
+        return real(p, c, do, delta, ch, tail, launch)
+    monkeypatch.setattr(launch_bwd_large_d, "_scores", spy)
+    plans.clear_plans()
+    return chunks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-Sq{}-Sk{}-H{}/{}-c{}-w{}-s{}-ws{}-d{}".format(*c))
+def test_gpu_split_scores_sm90(case, dtype, device, monkeypatch):
+    B, Sq, Sk, Hq, Hkv, causal, window, softcap, budget, direct = case
+    q, k = leaf(B, Sq, Hq, 256, dtype=dtype, device=device), leaf(B, Sk, Hkv, 256, dtype=dtype, device=device)
+    v = leaf(B, Sk, Hkv, 256, dtype=dtype, device=device)
+    why = gluon_sm90_reason(q.device)
+    if why:
+        pytest.skip(f"the Hopper score kernel does not run here: {why}")
+    if budget is not None:
+        monkeypatch.setattr(launch_bwd_large_d, "WORKSPACE_BYTES", budget)
+    monkeypatch.setattr(launch_bwd_large_d, "DIRECT_MIN_WORK", 0 if direct else 1 << 62)
+    chunks = _spy(monkeypatch)
+    opts = dict(causal=causal, window=window, softcap=softcap)
+
+    def ref(q, k, v, dt):
+        return attention_ref(q, k, v, dtype=dt, **opts)[0]
+    check_grads(lambda q, k, v: tileattn.attention(q, k, v, **opts), ref, q, k, v)
+    assert chunks and all(chunks)
+
+
+@pytest.mark.gpu
+def test_gpu_split_scores_sm90_matches_triton(device, monkeypatch):
+    """The Hopper and the Triton score kernel give bit-identical gradients (causal GQA, ragged): the same wgmma
+    products in the same order, the same probabilities and roundings (measured so on the H100); a tile read from a
+    slot before its load landed, or a staging buffer rewritten under its store, breaks the equality."""
+    q = leaf(2, 700, 4, 256, dtype=torch.float16, device=device)
+    k, v = (leaf(2, 650, 2, 256, dtype=torch.float16, device=device) for _ in range(2))
+    if gluon_sm90_reason(q.device):
+        pytest.skip(gluon_sm90_reason(q.device))
+    w = torch.randn(2, 700, 4, 256, device=device)
+    chunks = _spy(monkeypatch)
+    got = {}
+    for sm90 in (False, True):
+        monkeypatch.setattr(launch_bwd_large_d, "SCORES_SM90", sm90)
+        plans.clear_plans()
+        got[sm90] = grads(lambda q, k, v: tileattn.attention(q, k, v, causal=True), (q, k, v), [w])
+    assert chunks == [False, True]
+    for a, b in zip(got[False], got[True]):
+        assert torch.equal(a, b)
