@@ -7,8 +7,8 @@ them, before spending device time.
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
     python scripts/compile_sm90_cpu.py --bwd-sm90 [--d 128] [--causal]   (the Hopper backward, TILEATTN_SM90_BWD=1)
-    python scripts/compile_sm90_cpu.py --bwd-large-d [--d 512] [--causal] [--hkv 4]   (D > 128 backward: split
-                                                              (D = 256: the Hopper score kernel), varlen)
+    python scripts/compile_sm90_cpu.py --bwd-large-d [--d 512] [--causal] [--hkv 4] [--softcap X] [--window L]
+                                                  (D > 128 backward: split (D = 256: the Hopper score kernel), varlen)
     python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json] [--only NAME_PREFIX]
 
 The first three compile one routed Gluon kernel through the public API (dispatch chooses it, as on an H100)
@@ -114,14 +114,14 @@ def varlen(dt, D, backend="dense.triton", N=4096, **opts):
         tileattn.varlen_attention(q, k, v, cu, cu, N, N, **opts)
 
 
-def backward(dt, D, causal, varlen=False, hkv=2):
+def backward(dt, D, causal, varlen=False, hkv=2, softcap=0.0, window=(-1, -1)):
     """The backward kernels on random forward results (no forward compiled); 4 query heads over hkv kv heads (4:
     no GQA, the bench grid's case, where Triton specializes the group size of 1 away)."""
     from tileattn.ops.dense.bwd import attn_bwd
     from tileattn.ops.dense.problem import AttnOptions, AttnProblem, Call
     q, k, v = _rand(2, 1024, 4, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt)
     do, o, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(2, 4, 1024)
-    cu, opts = None, AttnOptions(scale=D ** -0.5, window=(-1, 0 if causal else -1))
+    cu, opts = None, AttnOptions(scale=D ** -0.5, window=(window[0], 0 if causal else window[1]), softcap=softcap)
     if varlen:
         q, k, v, do, o = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v, do, o))
         lse, cu = torch.randn(4, 2048), torch.tensor([0, 1024, 2048], dtype=torch.int32)
@@ -309,6 +309,7 @@ def main():
     p.add_argument("--dv", type=int, default=0)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--softcap", type=float, default=0.0)
+    p.add_argument("--window", type=int, default=-1, help="--bwd-large-d: a left window bound")
     p.add_argument("--lse", action="store_true")
     p.add_argument("--large-d", action="store_true", help="the large-D Gluon kernel")
     p.add_argument("--mla", action="store_true", help="the MLA decode Gluon split kernel")
@@ -322,24 +323,29 @@ def main():
     p.add_argument("--exp2-fma", type=int, default=None, choices=(0, 1, 2),
                    help="the config's exp2_fma instead of the table's (of every 4 exp2s, how many on the FMA pipe)")
     p.add_argument("--hq", type=int, default=64)
-    p.add_argument("--hkv", type=int, default=2, choices=(1, 2, 4), help="--bwd-sm90: kv heads of the 4 query heads")
+    p.add_argument("--hkv", type=int, default=2, choices=(1, 2, 4),
+                   help="--bwd-sm90, --bwd-large-d: kv heads of the 4 query heads")
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
     p.add_argument("--compare", default=None, help="with --fingerprint: an earlier file that must be equal")
     p.add_argument("--only", default=None, help="with --fingerprint: the variants whose names start so")
-    p.add_argument("--bwd-large-d", action="store_true", help="the dense backward's large-D kernels (D > 256)")
+    p.add_argument("--bwd-large-d", action="store_true",
+                   help="the dense backward's kernels above D = 128 (the split backward's score kernel, varlen's)")
     p.add_argument("--out", default="/tmp")
     a = p.parse_args()
     _setup()
     if a.fingerprint:
         return fingerprint(a.fingerprint, a.compare, a.out, a.only)
     if a.bwd_large_d:  # the split backward's score kernel (batched) and the fused kernels (varlen)
-        backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv)
+        from tileattn.ops.dense import launch_bwd_large_d
+        launch_bwd_large_d.SCORES_SM90_MIN_WAVES = 0  # (the small stand-in grid)
+        backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv, softcap=a.softcap, window=(a.window, -1))
         backward(DT[a.dtype], a.d, a.causal, varlen=True)
         names = ("bwd_scores_sm90_kernel" if a.d == 256 else "bwd_scores_kernel", "bwd_dkdv_large_d_kernel",
                  "bwd_dq_large_d_kernel")
-        return max(report(next(k for n, k in COMPILED if n == name), a.out) for name in names
-                   if any(n == name for n, _ in COMPILED))  # (varlen D <= 256 takes the whole-row kernels)
+        compiled = [name for name in names if any(n == name for n, _ in COMPILED)]  # (varlen D <= 256: whole rows)
+        assert compiled, "no split backward kernel was compiled"
+        return max(report(next(k for n, k in COMPILED if n == name), a.out) for name in compiled)
     if a.bwd_sm90:
         os.environ["TILEATTN_SM90_BWD"] = "1"
         backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv)

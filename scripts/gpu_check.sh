@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [sanitize-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -201,6 +201,16 @@ for s in $steps; do
       # timed / kernel / host time of the short rows, each kernel's GPU time (SMALL_ARGS: `profile_kernels.py small` options)
       timeout 300 python3 scripts/profile_kernels.py small --breakdown ${SMALL_ARGS:-} > "$OUT/profile_small.log" 2>&1; rc=$?
       summary+=("profile-small rc=$rc"); grep -E "^SMALL|^    " "$OUT/profile_small.log" ;;
+    sanitize-split)
+      # the split backward's Hopper score kernel under memcheck and synccheck: ragged rows / keys, Sq < 64, Sk < 64,
+      # zero tiles on both sides of a window, GQA with a softcap
+      rc=0
+      for tool in memcheck synccheck; do
+        timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
+          tests/dense/test_backward_split.py -k "fp16 and (Sq300-Sk300 or Sq40 or Sk30 or Sq640 or Sq257)" \
+          > "$OUT/sanitize_split_$tool.log" 2>&1 || rc=$?
+        summary+=("sanitize-split $tool rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_split_$tool.log" | tail -n 2 | tr '\n' ' ')")
+      done ;;
     profile-split)
       # each kernel's GPU time in the split backward (SPLIT_ARGS: `profile_kernels.py split` options)
       timeout 300 python3 scripts/profile_kernels.py split ${SPLIT_ARGS:-} > "$OUT/profile_split.log" 2>&1; rc=$?

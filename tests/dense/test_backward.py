@@ -330,6 +330,12 @@ def test_gpu_backward_deterministic(sm90_bwd, D, causal, device, monkeypatch):
     if sm90_bwd == "1" and gluon_sm90_reason(q.device):
         pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
     launches = _sm90_launches(monkeypatch)
+    chunks = []  # the split backward's chunks: which score kernel each took
+    if D > 128:
+        from tileattn.ops.dense import launch_bwd_large_d as split
+        real = split._scores
+        monkeypatch.setattr(split, "_scores", lambda p, c, do, delta, ch, *a: chunks.append(ch.sm90) or
+                            real(p, c, do, delta, ch, *a))
     w = torch.randn(2, 2048, 8, D, device=device)
     runs = [torch.autograd.grad((tileattn.attention(q, k, v, causal=causal).float() * w).sum(), (q, k, v))
             for _ in range(3)]
@@ -339,6 +345,7 @@ def test_gpu_backward_deterministic(sm90_bwd, D, causal, device, monkeypatch):
     # the query rows per step of each Hopper kernel launch (its q descriptor's block; not the dQ conversion)
     rows = [args[0].block_shape[1] for _, args, _ in launches if hasattr(args[0], "block_shape")]
     assert rows == ([launch_bwd_sm90.pipeline.block_m(D)] if sm90_bwd == "1" and D <= 128 else [])
+    assert set(chunks) == ({D == 256} if D > 128 else set())  # D=256: the Hopper score kernel on every chunk
 
 
 def test_backward_under_torch_compile(device):

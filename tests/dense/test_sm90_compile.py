@@ -1,6 +1,7 @@
 """The Hopper Gluon kernels compiled for sm90 without a GPU (scripts/compile_sm90_cpu.py, ptxas included): the
 routed configs must not have their wgmma pipeline serialized by ptxas (C7511 / C7512: every wgmma then waits for
-the one before it; nothing fails, the kernel is 11-16% slower), and the large-D kernel must not spill (the
+the one before it; nothing fails, the kernel is 11-16% slower), and the large-D kernel and the split backward's
+score kernel (triton 3.6) must not spill (the
 dense kernel spills 4-12 bytes with causal masks or the LSE; the Hopper backward 84-132 bytes, ~480 at D=128
 causal: docs/design/backward.md)."""
 import os
@@ -25,6 +26,8 @@ CASES = [
     ["--large-d", "--d", "1024", "--lse"],
     ["--bwd-sm90", "--d", "128", "--causal"],
     ["--bwd-sm90", "--dtype", "bf16", "--d", "64"],
+    ["--bwd-large-d", "--d", "256", "--causal", "--hkv", "4"],
+    ["--bwd-large-d", "--dtype", "bf16", "--d", "256", "--softcap", "30", "--window", "100"],
 ]
 
 
@@ -39,6 +42,10 @@ def test_sm90_kernel_compiles_without_serialized_wgmma(args, tmp_path):
     verdict = re.search(r"wgmma serialized: (\w+), spill stores: (\d+) bytes", res.stdout)
     assert verdict, res.stdout[-3000:] + res.stderr[-3000:]
     assert verdict.group(1) == "False"
+    if "--bwd-large-d" in args and triton.__version__.startswith("3.6."):
+        # the split backward's Hopper score kernel (D = 256) holds Q and dO in registers: no spills on 3.6's ptxas
+        # (triton 3.9's spills 320 bytes causal, 600 with a softcap: not measured, docs/design/backward.md)
+        assert int(verdict.group(2)) == 0
     if "--large-d" in args:
         # triton 3.9 (and its ptxas 13) spills 20 bytes at D = 384 with a causal mask and the LSE, which
         # measured no slower (bench/results/h100-triton39/large_d.json: D = 384 within 2% of triton 3.6's)

@@ -13,7 +13,7 @@ P and dZ' leave through TMA stores that overlap the next tile's products. Partit
   - two consumer warpgroups, 64 rows each: Q and dO from the ring into registers, then per key tile
     S = Q K^T and dP = dO V^T by wgmma (K = the whole head dim), and
         P = exp2(S * scale * log2 e - lse * log2 e),   dZ' * scale = P (dP - delta) scale
-    (a softcap: S -> tanh(S * scale / cap) * cap, and dZ' times 1 - tanh^2), masked by the rule where a tile is cut
+    (a softcap: S -> tanh(S * scale / cap) * cap, and P times 1 - tanh^2 in dZ'), masked by the rule where a tile is cut
     by it; each result is staged in the warpgroup's own buffer and stored by TMA, and the buffer is written again
     only once that store has read it (store_wait with one store left in flight: P's and dZ''s alternate).
   - Key tiles the rows cannot see are stored as zeros where a GEMM piece of the chunk reads them (the Triton
@@ -177,8 +177,12 @@ def _consumer(p_desc, ds_desc, bufs, p_bufs, ds_bufs, ready, empty, lse_ptr, del
         c = c_lo + it * BLOCK_N
         pos = 4 + 2 * it
         sc = warpgroup_mma(q, _wait(bufs, ready, pos).permute((1, 0)), zero, use_acc=False, is_async=True)
-        dp = warpgroup_mma(do, _wait(bufs, ready, pos + 1).permute((1, 0)), zero, use_acc=False, is_async=True)
-        sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
+        if not HAS_SOFTCAP:  # dP under the softmax (with a softcap its accumulator, tanh's and P's tiles spilled
+            # registers; it is issued once P is stored)
+            dp = warpgroup_mma(do, _wait(bufs, ready, pos + 1).permute((1, 0)), zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
+        else:
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(empty.index(pos % NS))
         if HAS_SOFTCAP:
             th = _tanh(sc * softcap_scale)
@@ -196,12 +200,12 @@ def _consumer(p_desc, ds_desc, bufs, p_bufs, ds_bufs, ready, empty, lse_ptr, del
                 p = gl.where(vis, p, 0.0)
         coord = [i_u, rw, i_g, c]
         _stage_store(p_desc, p_buf, p, coord)
+        if HAS_SOFTCAP:
+            p = p * (1.0 - th * th)  # (one tile across the dP wait instead of two)
+            dp = warpgroup_mma(do, _wait(bufs, ready, pos + 1).permute((1, 0)), zero, use_acc=False, is_async=True)
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         mbarrier.arrive(empty.index((pos + 1) % NS))
-        ds = p * (dp - delta[:, None])
-        if HAS_SOFTCAP:
-            ds = ds * (1.0 - th * th)
-        _stage_store(ds_desc, ds_buf, ds * scale, coord)
+        _stage_store(ds_desc, ds_buf, p * (dp - delta[:, None]) * scale, coord)
     if NEEDS_MASK:  # hidden tiles a GEMM piece reads: zeros from the P buffer (no products)
         tma.store_wait(pendings=0)
         p_buf.reshape([64, BLOCK_N]).store(gl.zeros([64, BLOCK_N], p_desc.dtype, s_layout))
@@ -242,6 +246,7 @@ def bwd_scores_sm90_kernel(
     dtype: gl.constexpr = q_desc.dtype
     REVERSE_M: gl.constexpr = HAS_RIGHT  # later rows see more keys: start them first
     gl.static_assert(q_desc.block_type.shape == k_desc.block_type.shape, "Q / dO halves and K / V tiles share slots")
+    gl.static_assert(SLOTS >= 4, "Q and dO take four slots at once")
     bufs = gl.allocate_shared_memory(dtype, [SLOTS] + k_desc.block_type.shape, k_desc.layout)
     p_bufs = gl.allocate_shared_memory(dtype, [2] + p_desc.block_type.shape, p_desc.layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2] + ds_desc.block_type.shape, ds_desc.layout)

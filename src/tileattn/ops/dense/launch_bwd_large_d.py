@@ -46,6 +46,11 @@ SCORE_TILES_INTERPRETER = (32, 16, 32, 4, 1)
 # live in registers. SCORES_SM90 = False keeps every chunk on the Triton kernel (sweep.py bwd-large-d).
 SCORES_SM90_CONFIGS = {256: (64, 6, 240)}
 SCORES_SM90 = True
+# A chunk takes the Hopper score kernel when its grid (one CTA per 128 query rows of a query head, walking every
+# key tile) fills the GPU at least this many times over; smaller ones (few heads, short Sq against long Sk) keep
+# the Triton kernel, whose grid spans the key tiles too. A guard, not a measurement: the kernel was measured at
+# B=4 H=32 N=4K / 8K (16 waves).
+SCORES_SM90_MIN_WAVES = 1
 
 
 def _bmm_acc(a, b):
@@ -90,7 +95,8 @@ def _piece(lo, hi, n):
 def _chunks(p, g):
     """(batches per chunk, kv heads per chunk, rows per chunk) within WORKSPACE_BYTES: whole squares of as many
     (batch, kv head) units as fit, else row chunks of one unit (multiples of 128 rows)."""
-    per_row = 2 * p.seqlen_k * p.dtype.itemsize * g  # both workspaces, one row of every query head of a kv head
+    # both workspaces, one row of every query head of a kv head (rows padded to 8 keys: the Hopper kernel's pitch)
+    per_row = 2 * triton.cdiv(p.seqlen_k, 8) * 8 * p.dtype.itemsize * g
     units = WORKSPACE_BYTES // (per_row * p.seqlen_q)
     if units == 0:
         return 1, 1, max(WORKSPACE_BYTES // per_row // 128 * 128, 128)
@@ -160,7 +166,8 @@ class _Chunk:
 def scores_sm90_reason(p, q, k, v, do):
     """Why the Hopper score kernel does not take problem p's chunks ("" when it does): SCORES_SM90 and
     TILEATTN_SM90_BWD (=0: off), a Hopper GPU with a Gluon-verified triton, fp16 / bf16, D = Dv in
-    SCORES_SM90_CONFIGS, q, k, v, dO fit for tensor descriptors."""
+    SCORES_SM90_CONFIGS, shared memory for its ring (TILEATTN_SMEM_BUDGET emulates less), q, k, v, dO fit for
+    tensor descriptors. (A chunk also needs a grid of SCORES_SM90_MIN_WAVES.)"""
     if not SCORES_SM90 or knobs.sm90_bwd() == "off":
         return "turned off (SCORES_SM90, TILEATTN_SM90_BWD=0)"
     why = gluon_sm90_reason(q.device)
@@ -170,6 +177,10 @@ def scores_sm90_reason(p, q, k, v, do):
         return f"dtype {q.dtype}"
     if p.head_dim != p.head_dim_v or p.head_dim not in SCORES_SM90_CONFIGS:
         return f"head dims D={p.head_dim}, Dv={p.head_dim_v}: it serves D = Dv in {sorted(SCORES_SM90_CONFIGS)}"
+    bn, slots, _ = SCORES_SM90_CONFIGS[p.head_dim]
+    need = (slots * bn * p.head_dim + 4 * 64 * bn) * q.element_size() + 1024  # ring, staging, barriers
+    if need > hw.device_info(q.device).smem_per_block:
+        return f"{need} bytes of shared memory per block needed"
     if not all(tma_ok(t) for t in (q, k, v, do)):
         return "q, k, v or the output gradient is not aligned for tensor descriptors"
     return ""
@@ -274,6 +285,7 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
     n_pieces = PIECES_MASKED if left >= 0 or right >= 0 else 1
     nb, nh, mc = _chunks(p, g)
     sm90 = not scores_sm90_reason(p, q, c.k, c.v, do)
+    sms = hw.device_info(q.device).num_sms if sm90 else 0
     launch.not_replayable()  # the GEMMs and copies below are torch calls, not kernels a plan replays
     for b0 in range(0, p.batch, nb):
         for h0 in range(0, p.heads_kv, nh):
@@ -290,7 +302,7 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
             for m0 in range(0, sq, mc):
                 m1 = min(m0 + mc, sq)
                 ch = _Chunk(b, h, (m0, m1), _key_span(m0, m1, sk, off, left, right), g, n_pieces)
-                ch.sm90 = sm90
+                ch.sm90 = sm90 and triton.cdiv(m1 - m0, 128) * units * g >= SCORES_SM90_MIN_WAVES * sms
                 _chunk_grads(p, c, do, delta, ch, (dq, dk, dv, sums), tail, launch)
             if acc:
                 ch = _Chunk(b, h, (0, sq), (0, sk), g)
