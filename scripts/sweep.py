@@ -392,14 +392,21 @@ def bwd_large_d(a):
         line = []
 
         def timed(name):
-            """tileattn's backward under the module settings made by the caller, checked, then timed."""
+            """tileattn's backward under the module settings made by the caller, checked, then timed; the label
+            says which score kernel the chunks took when they were not all of one kind."""
             dense_bwd.clear_plans()
+            kinds = set()
+            real = split._scores
+            split._scores = lambda p, c, do, delta, ch, *r: kinds.add(ch.sm90) or real(p, c, do, delta, ch, *r)
             try:
                 out = tileattn.attention(q, k, v, causal=causal)
                 ms, _ = checked_ms(grad_fn(out, (q, k, v), dout), lambda g: _check(g, q, k, v, dout, causal))
-                line.append(f"{name}: {ms:.2f}" if ms else f"{name}: WRONG")
+                ran = "" if kinds == {split.SCORES_SM90} else f" (score kernels run: {sorted(kinds)})"
+                line.append(f"{name}{ran}: {ms:.2f}" if ms else f"{name}{ran}: WRONG")
             except Exception as e:  # noqa: BLE001
                 line.append(f"{name}: {err(e, 60)}")
+            finally:
+                split._scores = real
             torch.cuda.empty_cache()
         for p in (x for x in a.peers.split(",") if x):
             qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
