@@ -193,6 +193,17 @@ def _with_env(name, value, fn, *args):
             os.environ[name] = old
 
 
+def split_sm90(dt, D, causal, **kw):
+    """The split backward with its Hopper score kernel on the stand-in's small grid (SCORES_SM90_MIN_WAVES = 0)."""
+    from tileattn.ops.dense import launch_bwd_large_d
+    old = launch_bwd_large_d.SCORES_SM90_MIN_WAVES
+    launch_bwd_large_d.SCORES_SM90_MIN_WAVES = 0
+    try:
+        backward(dt, D, causal, hkv=4, **kw)
+    finally:
+        launch_bwd_large_d.SCORES_SM90_MIN_WAVES = old
+
+
 def variants():
     """{name: thunk}: the kernel variants the fingerprint covers."""
     f16, bf16, e4, e5 = torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
@@ -236,6 +247,8 @@ def variants():
             out[f"bwd-f16-D{D}-c{c}"] = lambda D=D, c=c: backward(f16, D, c)
     out["bwd-bf16-D128-varlen"] = lambda: backward(bf16, 128, True, varlen=True)
     out["bwd-f16-D320-cTrue"] = lambda: backward(f16, 320, True)
+    out["bwdsplit-f16-D256-c"] = lambda: split_sm90(f16, 256, True)
+    out["bwdsplit-bf16-D256-softcap-window"] = lambda: split_sm90(bf16, 256, False, softcap=30.0, window=(100, -1))
     out["bwd-bf16-D512-cFalse"] = lambda: backward(bf16, 512, False)
     out["bwdsm90-f16-D128-c"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, f16, 128, True)
     out["bwdsm90-bf16-D64"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, bf16, 64, False)

@@ -16,8 +16,8 @@ P and dZ' leave through TMA stores that overlap the next tile's products. Partit
     (a softcap: S -> tanh(S * scale / cap) * cap, and P times 1 - tanh^2 in dZ'), masked by the rule where a tile is cut
     by it; each result is staged in the warpgroup's own buffer and stored by TMA, and the buffer is written again
     only once that store has read it (store_wait with one store left in flight: P's and dZ''s alternate).
-  - Key tiles the rows cannot see are stored as zeros where a GEMM piece of the chunk reads them (the Triton
-    kernel's rule), without products.
+  - Key tiles the rows cannot see are stored as zeros where a GEMM piece of the chunk reads them (the rule both
+    score kernels share: kernels_bwd_large_d.hidden_tile_read), without products.
 Workspaces [units, rows, group, cols] in q's dtype (launch_bwd_large_d._scores; the column pitch a multiple of 8
 for TMA), their descriptors clip rows and columns past the chunk; rows past Sq get p = 0 (lse read as +inf), as
 do rows that saw no key (lse = -inf). Masking model: masking.py.
@@ -34,10 +34,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..common import masking, softmax
 from ..common.gluon_compat import tma_load, tma_store
+from .kernels_bwd_large_d import hidden_tile_read
 
 LOG2E = gl.constexpr(softmax.LOG2E)
 _tanh = gluon.jit(softmax.tanh.fn)
 _key_range = gluon.jit(masking.key_range.fn)
+_hidden_tile_read = gluon.jit(hidden_tile_read.fn)
 
 
 @gluon.jit
@@ -102,27 +104,6 @@ def _stage_store(desc, buf, x, coord):
     buf.reshape([x.shape[0], x.shape[1]]).store(x.to(desc.dtype))
     fence_async_shared()
     tma_store(desc, coord, buf)
-
-
-@gluon.jit
-def _needed(c, r0, m0, n0, rows, cols, row_piece, key_piece, seqlen_q, seqlen_k, off_diag, left, right,
-            BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
-    """Whether a GEMM piece reads the hidden key tile at column c of the 128 rows from r0 (bwd_scores_kernel's
-    rule): the dQ piece of the rows (row_piece rows, against the keys they see) or the dK / dV piece of the keys
-    (key_piece keys, against the rows that see them)."""
-    pa = m0 + (r0 // row_piece) * row_piece
-    pb = gl.minimum(pa + row_piece, m0 + rows)
-    lo, hi, _, _ = _key_range(pa, pb - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    needed = (n0 + c < hi) & (n0 + c + BLOCK_N > lo)
-    ka = n0 + (c // key_piece) * key_piece
-    kb = gl.minimum(ka + key_piece, n0 + cols)
-    r_lo = 0
-    r_hi = seqlen_q
-    if HAS_RIGHT:
-        r_lo = ka - off_diag - right
-    if HAS_LEFT:
-        r_hi = kb - off_diag + left
-    return needed | ((m0 + r0 < r_hi) & (m0 + r0 + 128 > r_lo))
 
 
 @gluon.jit
@@ -214,8 +195,8 @@ def _consumer(p_desc, ds_desc, bufs, p_bufs, ds_bufs, ready, empty, lse_ptr, del
             c = t * BLOCK_N
             hidden = (c < c_lo) | (c >= c_lo + n_it * BLOCK_N)
             if hidden:
-                if _needed(c, r0, m0, n0, rows, cols, row_piece, key_piece, seqlen_q, seqlen_k, off_diag, left,
-                           right, BLOCK_N, HAS_LEFT, HAS_RIGHT):
+                if _hidden_tile_read(r0, c, m0, n0, rows, cols, row_piece, key_piece, seqlen_q, seqlen_k,
+                                     off_diag, left, right, _key_range, 128, BLOCK_N, HAS_LEFT, HAS_RIGHT):
                     tma_store(p_desc, [i_u, rw, i_g, c], p_buf)
                     tma_store(ds_desc, [i_u, rw, i_g, c], p_buf)
     tma.store_wait(pendings=0)

@@ -203,6 +203,30 @@ def bwd_dq_large_d_kernel(
 
 
 @triton.jit
+def hidden_tile_read(r0, c0, m0, n0, rows, cols, row_piece, key_piece, seqlen_q, seqlen_k, off_diag, left, right,
+                     KEY_RANGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
+                     HAS_RIGHT: tl.constexpr):
+    """Whether a GEMM piece of the split backward reads the tile of rows m0 + r0 + [0, BLOCK_M) and keys
+    n0 + c0 + [0, BLOCK_N) that the rule hides (a score kernel then stores zeros there): the dQ piece of its rows
+    (row_piece rows counted from m0, against the keys they see) or the dK / dV piece of its keys (key_piece keys
+    counted from n0, against the rows that see them). KEY_RANGE: masking.key_range (the Gluon score kernel passes
+    its Gluon copy; both score kernels share this rule with launch_bwd_large_d's pieces)."""
+    pa = m0 + (r0 // row_piece) * row_piece  # the tile's dQ piece: rows [pa, pb), and the keys they see
+    pb = tl.minimum(pa + row_piece, m0 + rows)
+    lo, hi, _, _ = KEY_RANGE(pa, pb - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    needed = (n0 + c0 < hi) & (n0 + c0 + BLOCK_N > lo)
+    ka = n0 + (c0 // key_piece) * key_piece  # its dK / dV piece: keys [ka, kb), and the rows that see them
+    kb = tl.minimum(ka + key_piece, n0 + cols)
+    r_lo = 0
+    r_hi = seqlen_q
+    if HAS_RIGHT:
+        r_lo = ka - off_diag - right
+    if HAS_LEFT:
+        r_hi = kb - off_diag + left
+    return needed | ((m0 + r0 < r_hi) & (m0 + r0 + BLOCK_M > r_lo))
+
+
+@triton.jit
 def bwd_scores_kernel(
     Q, K, V, DO, LSE, DELTA, P, DS,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -263,20 +287,8 @@ def bwd_scores_kernel(
         tl.store(DS + ws, (dscores_of(p, t, dp, delta, HAS_SOFTCAP, False) * scale).to(DS.dtype.element_ty),
                  mask=ws_ok)
     else:
-        pa = m0 + (r0 // row_piece) * row_piece  # the tile's dQ piece: rows [pa, pb), and the keys they see
-        pb = tl.minimum(pa + row_piece, m0 + rows)
-        lo, hi, _, _ = key_range(pa, pb - 1, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-        needed = (n0 + c0 < hi) & (n0 + c0 + BLOCK_N > lo)
-        ka = n0 + (c0 // key_piece) * key_piece  # its dK / dV piece: keys [ka, kb), and the rows that see them
-        kb = tl.minimum(ka + key_piece, n0 + cols)
-        r_lo = 0
-        r_hi = seqlen_q
-        if HAS_RIGHT:
-            r_lo = ka - off_diag - right
-        if HAS_LEFT:
-            r_hi = kb - off_diag + left
-        needed = needed | ((m0 + r0 < r_hi) & (m0 + r0 + BLOCK_M > r_lo))
-        if needed:
+        if hidden_tile_read(r0, c0, m0, n0, rows, cols, row_piece, key_piece, seqlen_q, seqlen_k, off_diag, left,
+                            right, key_range, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
             zero = tl.zeros([BLOCK_M, BLOCK_N], P.dtype.element_ty)
             tl.store(P + ws, zero, mask=ws_ok)
             tl.store(DS + ws, zero, mask=ws_ok)

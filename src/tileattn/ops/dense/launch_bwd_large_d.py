@@ -112,12 +112,16 @@ class _Chunk:
     ([units, rows, D] with strides (D, H * D, 1): cuBLAS takes any batch stride), else copies in the
     workspaces' row order."""
 
-    def __init__(self, b, h, m, keys, g, n_pieces=1):
+    def __init__(self, b, h, m, keys, g, n_pieces=1, sm90_operands=None):
         (self.b0, self.b1), (self.h0, self.h1), (self.m0, self.m1), (self.lo, self.hi) = b, h, m, keys
         self.g, self.units = g, (b[1] - b[0]) * (h[1] - h[0])
         self.row_piece, self.key_piece = _piece(*m, n_pieces), _piece(*keys, n_pieces)
         self.direct = g == 1 and b[1] - b[0] == 1
-        self.sm90 = False  # the Hopper score kernel (attn_bwd_large_d sets it)
+        self.sm90_operands = sm90_operands  # q, k, v, dO descriptors: the Hopper score kernel takes the chunk
+
+    @property
+    def sm90(self):
+        return self.sm90_operands is not None
 
     def rows_of(self, t, a, b):
         """Query-side t ([B, Sq, Hq, D]: q, dO) rows [a, b) of the units, [units, (b - a) * g, D] in the
@@ -186,9 +190,18 @@ def scores_sm90_reason(p, q, k, v, do):
     return ""
 
 
+def _sm90_operands(p, q, k, v, do):
+    """The Hopper score kernel's descriptors of q, k, v and dO, made once per backward (every chunk reads them)."""
+    d = p.head_dim
+    bn = SCORES_SM90_CONFIGS[d][0]
+    return gluon_desc(q, [1, 64, 1, d]), gluon_desc(k, [1, bn, 1, d]), gluon_desc(v, [1, bn, 1, d]), \
+        gluon_desc(do, [1, 64, 1, d])
+
+
 def _workspaces(ch, rows, cols, q, pitch):
-    """The chunk's two workspaces [units, rows * g, cols] in q's dtype, rows `pitch` elements apart."""
-    return [_empty(ch.units, rows * ch.g, pitch, like=q)[..., :cols] for _ in range(2)]
+    """The chunk's two workspaces as [units, rows, g, cols] in q's dtype, rows `pitch` elements apart (the GEMMs
+    take them flattened to [units, rows * g, cols], a view)."""
+    return [_empty(ch.units, rows, ch.g, pitch, like=q)[..., :cols] for _ in range(2)]
 
 
 def _scores(p, c, do, delta, ch, tail, launch):
@@ -204,20 +217,16 @@ def _scores(p, c, do, delta, ch, tail, launch):
             (ch.h1 - ch.h0) * ch.g)
     if ch.sm90:
         from .gluon_bwd_scores_sm90 import bwd_scores_sm90_kernel
-        d = p.head_dim
-        bn, slots, regs = SCORES_SM90_CONFIGS[d]
-        pitch = triton.cdiv(cols, 8) * 8  # (TMA: 16-byte aligned strides, those of size-1 dimensions too)
-        ws = _workspaces(ch, rows, cols, q, pitch)
-        descs = [gluon_desc(w.as_strided((ch.units, rows, ch.g, cols), (rows * ch.g * pitch, ch.g * pitch, pitch, 1)),
-                            [1, 64, 1, bn]) for w in ws]
+        bn, slots, regs = SCORES_SM90_CONFIGS[p.head_dim]
+        # (TMA: 16-byte aligned strides; the workspaces' own allocation keeps those of size-1 dimensions so)
+        ws = _workspaces(ch, rows, cols, q, triton.cdiv(cols, 8) * 8)
         launch(bwd_scores_sm90_kernel, (triton.cdiv(rows, 128) * bh, ), (
-            gluon_desc(q, [1, 64, 1, d]), gluon_desc(k, [1, bn, 1, d]), gluon_desc(v, [1, bn, 1, d]),
-            gluon_desc(do, [1, 64, 1, d]), *descs, lse, delta, lse.stride(0), lse.stride(1), *args, ch.g,
-            triton.cdiv(rows, 128), scale, qk_scale, softcap_scale, softcap_out, left, right),
-            dict(SLOTS=slots, CONSUMER_REGS=regs, num_warps=4, **flags))
-        return ws
+            *ch.sm90_operands, *(gluon_desc(w, [1, 64, 1, bn]) for w in ws), lse, delta, lse.stride(0),
+            lse.stride(1), *args, ch.g, triton.cdiv(rows, 128), scale, qk_scale, softcap_scale, softcap_out, left,
+            right), dict(SLOTS=slots, CONSUMER_REGS=regs, num_warps=4, **flags))
+        return [w.flatten(1, 2) for w in ws]
     bm, bn, bk, warps, stages = SCORE_TILES_INTERPRETER if hw.interpreter_enabled() else SCORE_TILES
-    ws = _workspaces(ch, rows, cols, q, cols)
+    ws = [w.flatten(1, 2) for w in _workspaces(ch, rows, cols, q, cols)]
     # (delta has lse's layout)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *lse.stride()[:2])
     launch(bwd_scores_kernel, (triton.cdiv(rows, bm) * triton.cdiv(cols, bn), min(bh, MAX_GRID_Y),
@@ -284,8 +293,8 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
     off = sk - sq if p.opts.bottom_right else 0
     n_pieces = PIECES_MASKED if left >= 0 or right >= 0 else 1
     nb, nh, mc = _chunks(p, g)
-    sm90 = not scores_sm90_reason(p, q, c.k, c.v, do)
-    sms = hw.device_info(q.device).num_sms if sm90 else 0
+    operands = None if scores_sm90_reason(p, q, c.k, c.v, do) else _sm90_operands(p, q, c.k, c.v, do)
+    min_ctas = SCORES_SM90_MIN_WAVES * hw.device_info(q.device).num_sms if operands else 0
     launch.not_replayable()  # the GEMMs and copies below are torch calls, not kernels a plan replays
     for b0 in range(0, p.batch, nb):
         for h0 in range(0, p.heads_kv, nh):
@@ -301,8 +310,9 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
                     dv[b[0]:b[1], :, h[0]:h[1]].zero_()
             for m0 in range(0, sq, mc):
                 m1 = min(m0 + mc, sq)
-                ch = _Chunk(b, h, (m0, m1), _key_span(m0, m1, sk, off, left, right), g, n_pieces)
-                ch.sm90 = sm90 and triton.cdiv(m1 - m0, 128) * units * g >= SCORES_SM90_MIN_WAVES * sms
+                sm90 = operands and triton.cdiv(m1 - m0, 128) * units * g >= min_ctas
+                ch = _Chunk(b, h, (m0, m1), _key_span(m0, m1, sk, off, left, right), g, n_pieces,
+                            operands if sm90 else None)
                 _chunk_grads(p, c, do, delta, ch, (dq, dk, dv, sums), tail, launch)
             if acc:
                 ch = _Chunk(b, h, (0, sq), (0, sk), g)
