@@ -29,6 +29,16 @@ if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
   export PYTHONPATH=/tmp/t39:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1 TRITON_PTXAS_PATH=$ptxas \
     TRITON_PTXAS_BLACKWELL_PATH=$ptxas TRITON_DEFAULT_FP_FUSION=1
 fi
+memcheck_synccheck() {  # STEP TIMEOUT TESTFILE KEXPR: the tests under compute-sanitizer's memcheck, then synccheck
+  rc=0
+  local tool log
+  for tool in memcheck synccheck; do
+    log="$OUT/$(echo "$1" | tr - _)_$tool.log"
+    timeout "$2" compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider "$3" \
+      -k "$4" > "$log" 2>&1 || rc=$?
+    summary+=("$1 $tool rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$log" | tail -n 2 | tr '\n' ' ')")
+  done
+}
 steps=${*:-diag tests bench}
 summary=()
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
@@ -70,13 +80,7 @@ for s in $steps; do
     sanitize-bwd)
       # the dense Hopper backward under memcheck and synccheck: D=128 (dQ as TMA reduce-adds), causal and windows,
       # Sq != Sk, GQA, the persistent walks
-      rc=0
-      for tool in memcheck synccheck; do
-        timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
-          tests/dense/test_backward.py -k "gpu_backward_sm90 and fp16 and D128 or persistent_walks" \
-          > "$OUT/sanitize_bwd_$tool.log" 2>&1 || rc=$?
-        summary+=("sanitize-bwd $tool rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_bwd_$tool.log" | tail -n 2 | tr '\n' ' ')")
-      done ;;
+      memcheck_synccheck sanitize-bwd 300 tests/dense/test_backward.py "gpu_backward_sm90 and fp16 and D128 or persistent_walks" ;;
     sanitize-large-d)
       timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
         tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal) or gpu_large_d_sm90 and Sq300 and (D576 or D520 or D256 or D200 or D264)" \
@@ -204,13 +208,8 @@ for s in $steps; do
     sanitize-split)
       # the split backward's Hopper score kernel under memcheck and synccheck: ragged rows / keys, Sq < 64, Sk < 64,
       # zero tiles on both sides of a window, GQA with a softcap
-      rc=0
-      for tool in memcheck synccheck; do
-        timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
-          tests/dense/test_backward_split.py -k "fp16 and (Sq300-Sk300 or Sq40 or Sk30 or Sq640 or Sq257)" \
-          > "$OUT/sanitize_split_$tool.log" 2>&1 || rc=$?
-        summary+=("sanitize-split $tool rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_split_$tool.log" | tail -n 2 | tr '\n' ' ')")
-      done ;;
+      memcheck_synccheck sanitize-split 200 tests/dense/test_backward_split.py \
+        "fp16 and (Sq300-Sk300 or Sq40 or Sk30 or Sk1- or Sq640 or Sq257)" ;;
     profile-split)
       # each kernel's GPU time in the split backward (SPLIT_ARGS: `profile_kernels.py split` options)
       timeout 300 python3 scripts/profile_kernels.py split ${SPLIT_ARGS:-} > "$OUT/profile_split.log" 2>&1; rc=$?

@@ -21,6 +21,7 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, causal, window, softcap, workspace bytes, dire
     (1, 640, 640, 2, 2, False, (100, -1), 0.0, None, True),  # left bound only: zero tiles on both sides
     (2, 40, 300, 2, 2, True, (-1, -1), 0.0, None, False),  # Sq < 64: the second warpgroup's rows all past Sq
     (1, 100, 30, 4, 2, False, (-1, -1), 3.0, None, False),  # Sk < 64: one partial key tile, 30-key rows
+    (2, 70, 1, 2, 1, True, (-1, -1), 0.0, None, False),  # a single key; bottom-right: 69 rows see no key
     ("sdpa", 130, 300, 4, 2, True, (-1, -1), 0.0, None, False),  # top-left causal (SDPA's [B, H, S, D] views)
 ]
 
