@@ -284,29 +284,69 @@ def test_power_keeps_integer_dtype():
 
 
 def test_index_differences_in_float32(device):
-    """An index difference that meets a float (ALiBi's slope * (kv_idx - q_idx)) is evaluated in float32 from the
-    converted index vectors (one float add per score instead of an integer add and a conversion), with the
-    same results; lengths past 2^24, where float32 positions would round, are refused."""
+    """An index difference that meets a float (slope * (kv_idx - q_idx) inside a mod that is not affine in the
+    score) is evaluated in float32 from the converted index vectors (one float add per score instead of an
+    integer add and a conversion), with the same results; lengths past 2^24, where float32 positions would round,
+    are refused."""
     from tileattn.ops.flex.trace import compile_mod
     H = 2
     slopes = mods.alibi_slopes(H, device=device)
-    assert "(kv_idx_f - q_idx_f)" in compile_mod(mods.alibi(slopes), "score").source
 
     def mixed(s, b, h, qi, kv):
-        return s + slopes[h] * (kv - qi) + (qi - 5).float() * 0.01 - (kv - qi) / 7 + (-kv).float() * 1e-3
+        return s * 0.5 + torch.tanh(slopes[h] * (kv - qi) + (qi - 5).float() * 0.01 - (kv - qi) / 7 +
+                                    (-kv).float() * 1e-3)
 
     src = compile_mod(mixed, "score").source
-    assert "(q_idx_f - 5.0)" in src and "(0.0 - kv_idx_f)" in src
-    # a float16 value computes with an integer in float16, not float32: no float form there
+    assert "(kv_idx_f - q_idx_f)" in src and "(q_idx_f - 5.0)" in src and "(0.0 - kv_idx_f)" in src
+    # a float16 value computes with an integer in float16, not float32: no float form there (nor a split)
     half = slopes.half()
     fp16_src = compile_mod(lambda s, b, h, qi, kv: s + half[h] * (kv - qi), "score").source
-    assert "(kv_idx_f - q_idx_f)" not in fp16_src
+    assert "(kv_idx_f - q_idx_f)" not in fp16_src and "score = qk * scale" in fp16_src
     q, k, v = qkv(1, H, 80, 96, 32, DT, device)
     check(q, k, v, mixed, mods.causal, block=(32, 32))
-    check(q, k, v, mods.alibi(slopes), None)
     long = torch.empty(1, H, 1, 32, dtype=DT, device=device).expand(1, H, 2 ** 24 + 1, 32)
     with pytest.raises(ValueError, match="sequence lengths"):
         tileattn.flex_attention(q, long, long)
+
+
+def affine_mods(H, S, device):
+    """Score mods of the form a(b, h) * s + R(b, h, q_idx) + C(b, h, kv_idx) (ops/flex/affine.py)."""
+    slopes = mods.alibi_slopes(H, device=device)
+    kb = randn(S + 16, dtype=torch.float32, device=device)
+    qb = randn(2, S, dtype=torch.float32, device=device)
+    temp = torch.rand(H, device=device) + 0.5
+    return {
+        "alibi": mods.alibi(slopes),
+        "key_bias": lambda s, b, h, qi, kv: s + kb[kv] * 2.0,
+        "query_bias": lambda s, b, h, qi, kv: s - qb[b, qi] + (qi // 3).float(),
+        "temperature": lambda s, b, h, qi, kv: -(s / temp[h]) + 1.5,
+        "mixed": lambda s, b, h, qi, kv: (s * 2 + (kv - qi) * slopes[h] - qi * 0.25) / 3.0 + kv,
+    }
+
+
+def test_affine_score_mods(device):
+    """Mods affine in the score with a bias split into a query and a key part run as one FMA per score, the query
+    part left out of the tile and put into the returned lse (affine.py): the same results and lse as torch's
+    flex_attention, rows that see no key included; mods of any other form keep the general one."""
+    from tileattn.ops.flex.trace import compile_mod
+    H, S = 2, 72
+    found = affine_mods(H, S, device)
+    alibi = compile_mod(found["alibi"], "score")
+    assert "qk * scale + (kv_idx_f * v0)" in alibi.source and "q_idx_f" in alibi.row_source
+    assert compile_mod(found["temperature"], "score").row_source is not None  # (the constant 1.5 leaves the tile)
+    assert compile_mod(found["key_bias"], "score").row_source is None
+    table = randn(H, 65, dtype=torch.float32, device=device)
+    for general in (mods.tanh_softcap(5.0), mods.relative_position_bias(table, 32),
+                    lambda s, b, h, qi, kv: s * s, lambda s, b, h, qi, kv: s + (kv - qi) // 2,
+                    lambda s, b, h, qi, kv: s * (kv - qi).float()):
+        spec = compile_mod(general, "score")
+        assert "score = qk * scale" in spec.source and spec.row_source is None
+    q, k, v = qkv(2, H, S, S + 9, 32, DT, device)
+
+    def rows_cut(b, h, q_idx, kv_idx):  # rows 0-9 see no key
+        return (q_idx > 9) & (kv_idx <= q_idx + 3)
+    for name, fn in found.items():
+        check(q, k, v, fn, rows_cut if name in ("alibi", "query_bias") else None, block=(16, 32))
 
 
 def test_block_mask_from_kv_blocks_default_mask_mod(device):

@@ -199,7 +199,7 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
     lse = stat_bufs.index(2 * s).load(gl.SliceLayout(0, s_layout))  # times log2 e; +inf where p = 0
     if SCORE_GRAD is not None:
-        z, dz = SCORE_GRAD(st * fm[2], fm[0], fm[1], q_i, k_i, q_f, k_f, caps_s)
+        z, dz = SCORE_GRAD(st, fm[2], fm[0], fm[1], q_i, k_i, q_f, k_f, caps_s)
         pt = gl.exp2(z * LOG2E - lse[None, :])
     elif HAS_SOFTCAP:
         th = _tanh(st * softcap_scale)
@@ -211,6 +211,11 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
             if MASK_MOD is not None:
                 vis = MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m) | full
                 pt = gl.where(vis, pt, 0.0)
+                if SCORE_GRAD is not None:
+                    if len(dz.shape) != 0:  # a derivative that may not be finite where the mask hides the
+                        # score: 0 there now, so that the mask is not held across the dP wait (packed predicates
+                        # otherwise). (0-d: one value for every score, an affine mod's, ops/flex/affine.py)
+                        dz = gl.where(vis, dz, 0.0)
         else:
             o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             m_ok = o_m < seqlen_q
@@ -228,8 +233,6 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
         dst = dst * (1.0 - th * th)
     if SCORE_GRAD is not None:
         dst = dst * dz
-        if MASKED and MASK_MOD is not None:  # a derivative that is not finite where the mask hides the score
-            dst = gl.where(vis, dst, 0.0)
     # Dense problems without a right bound (the dQ turn chain has no slack) issue dQ before dK and stage the dQ
     # part while dK runs (FlashAttention-3's order): +2-4% there, but 2-4% slower under causal rules, which keep
     # dK before the dS barrier (H100, docs/design/backward.md)

@@ -23,10 +23,11 @@ def _tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, n0, offs_m, offs_n, d_ok, dv_ok, b, 
     kv_idx = n0 + offs_n
     n_ok = kv_idx < seqlen_k
     k = tl.load(k_ptrs + n0 * stride_kn, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-    s = tl.dot(q, k) * scale
-    if SCORE_MOD is not None:
-        s = SCORE_MOD(s, b, h, offs_m[:, None], kv_idx[None, :], offs_m.to(tl.float32)[:, None],
+    if SCORE_MOD is not None:  # (it scales the scores itself: trace.py)
+        s = SCORE_MOD(tl.dot(q, k), scale, b, h, offs_m[:, None], kv_idx[None, :], offs_m.to(tl.float32)[:, None],
                       kv_idx.to(tl.float32)[None, :], caps_s)
+    else:
+        s = tl.dot(q, k) * scale
     keep = n_ok[None, :]
     if APPLY_MASK:
         if MASK_MOD is not None:
@@ -122,3 +123,19 @@ def flex_fwd_kernel(
     if RETURN_LSE:
         lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
         tl.store(LSE + b64 * stride_lb + h.to(tl.int64) * stride_lh + offs_m, lse, mask=m_ok)
+
+
+@triton.jit
+def lse_rows_kernel(lse_ptr, out_ptr, stride_lb, stride_lh, stride_lm, stride_ob, stride_oh, stride_om, H, Sq,
+                    caps_s, SIGN: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """out = lse + SIGN * ROW(b, h, q_idx) over BLOCK rows of one (batch, query head): an affine score mod's
+    query part (affine.py), which the kernels leave out of the scores and of their lse, put into it (SIGN = 1)
+    or taken out (-1). Rows that saw no key keep lse = -inf."""
+    b = tl.program_id(1) // H
+    h = tl.program_id(1) % H
+    q = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = q < Sq
+    lse = tl.load(lse_ptr + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q * stride_lm, mask=ok)
+    r = ROW(b, h, q, q.to(tl.float32), caps_s)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q * stride_om, lse + SIGN * r,
+             mask=ok)

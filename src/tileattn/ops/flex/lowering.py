@@ -1,5 +1,6 @@
-"""Arithmetic lowerings of the mod writer (trace.py): constant whole powers as products, and index differences
-evaluated in float32 (FloatIndex, which trace._Writer mixes in).
+"""Arithmetic lowerings of the mod writer (trace.py): the generated modules' helpers (floor division, powers, ...),
+constant whole powers as products, and index differences evaluated in float32 (FloatIndex, which trace._Writer
+mixes in).
 
 Where kv_idx - q_idx (one + / - / negation over the positions and integer literals) meets a float32 value, as in
 ALiBi's slope * (kv_idx - q_idx), the generated code uses the float32 positions the kernels pass (q_idx_f,
@@ -20,6 +21,54 @@ _SIGNS = (operator.neg, operator.abs, operator.pos)
 _FLOAT_FUNCS = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid"}
 
 MAX_PRODUCT_POWER = 16  # x ** n for a constant whole n up to this: repeated products (exact, any sign of x)
+
+# the generated module's helper functions (trace._define puts them before each mod)
+HELPERS = '''
+@triton.jit
+def _div(a, b):
+    return a.to(tl.float32) / b
+
+
+@triton.jit
+def _floordiv(a, b):
+    q = a // b
+    return tl.where((a % b != 0) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _mod(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _pow(a, b):
+    # a ** b in float32 with torch's signs: |a| ** b, negated for a negative base and an odd whole exponent, NaN
+    # for a negative base and a fractional one, 1 for b = 0 (constant whole exponents are products instead)
+    af = a.to(tl.float32)
+    bf = (b + tl.zeros_like(af)).to(tl.float32)
+    mag = tl.exp2(tl.log2(tl.abs(af)) * bf)
+    whole = tl.floor(bf) == bf
+    odd = whole & (tl.floor(bf * 0.5) * 2.0 != bf)
+    r = tl.where(odd & (af < 0), -mag, mag)
+    r = tl.where((af < 0) & (whole == 0), float("nan"), r)
+    return tl.where(bf == 0.0, 1.0, r)
+
+
+@triton.jit
+def _invert(a):
+    return a == 0
+
+
+@triton.jit
+def _tanh(x):
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+'''
 
 
 def _whole(e):

@@ -5,7 +5,8 @@ of a `@triton.jit` function over tiles:
 
     score_mod(score, b, h, q_idx, kv_idx) -> score      mask_mod(b, h, q_idx, kv_idx) -> bool
 
-`score` is the float32 [BLOCK_M, BLOCK_N] tile of scaled scores; b and h are scalars; q_idx [BLOCK_M, 1] and
+The score function gets the float32 [BLOCK_M, BLOCK_N] tile q.k and the scale (score = scale * q.k; an affine mod
+folds the scale into its one FMA per score: affine.py); b and h are scalars; q_idx [BLOCK_M, 1] and
 kv_idx [1, BLOCK_N] int32; the generated function also takes the positions as float32 (q_idx_f, kv_idx_f), which
 index differences that meet a float use (lowering.FloatIndex). What a mod may use: arithmetic and comparisons (+
 - * / // % **, < <= > >= == !=, & | ^ ~, unary -), torch.where, abs / exp / exp2 / log / log2 / sqrt / rsqrt / sin
@@ -31,7 +32,8 @@ import weakref
 import torch
 import torch.fx
 
-from .lowering import _ARITH_NAMES, FloatIndex, _int_power, _whole
+from . import affine
+from .lowering import _ARITH_NAMES, HELPERS, FloatIndex, _int_power, _whole
 
 
 class FlexCompileError(ValueError):
@@ -68,52 +70,6 @@ _FUNCS2 = {
 _DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
            torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1", torch.float64: "tl.float32"}
 
-_HELPERS = '''
-@triton.jit
-def _div(a, b):
-    return a.to(tl.float32) / b
-
-
-@triton.jit
-def _floordiv(a, b):
-    q = a // b
-    return tl.where((a % b != 0) & ((a < 0) != (b < 0)), q - 1, q)
-
-
-@triton.jit
-def _mod(a, b):
-    r = a % b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-
-
-@triton.jit
-def _pow(a, b):
-    # a ** b in float32 with torch's signs: |a| ** b, negated for a negative base and an odd whole exponent, NaN
-    # for a negative base and a fractional one, 1 for b = 0 (constant whole exponents are products instead)
-    af = a.to(tl.float32)
-    bf = (b + tl.zeros_like(af)).to(tl.float32)
-    mag = tl.exp2(tl.log2(tl.abs(af)) * bf)
-    whole = tl.floor(bf) == bf
-    odd = whole & (tl.floor(bf * 0.5) * 2.0 != bf)
-    r = tl.where(odd & (af < 0), -mag, mag)
-    r = tl.where((af < 0) & (whole == 0), float("nan"), r)
-    return tl.where(bf == 0.0, 1.0, r)
-
-
-@triton.jit
-def _invert(a):
-    return a == 0
-
-
-@triton.jit
-def _tanh(x):
-    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
-
-
-@triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-'''
 
 
 class ModSpec:
@@ -127,8 +83,8 @@ class ModSpec:
     A captured tensor that the mod's function holds itself (the objects its cache key names by identity) is
     held weakly: the cache never keeps a user's tensor alive (compile_mod)."""
 
-    def __init__(self, captures, source, kind, gm, weak_ids=()):
-        self.source, self.kind = source, kind
+    def __init__(self, captures, source, kind, gm, weak_ids=(), row_source=None):
+        self.source, self.kind, self.row_source = source, kind, row_source
         self.src_digest = hashlib.sha1(source.encode()).hexdigest()[:16]
         self.fn = _define(source, kind, self.src_digest)
         self.key = hashlib.sha1((source + "\n" + gm.code).encode()).hexdigest()[:16]
@@ -148,7 +104,7 @@ class ModSpec:
         arguments and captures (made on first use; FlexCompileError names an operation it cannot
         differentiate)."""
         if self._grad is None:
-            src, caps = _emit(self.gm, self.kind, f"{self.kind}_mod (backward)", grad=True)
+            src, caps, _ = _emit(self.gm, self.kind, f"{self.kind}_mod (backward)", grad=True)
             assert len(caps) == len(self._captures)
             self._grad = (src, hashlib.sha1(src.encode()).hexdigest()[:16])
         src, digest = self._grad
@@ -156,6 +112,12 @@ class ModSpec:
 
     def gluon_fn(self):
         return _define(self.source, self.kind, self.src_digest, gluon=True)
+
+    def row_fn(self):
+        """None, or the @triton.jit function (b, h, q_idx, q_idx_f, caps) -> float32 of an affine score mod's
+        query part (affine.py), which its kernels leave out of the scores and of their lse."""
+        src = self.row_source
+        return src and _define(src, self.kind + "-row", hashlib.sha1(src.encode()).hexdigest()[:16])
 
     def detached(self):
         """A copy that holds no captured tensor (for the registry: the registered op passes its own)."""
@@ -210,7 +172,7 @@ def _define(src_fn, kind, digest, gluon=False):
     jit = _FUNCTIONS.get((digest, gluon))
     if jit is not None:
         return jit
-    source = f"import triton\nimport triton.language as tl\n{_HELPERS}\n\n{src_fn}"
+    source = f"import triton\nimport triton.language as tl\n{HELPERS}\n\n{src_fn}"
     if gluon:
         source = (source.replace("import triton.language as tl", "from triton.experimental import gluon\n"
                                  "from triton.experimental.gluon import language as tl")
@@ -506,9 +468,16 @@ _SPECS = {}  # ModSpec.key -> ModSpec, for the registered ops (spec_of; filled b
 
 
 def _emit(gm, kind, name, grad):
-    """(source of the jit function `mod`, captured tensors) of a traced mod. grad (score mods): `mod` returns
-    (score_mod's value, its derivative with respect to score)."""
+    """(source of the jit function `mod`, captured tensors, source of the row function or None) of a traced mod.
+    A score mod's `mod` takes the raw q.k tile and the scale (score = scale * qk); grad: it returns (score_mod's
+    value, its derivative with respect to score). An affine score mod (affine.py) gets its split form."""
     arg_names = (["score"] if kind == "score" else []) + ["b", "h", "q_idx", "kv_idx"]
+    if kind == "score":
+        w = _Writer(gm, name, arg_names)
+        form = affine.split(w)
+        if form is not None:
+            src, row = affine.sources(form, _unpack(w.captures), grad)
+            return src, tuple(w.captures), row
     w = _Writer(gm, name, arg_names, grad=grad)
     result = w.write()
     if kind == "mask":
@@ -518,14 +487,21 @@ def _emit(gm, kind, name, grad):
     if grad:
         out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         result = f"{result}, {w.tan(out) or '0.0'}"
+    params = ", ".join((["qk", "scale"] if kind == "score" else []) + arg_names[kind == "score":] +
+                       ["q_idx_f", "kv_idx_f"])
+    first = ["    score = qk * scale"] if kind == "score" else []
+    body = "\n".join(_unpack(w.captures) + first + w.lines + [f"    return {result}"])
+    return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures), None
+
+
+def _unpack(captures):
+    """The lines that name each captured tensor's kernel arguments (capture_args' order) from caps."""
     unpack = []
-    for i, t in enumerate(w.captures):
+    for i, t in enumerate(captures):
         names = [f"c{i}_ptr"] + [f"c{i}_n{k}" for k in range(t.dim())] + [f"c{i}_s{k}" for k in range(t.dim())]
-        base = sum(1 + 2 * c.dim() for c in w.captures[:i])
+        base = sum(1 + 2 * c.dim() for c in captures[:i])
         unpack += [f"    {nm} = caps[{base + j}]" for j, nm in enumerate(names)]
-    params = ", ".join(arg_names + ["q_idx_f", "kv_idx_f"])
-    body = "\n".join(unpack + w.lines + [f"    return {result}"])
-    return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures)
+    return unpack
 
 
 def compile_mod(fn, kind, fresh=False):
@@ -554,8 +530,8 @@ def compile_mod(fn, kind, fresh=False):
     except Exception as e:  # noqa: BLE001 - fx raises many types for untraceable code
         raise FlexCompileError(f"{kind}_mod {getattr(fn, '__name__', fn)}: cannot be traced ({type(e).__name__}: "
                                f"{e}); control flow on the mod's arguments is not supported, use torch.where") from e
-    src_fn, captures = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
-    spec = ModSpec(captures, src_fn, kind, gm, weak_ids={id(x) for x in objs})
+    src_fn, captures, row_src = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
+    spec = ModSpec(captures, src_fn, kind, gm, weak_ids={id(x) for x in objs}, row_source=row_src)
     _remember(key, spec, objs)
     return spec
 
