@@ -140,6 +140,11 @@ def _meta_constants(gm):
     return gm
 
 
+def span(t):
+    """The largest element offset of tensor t (its index arithmetic fits int32 below 2^31)."""
+    return sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n > 0)
+
+
 def capture_args(tensors):
     """A mod's captured tensors (ModSpec.captures, or tensors of the same dims and dtypes in their place: the
     registered op's) as kernel arguments: per tensor its pointer, then its sizes and strides."""
@@ -255,8 +260,12 @@ class _Writer(FloatIndex):
             raise FlexCompileError(f"{self.name}: a captured tensor of {t.dim()} dims must be indexed by "
                                    f"{t.dim()} scalar expressions (no slices, None or ...), got {len(idx)}")
         v = f"c{i}"
-        off = " + ".join(f"tl.minimum(tl.maximum(({self.ref(x)}).to(tl.int64), 0), {v}_n{k} - 1) * {v}_s{k}"
-                         for k, x in enumerate(idx)) or "0"
+        if span(t) < 2 ** 31:  # offsets in int32 (clamped in the index's own type first; ModSpec.check_captures)
+            off = " + ".join(f"tl.minimum(tl.maximum({self.ref(x)}, 0), {v}_n{k} - 1).to(tl.int32) * {v}_s{k}"
+                             for k, x in enumerate(idx)) or "0"
+        else:
+            off = " + ".join(f"tl.minimum(tl.maximum(({self.ref(x)}).to(tl.int64), 0), {v}_n{k} - 1) * {v}_s{k}"
+                             for k, x in enumerate(idx)) or "0"
         load = f"tl.load({v}_ptr + {off})"
         if t.dtype == torch.bool:
             load = f"({load} != 0)"
