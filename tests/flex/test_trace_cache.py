@@ -4,6 +4,7 @@ import gc
 import types
 import weakref
 
+import pytest
 import torch
 
 from tileattn.ops.flex import captures, trace
@@ -116,3 +117,16 @@ def test_global_vs_attribute_names():
     paths = [p for p, _ in scalars]
     assert (("cell", 0), ("attr", "WINDOW")) in paths
     assert not any(step == ("global", "WINDOW") for p in paths for step in p)
+
+
+def test_captured_index_arithmetic_int32():
+    """A captured tensor whose offsets fit int32 is indexed in int32 (clamped in the index's type first); a tensor
+    passed for it later (the registered op's: same shape) with offsets past 2^31 is refused, not read wrongly."""
+    table = torch.zeros(4, 8)
+    spec = compile_mod(lambda b, h, q_idx, kv_idx: table[h, kv_idx] > 0, "mask")
+    assert ".to(tl.int32) * c0_s1" in spec.source and "tl.int64" not in spec.source
+    spec.check_captures((torch.zeros(4, 8), ))
+    spec.check_captures((torch.zeros(8, 4).t(), ))
+    wide = torch.empty_strided((4, 8), (2 ** 30, 1), device="meta")
+    with pytest.raises(ValueError, match="captured tensor 0"):
+        spec.check_captures((wide, ))

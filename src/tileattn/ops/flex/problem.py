@@ -112,6 +112,9 @@ def mod_captures(p, c):
     """(the score mod's captured tensors, the mask mod's) for call c of problem p: the call's own (the registered
     op's, custom_ops.py), else the traced mods' (ModSpec.captures)."""
     if c.captures is not None:
+        for spec, caps in zip((p.score_mod, p.mask_mod), c.captures):
+            if spec is not None:
+                spec.check_captures(caps)
         return c.captures
     return (p.score_mod.captures if p.score_mod else (), p.mask_mod.captures if p.mask_mod else ())
 

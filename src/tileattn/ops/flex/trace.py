@@ -89,6 +89,7 @@ class ModSpec:
         self.fn = _define(source, kind, self.src_digest)
         self.key = hashlib.sha1((source + "\n" + gm.code).encode()).hexdigest()[:16]
         self._captures = tuple(weakref.ref(t) if id(t) in weak_ids else (lambda t=t: t) for t in captures)
+        self._narrow = tuple(span(t) < 2 ** 31 for t in captures)  # indexed in int32 (_Writer.index)
         self.gm = _meta_constants(gm)
         self._grad = None
 
@@ -118,6 +119,15 @@ class ModSpec:
         query part (affine.py), which its kernels leave out of the scores and of their lse."""
         src = self.row_source
         return src and _define(src, self.kind + "-row", hashlib.sha1(src.encode()).hexdigest()[:16])
+
+    def check_captures(self, tensors):
+        """Raises ValueError where a tensor passed for a capture (the registered op's: same shape, maybe other
+        strides) has offsets past the int32 arithmetic the mod was generated with."""
+        for i, (t, narrow) in enumerate(zip(tensors, self._narrow)):
+            if narrow and span(t) >= 2 ** 31:
+                raise ValueError(f"tileattn flex: the {self.kind}_mod's captured tensor {i} {tuple(t.shape)} has "
+                                 f"strides {t.stride()}, offsets past 2^31 where the traced one's fit int32: pass "
+                                 f"a contiguous tensor")
 
     def detached(self):
         """A copy that holds no captured tensor (for the registry: the registered op passes its own)."""
