@@ -9,7 +9,7 @@ import tileattn
 from tileattn import mods
 from tileattn.ops.flex.reference import flex_ref
 
-from tests.flex.test_flex import DT, affine_mods, qkv, ready_mods
+from tests.flex.test_flex import DT, bias_mods, qkv, ready_mods
 from tests.helpers import assert_close, randn
 
 flex_mod = pytest.importorskip("torch.nn.attention.flex_attention")
@@ -246,12 +246,12 @@ def test_mod_derivative_not_finite_where_masked(device):
     check_grads(q, k, v, score_mod, mods.causal, block=(32, 32), ref_score_mod=ref_mod)
 
 
-def test_affine_score_mods_backward(device):
-    """Gradients of mods split by affine.py (the kernels read the lse with the query part taken out), through a
-    returned lse too, with rows that see no key."""
+def test_bias_score_mods_backward(device):
+    """Gradients of score mods adding per-query and per-key terms, through a returned lse too, with rows that see
+    no key."""
     S = 70
     q, k, v = qkv(1, 2, S, S, 32, DT, device)
-    found = affine_mods(2, S, device)
+    found = bias_mods(2, S, device)
 
     def rows_cut(b, h, q_idx, kv_idx):
         return (q_idx > 9) & (kv_idx <= q_idx)
@@ -261,13 +261,14 @@ def test_affine_score_mods_backward(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["alibi", "key_bias", "query_bias", "temperature", "mixed"])
-def test_gpu_affine_mods_sm90(name, device, sm90_bwd):
-    """The mods affine.py splits, on the Hopper forward (output and lse against torch's flex_attention) and
-    backward (through the returned lse too), with rows 0-127 seeing no key."""
+def test_gpu_bias_mods_sm90(name, device, sm90_bwd):
+    """Score mods adding per-query and per-key terms on the Hopper forward (output and lse against torch's
+    flex_attention) and backward (through the returned lse too, its derivative a constant), with rows 0-127 seeing
+    no key."""
     from tests.flex.test_flex import check
     S = 1024
     q, k, v = qkv(2, 4, S, S, 128, torch.bfloat16, device)
-    fn = affine_mods(4, S, device)[name]
+    fn = bias_mods(4, S, device)[name]
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx >= 128) & (kv_idx <= q_idx)

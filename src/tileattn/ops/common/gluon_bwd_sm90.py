@@ -217,7 +217,7 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
                 pt = gl.where(vis, pt, 0.0)
                 if len(dz.shape) != 0:  # a derivative that may not be finite where the mask hides the score: 0
                     # there now, so that the mask is not held across the dP wait (packed predicates otherwise).
-                    # (0-d: one value for every score, an affine mod's: ops/flex/affine.py)
+                    # (0-d: one value for every score, e.g. the 1 of score + bias: nothing to mask)
                     dz = gl.where(vis, dz, 0.0)
         else:
             o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))

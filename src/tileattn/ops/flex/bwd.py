@@ -12,7 +12,6 @@ from ..common.configs import bwd_config
 from ..common.launch_bwd_sm90 import zero_args
 from . import launch_bwd_sm90
 from .bwd_kernels import flex_bwd_dkdv_kernel, flex_bwd_dq_kernel
-from .launch_triton import lse_rows
 from .problem import mask_strides, mod_captures
 from .trace import capture_args
 
@@ -41,9 +40,6 @@ def flex_bwd(p, c, dout, dlse):
         dout = dout.contiguous()
     if dlse is not None:
         dlse = dlse.contiguous()
-    if p.score_mod is not None and p.score_mod.row_source is not None:
-        # the kernels read the lse of the row-free scores (affine.py): the score mod's query part comes out
-        c.lse = lse = lse_rows(p, c, lse, -1, out=torch.empty_like(lse))
     delta = torch.empty(B, H, Sq, dtype=torch.float32, device=query.device)
     bdv = triton.next_power_of_2(Dv)
     pm = 64 if bdv <= 128 else 32

@@ -7,7 +7,7 @@ import torch
 from ... import knobs
 from ..common import backend
 from .launch_sm90 import Sm90Backend
-from .launch_triton import TritonBackend, lse_rows
+from .launch_triton import TritonBackend
 
 BACKENDS = (Sm90Backend(), TritonBackend())
 
@@ -32,6 +32,4 @@ def forward(p, c):
     if p.seqlen_q and p.batch * p.heads_q:
         c.out, c.lse = out, lse
         select(p)[0].run(p, c)
-        if p.return_lse and p.score_mod is not None and p.score_mod.row_source is not None:
-            lse_rows(p, c, lse, 1)  # (the kernels' lse leaves out the score mod's query part: affine.py)
     return (out, lse) if p.return_lse else out

@@ -124,18 +124,3 @@ def flex_fwd_kernel(
         lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
         tl.store(LSE + b64 * stride_lb + h.to(tl.int64) * stride_lh + offs_m, lse, mask=m_ok)
 
-
-@triton.jit
-def lse_rows_kernel(lse_ptr, out_ptr, stride_lb, stride_lh, stride_lm, stride_ob, stride_oh, stride_om, H, Sq,
-                    caps_s, SIGN: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
-    """out = lse + SIGN * ROW(b, h, q_idx) over BLOCK rows of one (batch, query head): an affine score mod's
-    query part (affine.py), which the kernels leave out of the scores and of their lse, put into it (SIGN = 1)
-    or taken out (-1). Rows that saw no key keep lse = -inf."""
-    b = tl.program_id(1) // H
-    h = tl.program_id(1) % H
-    q = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = q < Sq
-    lse = tl.load(lse_ptr + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q * stride_lm, mask=ok)
-    r = ROW(b, h, q, q.to(tl.float32), caps_s)
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q * stride_om, lse + SIGN * r,
-             mask=ok)

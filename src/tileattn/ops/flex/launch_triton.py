@@ -6,7 +6,7 @@ import triton
 from ..common.backend import Backend
 from ..common.fp8 import Fp8V
 from .configs import flex_config
-from .kernels import flex_fwd_kernel, lse_rows_kernel
+from .kernels import flex_fwd_kernel
 from .problem import mask_strides, mod_captures
 from .trace import capture_args
 
@@ -55,15 +55,3 @@ class TritonBackend(Backend):
             RETURN_LSE=p.return_lse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-
-def lse_rows(p, c, lse, sign, out=None):
-    """lse [B, Hq, Sq] float32 plus (sign 1) or minus (-1) the query part of p's affine score mod (affine.py), into
-    out (default: lse itself). The kernels leave that part out of the scores, so their lse is the row-free one:
-    dispatch.forward puts the part in before it returns the lse, bwd.flex_bwd takes it out before the kernels read
-    it (call c: the captured tensors)."""
-    out = lse if out is None else out
-    B, H, Sq = lse.shape
-    lse_rows_kernel[(triton.cdiv(Sq, 256), B * H)](lse, out, *lse.stride(), *out.stride(), H, Sq,
-                                                   capture_args(mod_captures(p, c)[0]), SIGN=sign,
-                                                   ROW=p.score_mod.row_fn(), BLOCK=256)
-    return out

@@ -5,8 +5,8 @@ of a `@triton.jit` function over tiles:
 
     score_mod(score, b, h, q_idx, kv_idx) -> score      mask_mod(b, h, q_idx, kv_idx) -> bool
 
-The score function gets the float32 [BLOCK_M, BLOCK_N] tile q.k and the scale (score = scale * q.k; an affine mod
-folds the scale into its one FMA per score: affine.py); b and h are scalars; q_idx [BLOCK_M, 1] and
+The score function gets the float32 [BLOCK_M, BLOCK_N] tile q.k and the scale (score = scale * q.k); b and h are
+scalars; q_idx [BLOCK_M, 1] and
 kv_idx [1, BLOCK_N] int32; the generated function also takes the positions as float32 (q_idx_f, kv_idx_f), which
 index differences that meet a float use (lowering.FloatIndex). What a mod may use: arithmetic and comparisons (+
 - * / // % **, < <= > >= == !=, & | ^ ~, unary -), torch.where, abs / exp / exp2 / log / log2 / sqrt / rsqrt / sin
@@ -32,7 +32,6 @@ import weakref
 import torch
 import torch.fx
 
-from . import affine
 from .lowering import _ARITH_NAMES, HELPERS, FloatIndex, _int_power, _whole
 
 
@@ -83,8 +82,8 @@ class ModSpec:
     A captured tensor that the mod's function holds itself (the objects its cache key names by identity) is
     held weakly: the cache never keeps a user's tensor alive (compile_mod)."""
 
-    def __init__(self, captures, source, kind, gm, weak_ids=(), row_source=None):
-        self.source, self.kind, self.row_source = source, kind, row_source
+    def __init__(self, captures, source, kind, gm, weak_ids=()):
+        self.source, self.kind = source, kind
         self.src_digest = hashlib.sha1(source.encode()).hexdigest()[:16]
         self.fn = _define(source, kind, self.src_digest)
         self.key = hashlib.sha1((source + "\n" + gm.code).encode()).hexdigest()[:16]
@@ -105,7 +104,7 @@ class ModSpec:
         arguments and captures (made on first use; FlexCompileError names an operation it cannot
         differentiate)."""
         if self._grad is None:
-            src, caps, _ = _emit(self.gm, self.kind, f"{self.kind}_mod (backward)", grad=True)
+            src, caps = _emit(self.gm, self.kind, f"{self.kind}_mod (backward)", grad=True)
             assert len(caps) == len(self._captures)
             self._grad = (src, hashlib.sha1(src.encode()).hexdigest()[:16])
         src, digest = self._grad
@@ -113,12 +112,6 @@ class ModSpec:
 
     def gluon_fn(self):
         return _define(self.source, self.kind, self.src_digest, gluon=True)
-
-    def row_fn(self):
-        """None, or the @triton.jit function (b, h, q_idx, q_idx_f, caps) -> float32 of an affine score mod's
-        query part (affine.py), which its kernels leave out of the scores and of their lse."""
-        src = self.row_source
-        return src and _define(src, self.kind + "-row", hashlib.sha1(src.encode()).hexdigest()[:16])
 
     def check_captures(self, tensors):
         """Raises ValueError where a tensor passed for a capture (the registered op's: same shape, maybe other
@@ -487,16 +480,10 @@ _SPECS = {}  # ModSpec.key -> ModSpec, for the registered ops (spec_of; filled b
 
 
 def _emit(gm, kind, name, grad):
-    """(source of the jit function `mod`, captured tensors, source of the row function or None) of a traced mod.
-    A score mod's `mod` takes the raw q.k tile and the scale (score = scale * qk); grad: it returns (score_mod's
-    value, its derivative with respect to score). An affine score mod (affine.py) gets its split form."""
+    """(source of the jit function `mod`, captured tensors) of a traced mod. A score mod's `mod` takes the raw q.k
+    tile and the scale (score = scale * qk); grad: it returns (score_mod's value, its derivative with respect to
+    score)."""
     arg_names = (["score"] if kind == "score" else []) + ["b", "h", "q_idx", "kv_idx"]
-    if kind == "score":
-        w = _Writer(gm, name, arg_names)
-        form = affine.split(w)
-        if form is not None:
-            src, row = affine.sources(form, _unpack(w.captures), grad)
-            return src, tuple(w.captures), row
     w = _Writer(gm, name, arg_names, grad=grad)
     result = w.write()
     if kind == "mask":
@@ -510,7 +497,7 @@ def _emit(gm, kind, name, grad):
                        ["q_idx_f", "kv_idx_f"])
     first = ["    score = qk * scale"] if kind == "score" else []
     body = "\n".join(_unpack(w.captures) + first + w.lines + [f"    return {result}"])
-    return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures), None
+    return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures)
 
 
 def _unpack(captures):
@@ -549,8 +536,8 @@ def compile_mod(fn, kind, fresh=False):
     except Exception as e:  # noqa: BLE001 - fx raises many types for untraceable code
         raise FlexCompileError(f"{kind}_mod {getattr(fn, '__name__', fn)}: cannot be traced ({type(e).__name__}: "
                                f"{e}); control flow on the mod's arguments is not supported, use torch.where") from e
-    src_fn, captures, row_src = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
-    spec = ModSpec(captures, src_fn, kind, gm, weak_ids={id(x) for x in objs}, row_source=row_src)
+    src_fn, captures = _emit(gm, kind, f"{kind}_mod {getattr(fn, '__name__', '')}", grad=False)
+    spec = ModSpec(captures, src_fn, kind, gm, weak_ids={id(x) for x in objs})
     _remember(key, spec, objs)
     return spec
 
