@@ -104,7 +104,7 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
         q_f = o_m.to(gl.float32)[:, None]
         kv_f = (n0.to(gl.float32) + o_n.to(gl.float32))[None, :]
         if SCORE_MOD is not None:  # (without one the scale is folded into sm_scale: _consumer)
-            qk = SCORE_MOD(qk, fm[2], fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_s)
+            qk = SCORE_MOD(qk * fm[2], fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_s)
     if MASKED:
         if FLEX:  # flex tiles are whole blocks of the mask (Sq, Sk multiples of 128): mask_mod alone decides
             if MASK_MOD is not None:

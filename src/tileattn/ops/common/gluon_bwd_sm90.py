@@ -199,7 +199,7 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
     lse = stat_bufs.index(2 * s).load(gl.SliceLayout(0, s_layout))  # times log2 e; +inf where p = 0
     if SCORE_GRAD is not None:
-        z, dz = SCORE_GRAD(st, fm[2], fm[0], fm[1], q_i, k_i, q_f, k_f, caps_s)
+        z, dz = SCORE_GRAD(st * fm[2], fm[0], fm[1], q_i, k_i, q_f, k_f, caps_s)
         pt = gl.exp2(z * LOG2E - lse[None, :])
     elif HAS_SOFTCAP:
         th = _tanh(st * softcap_scale)

@@ -30,13 +30,13 @@ def _dscores(q, k, do, v, lse, delta, b, h, o_m, o_n, m_ok, n_ok, scale, caps_s,
     qi, ki = q_axis(o_m, TRANS), k_axis(o_n, TRANS)
     qf, kf = q_axis(o_m.to(tl.float32), TRANS), k_axis(o_n.to(tl.float32), TRANS)  # (lowering.py: FloatIndex)
     if TRANS:
-        s = tl.dot(k, tl.trans(q))
+        s = tl.dot(k, tl.trans(q)) * scale
     else:
-        s = tl.dot(q, tl.trans(k))
-    if SCORE_GRAD is not None:  # (it scales the scores itself: trace.py)
-        z, dz = SCORE_GRAD(s, scale, b, h, qi, ki, qf, kf, caps_s)
+        s = tl.dot(q, tl.trans(k)) * scale
+    if SCORE_GRAD is not None:
+        z, dz = SCORE_GRAD(s, b, h, qi, ki, qf, kf, caps_s)
     else:
-        z = s * scale
+        z = s
         dz = 1.0
     # a row that saw nothing has lse -inf: use 0 so its scores (-inf wherever it is not masked) give P = 0
     p = tl.exp2((z - q_axis(tl.where(lse == float("-inf"), 0.0, lse), TRANS)) * LOG2E)

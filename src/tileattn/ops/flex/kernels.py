@@ -23,11 +23,10 @@ def _tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, n0, offs_m, offs_n, d_ok, dv_ok, b, 
     kv_idx = n0 + offs_n
     n_ok = kv_idx < seqlen_k
     k = tl.load(k_ptrs + n0 * stride_kn, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-    if SCORE_MOD is not None:  # (it scales the scores itself: trace.py)
-        s = SCORE_MOD(tl.dot(q, k), scale, b, h, offs_m[:, None], kv_idx[None, :], offs_m.to(tl.float32)[:, None],
+    s = tl.dot(q, k) * scale
+    if SCORE_MOD is not None:
+        s = SCORE_MOD(s, b, h, offs_m[:, None], kv_idx[None, :], offs_m.to(tl.float32)[:, None],
                       kv_idx.to(tl.float32)[None, :], caps_s)
-    else:
-        s = tl.dot(q, k) * scale
     keep = n_ok[None, :]
     if APPLY_MASK:
         if MASK_MOD is not None:
@@ -123,4 +122,3 @@ def flex_fwd_kernel(
     if RETURN_LSE:
         lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
         tl.store(LSE + b64 * stride_lb + h.to(tl.int64) * stride_lh + offs_m, lse, mask=m_ok)
-

@@ -54,4 +54,3 @@ class TritonBackend(Backend):
             BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=triton.next_power_of_2(Dv),
             RETURN_LSE=p.return_lse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-

@@ -5,8 +5,7 @@ of a `@triton.jit` function over tiles:
 
     score_mod(score, b, h, q_idx, kv_idx) -> score      mask_mod(b, h, q_idx, kv_idx) -> bool
 
-The score function gets the float32 [BLOCK_M, BLOCK_N] tile q.k and the scale (score = scale * q.k); b and h are
-scalars; q_idx [BLOCK_M, 1] and
+`score` is the float32 [BLOCK_M, BLOCK_N] tile of scaled scores; b and h are scalars; q_idx [BLOCK_M, 1] and
 kv_idx [1, BLOCK_N] int32; the generated function also takes the positions as float32 (q_idx_f, kv_idx_f), which
 index differences that meet a float use (lowering.FloatIndex). What a mod may use: arithmetic and comparisons (+
 - * / // % **, < <= > >= == !=, & | ^ ~, unary -), torch.where, abs / exp / exp2 / log / log2 / sqrt / rsqrt / sin
@@ -480,9 +479,8 @@ _SPECS = {}  # ModSpec.key -> ModSpec, for the registered ops (spec_of; filled b
 
 
 def _emit(gm, kind, name, grad):
-    """(source of the jit function `mod`, captured tensors) of a traced mod. A score mod's `mod` takes the raw q.k
-    tile and the scale (score = scale * qk); grad: it returns (score_mod's value, its derivative with respect to
-    score)."""
+    """(source of the jit function `mod`, captured tensors) of a traced mod. grad (score mods): `mod` returns
+    (score_mod's value, its derivative with respect to score)."""
     arg_names = (["score"] if kind == "score" else []) + ["b", "h", "q_idx", "kv_idx"]
     w = _Writer(gm, name, arg_names, grad=grad)
     result = w.write()
@@ -493,21 +491,14 @@ def _emit(gm, kind, name, grad):
     if grad:
         out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         result = f"{result}, {w.tan(out) or '0.0'}"
-    params = ", ".join((["qk", "scale"] if kind == "score" else []) + arg_names[kind == "score":] +
-                       ["q_idx_f", "kv_idx_f"])
-    first = ["    score = qk * scale"] if kind == "score" else []
-    body = "\n".join(_unpack(w.captures) + first + w.lines + [f"    return {result}"])
-    return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures)
-
-
-def _unpack(captures):
-    """The lines that name each captured tensor's kernel arguments (capture_args' order) from caps."""
     unpack = []
-    for i, t in enumerate(captures):
+    for i, t in enumerate(w.captures):
         names = [f"c{i}_ptr"] + [f"c{i}_n{k}" for k in range(t.dim())] + [f"c{i}_s{k}" for k in range(t.dim())]
-        base = sum(1 + 2 * c.dim() for c in captures[:i])
+        base = sum(1 + 2 * c.dim() for c in w.captures[:i])
         unpack += [f"    {nm} = caps[{base + j}]" for j, nm in enumerate(names)]
-    return unpack
+    params = ", ".join(arg_names + ["q_idx_f", "kv_idx_f"])
+    body = "\n".join(unpack + w.lines + [f"    return {result}"])
+    return f"@triton.jit\ndef mod({params}, caps):\n{body}\n", tuple(w.captures)
 
 
 def compile_mod(fn, kind, fresh=False):
