@@ -130,16 +130,17 @@ def backward(dt, D, causal, varlen=False, hkv=2, softcap=0.0, window=(-1, -1)):
     attn_bwd(AttnProblem.of(c, opts), c, do, None)
 
 
-def flex(dt, D, which, gluon=True, bwd_sm90=False):
+def flex(dt, D, which, gluon=True, bwd_sm90=False, N=1024):
     """The flex kernels (Gluon forward, or the Triton forward and backward; bwd_sm90: the Hopper backward
-    alone, TILEATTN_SM90_BWD=1) on synthetic block lists."""
+    alone, TILEATTN_SM90_BWD=1) on synthetic block lists; N not a multiple of 128: the Hopper kernels' tail
+    mode."""
     from tileattn import mods
     from tileattn.ops.flex.bwd import flex_bwd
     from tileattn.ops.flex.launch_sm90 import Sm90Backend
     from tileattn.ops.flex.launch_triton import TritonBackend
     from tileattn.ops.flex.problem import FlexCall, FlexProblem
     from tileattn.ops.flex.trace import compile_mod
-    B, H, N = 1, 2, 1024
+    B, H = 1, 2
     q, k, v = (_rand(B, H, N, D, dtype=dt) for _ in range(3))
     odt = torch.bfloat16 if dt.itemsize == 1 else dt
     smod = mmod = lists = None
@@ -150,7 +151,7 @@ def flex(dt, D, which, gluon=True, bwd_sm90=False):
         smod = compile_mod(lambda s, b, h, qi, ki: 30.0 * torch.tanh(s / 30.0), "score")
     if which in ("causal", "alibi_causal"):
         mmod = compile_mod(mods.causal, "mask")
-        nb = N // 128
+        nb = -(-N // 128)
         num = torch.full((1, 1, nb), 1, dtype=torch.int32)
         idx = torch.arange(nb, dtype=torch.int32).expand(1, 1, nb, nb).contiguous()
         lists = (num, idx, num, idx)
@@ -259,6 +260,10 @@ def variants():
     for which in ("alibi", "softcap", "causal", "alibi_causal"):
         out[f"flexbwdsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w, bwd_sm90=True)
     out["flexbwdsm90-f16-D64-causal"] = lambda: flex(f16, 64, "causal", bwd_sm90=True)
+    for which in ("alibi_causal", "softcap", "causal"):  # lengths that are not multiples of the mask's blocks
+        out[f"flexsm90tail-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w, N=1000)
+        out[f"flexbwdsm90tail-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w, bwd_sm90=True, N=1000)
+    out["flexbwdsm90tail-f16-D64-causal"] = lambda: flex(f16, 64, "causal", bwd_sm90=True, N=1000)
     out["mla-sm90-hq64"] = lambda: mla()
     out["mla-sm90-shard-hq128"] = lambda: mla(hq=128, qk_shard=True)
     out["mla-triton-hq16"] = lambda: mla(hq=16, portable=True)

@@ -148,10 +148,12 @@ def test_bad_inputs(device):
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "document", "alibi_causal",
                                   "softcap_causal", "rel_bias"])
 def test_gpu_ready_mods(name, D, dtype, device):
+    """The portable kernel on the GPU (forced: on sm90 the Hopper kernel would take these)."""
     S = 1000
     q, k, v = qkv(2, 4, S, S, D, dtype, device)
     score_mod, mask_mod = ready_mods(S, 4, device)[name]
-    check(q, k, v, score_mod, mask_mod)
+    with tileattn.force_backend("flex.triton"):
+        check(q, k, v, score_mod, mask_mod)
 
 
 @pytest.mark.gpu
@@ -165,17 +167,82 @@ def test_gpu_gqa_odd(device):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "document", "document_causal",
                                   "alibi_causal", "softcap_causal", "rel_bias", "alibi_softcap"])
-def test_gpu_sm90_ready_mods(name, D, dtype, device, monkeypatch):
-    """Shapes the Hopper kernel serves (multiples of 128, 128 x 128 mask blocks), checked to take it on sm90."""
-    from tileattn.ops.flex import launch_sm90
-    calls = []
-    real = launch_sm90.Sm90Backend.run
-    monkeypatch.setattr(launch_sm90.Sm90Backend, "run", lambda *a: calls.append(1) or real(*a))
+def test_gpu_sm90_ready_mods(name, D, dtype, device, sm90_fwd):
+    """Whole 128 x 128 mask blocks on the Hopper kernel, checked to take it on sm90."""
     S = 1024
     q, k, v = qkv(2, 4, S, S, D, dtype, device)
     score_mod, mask_mod = ready_mods(S, 4, device)[name]
     check(q, k, v, score_mod, mask_mod)
-    assert len(calls) == (1 if torch.cuda.get_device_capability()[0] == 9 else 0)
+    assert len(sm90_fwd) == (1 if on_sm90() else 0)
+
+
+@pytest.fixture
+def sm90_fwd(monkeypatch):
+    """Counts the flex Hopper forward's launches (a test that expects it on sm90 checks the count)."""
+    from tileattn.ops.flex import launch_sm90
+    calls = []
+    real = launch_sm90.Sm90Backend.run
+    monkeypatch.setattr(launch_sm90.Sm90Backend, "run", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def on_sm90():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq,sk", [(1000, 1000), (333, 517), (1024, 1000), (1000, 1024), (200, 129)])
+@pytest.mark.parametrize("name", ["causal", "document", "alibi_causal", "softcap_causal", "alibi"])
+def test_gpu_sm90_ragged_lengths(name, sq, sk, device, sm90_fwd):
+    """Lengths that are not multiples of the mask's 128-blocks on the Hopper kernel: the last key block's padding
+    keys are hidden (ALiBi without a mask would give them the largest scores), the last query block's padding
+    rows are not stored."""
+    H = 4
+    q, k, v = qkv(2, H, sq, sk, 128, torch.bfloat16, device)
+    mods_ = ready_mods(max(sq, sk), H, device)
+    mods_["alibi"] = (mods.alibi(mods.alibi_slopes(H, device=device)), None)
+    score_mod, mask_mod = mods_[name]
+    check(q, k, v, score_mod, mask_mod)
+    assert len(sm90_fwd) == (1 if on_sm90() else 0)
+
+
+def kv_blocks_mask(num, idx, full_num, full_idx, sq, sk):
+    """A BlockMask from block lists (torch's default noop mask_mod) and the dense [Sq, Sk] visibility it means:
+    listed blocks (partial or full) are wholly visible."""
+    bm = flex_mod.BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=128, seq_lengths=(sq, sk))
+    visible = torch.zeros(-(-sq // 128) * 128, -(-sk // 128) * 128, dtype=torch.bool, device=num.device)
+    for n, ix in ((num, idx), (full_num, full_idx)):
+        for i, row in enumerate(ix[0, 0].tolist()):
+            for j in row[:n[0, 0, i]]:
+                visible[128 * i:128 * (i + 1), 128 * j:128 * (j + 1)] = True
+    return bm, visible[:sq, :sk]
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_ragged_full_block(device, sm90_fwd):
+    """A block mask whose full list holds the last, ragged key block (torch's create_block_mask never makes it
+    full; from_kv_blocks may): its padding keys stay hidden though no mask_mod runs there, under an ALiBi score
+    mod that would give them the largest scores."""
+    sq, sk, H = 300, 333, 2
+    q, k, v = qkv(1, H, sq, sk, 64, torch.float16, device)
+    i32 = dict(dtype=torch.int32, device=device)
+    num, idx = torch.tensor([[[1, 0, 1]]], **i32), torch.tensor([[[[0, 0, 0], [0, 0, 0], [1, 0, 0]]]], **i32)
+    fnum = torch.tensor([[[1, 2, 1]]], **i32)
+    fidx = torch.tensor([[[[2, 0, 0], [2, 0, 0], [0, 0, 0]]]], **i32)
+    bm, visible = kv_blocks_mask(num, idx, fnum, fidx, sq, sk)
+    slopes = mods.alibi_slopes(H, device=device)
+    out, lse = tileattn.flex_attention(q, k, v, score_mod=mods.alibi(slopes), block_mask=bm, return_lse=True)
+    bias = slopes[:, None, None] * (torch.arange(sk, device=device)[None, :] -
+                                    torch.arange(sq, device=device)[:, None])[None]
+
+    def ref(dtype):
+        s = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)).float() * 64 ** -0.5 + bias
+        s = s.masked_fill(~visible, float("-inf"))
+        return (torch.softmax(s, -1).to(dtype) @ v.to(dtype)).float(), torch.logsumexp(s, -1)
+    (r, rl), (lp, lpl) = ref(torch.float32), ref(torch.float16)
+    assert_close("out", out, r, lp)
+    assert_close("lse", lse, rl, lpl)
+    assert len(sm90_fwd) == (1 if on_sm90() else 0)
 
 
 @pytest.mark.gpu
@@ -230,6 +297,18 @@ def test_gpu_fp8_flex(name, packed_v, fp8, device):
     S = 1024
     score_mod, mask_mod = ready_mods(S, 4, device)[name]
     check_fp8(2, 4, S, 128, score_mod, mask_mod, device, hkv=2, packed_v=packed_v, fp8=fp8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed_v", [False, True], ids=["plain_v", "fp8v"])
+@pytest.mark.parametrize("S", [1000, 77])
+@pytest.mark.parametrize("name", ["causal", "alibi_causal"])
+def test_gpu_fp8_flex_ragged(name, S, packed_v, device, sm90_fwd):
+    """fp8 on the Hopper kernel at lengths that are not multiples of the mask's blocks (D = 64 and 128)."""
+    score_mod, mask_mod = ready_mods(S, 4, device)[name]
+    for D in (64, 128):
+        check_fp8(2, 4, S, D, score_mod, mask_mod, device, hkv=2, packed_v=packed_v)
+    assert len(sm90_fwd) == (2 if on_sm90() else 0)
 
 
 @pytest.mark.parametrize("block", [32, 128])

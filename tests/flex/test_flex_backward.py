@@ -159,6 +159,60 @@ def test_gpu_flex_backward_sm90(name, D, dtype, device, sm90_bwd):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("sq,sk", [(1000, 1000), (333, 517), (1024, 1000), (1000, 1024)])
+@pytest.mark.parametrize("name", ["causal", "document", "alibi_causal", "softcap_causal", "alibi", "rel_bias"])
+def test_gpu_flex_backward_sm90_ragged(name, sq, sk, device, sm90_bwd):
+    """Lengths that are not multiples of the mask's 128-blocks on the Hopper backward (its padding rows and keys
+    masked; ALiBi without a mask would give the padding keys the largest scores), through a returned lse."""
+    H = 4
+    q, k, v = qkv(2, H, sq, sk, 128, torch.bfloat16, device)
+    found = ready_mods(max(sq, sk), H, device)
+    found["alibi"] = (mods.alibi(mods.alibi_slopes(H, device=device)), None)
+    score_mod, mask_mod = found[name]
+    check_grads(q, k, v, score_mod, mask_mod, with_lse=True)
+    assert sm90_bwd
+
+
+@pytest.mark.gpu
+def test_gpu_flex_backward_sm90_ragged_d64_gqa(device, sm90_bwd):
+    """D = 64 (128-row steps), GQA and a mask broadcast over batch and heads, ragged lengths."""
+    q, k, v = qkv(2, 8, 700, 900, 64, torch.float16, device, hkv=2)
+    score_mod, mask_mod = ready_mods(900, 8, device)["alibi_causal"]
+    check_grads(q, k, v, score_mod, mask_mod, gqa=True, with_lse=True, mask_b=1, mask_h=1)
+    check_grads(q, k, v, mods.tanh_softcap(4.0), None, gqa=True)
+    assert len(sm90_bwd) == 2
+
+
+@pytest.mark.gpu
+def test_gpu_flex_backward_sm90_ragged_full_block(device, sm90_bwd):
+    """The last, ragged key and query blocks in the mask's full list (from_kv_blocks): no mask_mod runs there, the
+    padding is masked all the same."""
+    from tests.flex.test_flex import kv_blocks_mask
+    sq, sk, H = 300, 333, 2
+    q, k, v = qkv(1, H, sq, sk, 128, torch.bfloat16, device)
+    i32 = dict(dtype=torch.int32, device=device)
+    num, idx = torch.tensor([[[1, 0, 1]]], **i32), torch.tensor([[[[0, 0, 0], [0, 0, 0], [1, 0, 0]]]], **i32)
+    fnum = torch.tensor([[[1, 2, 1]]], **i32)
+    fidx = torch.tensor([[[[2, 0, 0], [2, 0, 0], [0, 0, 0]]]], **i32)
+    bm, visible = kv_blocks_mask(num, idx, fnum, fidx, sq, sk)
+    slopes = mods.alibi_slopes(H, device=device)
+    bias = slopes[:, None, None] * (torch.arange(sk, device=device)[None, :] -
+                                    torch.arange(sq, device=device)[:, None])[None]
+    x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    dout = randn(1, H, sq, 128, dtype=torch.bfloat16, device=device)
+    got = torch.autograd.grad(tileattn.flex_attention(*x, score_mod=mods.alibi(slopes), block_mask=bm), x, dout)
+
+    def ref(dtype):
+        xr = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        s = (xr[0] @ xr[1].transpose(-1, -2)).float() * 128 ** -0.5 + bias
+        o = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).to(dtype) @ xr[2]
+        return torch.autograd.grad(o, xr, dout.to(dtype))
+    for name, g, r, rl in zip(("dq", "dk", "dv"), got, ref(torch.float32), ref(torch.bfloat16)):
+        assert_close(name, g, r, rl)
+    assert sm90_bwd
+
+
+@pytest.mark.gpu
 def test_gpu_flex_backward_sm90_gqa_rows_unseen(device, sm90_bwd):
     """GQA with a mask broadcast over batch and heads, Sq != Sk, query blocks that see no key at all (their dQ
     sums are never written: the conversion zeroes them) and a score mod whose derivative is not finite where

@@ -82,6 +82,7 @@ def _exp2_fma(x, EXP2_FMA: gl.constexpr):
 
 # the masking model's helpers, written once as Triton functions and compiled here as Gluon
 _tanh = gluon.jit(softmax.tanh.fn)
+FLEX_TAIL = gl.constexpr(masking.FLEX_TAIL)
 _key_range = gluon.jit(masking.key_range.fn)
 _visible = gluon.jit(masking.visible.fn)
 
@@ -105,8 +106,12 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
         kv_f = (n0.to(gl.float32) + o_n.to(gl.float32))[None, :]
         if SCORE_MOD is not None:  # (without one the scale is folded into sm_scale: _consumer)
             qk = SCORE_MOD(qk * fm[2], fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_s)
+        if FLEX == FLEX_TAIL:  # Sk is not a multiple of the mask's blocks: the keys past it (zero-filled by the
+            # copy engine) are hidden in every block, full ones included (a runtime branch: the last block only)
+            if n0 + qk.shape[1] > seqlen_k:
+                qk = gl.where((n0 + o_n < seqlen_k)[None, :], qk, float("-inf"))
     if MASKED:
-        if FLEX:  # flex tiles are whole blocks of the mask (Sq, Sk multiples of 128): mask_mod alone decides
+        if FLEX:  # mask_mod alone decides (padding keys: above)
             if MASK_MOD is not None:
                 qk = gl.where(MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_m), qk,
                               float("-inf"))

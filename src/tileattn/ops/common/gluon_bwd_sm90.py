@@ -53,7 +53,8 @@ bit-identical gradients.
 delta = rowsum(dO * O) - dlse comes from bwd_kernels.py's preprocess kernel. Masking model as masking.py (key j
 visible to query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); rows past Sq are zero-filled by TMA
 and get lse = +inf (p = 0), as do rows that saw no key (lse = -inf). Flex tiles are whole blocks of the mask
-(Sq, Sk multiples of 128): mask_mod alone masks.
+(Sq, Sk multiples of 128; FLEX_WHOLE): mask_mod alone masks. Otherwise (FLEX_TAIL) the rows and keys past Sq and
+Sk are masked in every step as well, full blocks included.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -64,12 +65,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from . import softmax
+from . import masking, softmax
 from .gluon_bwd_sm90_dq import dq_writer
 from .gluon_bwd_sm90_walk import head_walk, step_counts, walk_m0, walk_next, work_item
 from .gluon_compat import thread_barrier, tma_load
 
 LOG2E = gl.constexpr(softmax.LOG2E)
+FLEX_TAIL = gl.constexpr(masking.FLEX_TAIL)
 _tanh = gluon.jit(softmax.tanh.fn)
 
 
@@ -207,18 +209,30 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     else:
         pt = gl.exp2(st * qk_scale - lse[None, :])
     if MASKED:
-        if FLEX:  # whole tiles: mask_mod alone decides (none: every key of a partial block is visible)
+        if FLEX:  # mask_mod decides (none: every key of a partial block is visible); FLEX_TAIL: the padding rows
+            # and keys of a last block past Sq or Sk are hidden too, in full blocks as well (a score mod may give
+            # them values, or derivatives, that are not finite)
+            if FLEX == FLEX_TAIL:
+                bounds = (o_n < seqlen_k)[:, None] & (o_m < seqlen_q)[None, :]
             if MASK_MOD is not None and SCORE_GRAD is None:
                 if not full:  # a branch around the mask alone: full blocks skip mask_mod and its loads (with a
                     # score mod the branch also carries dz: measured 2% slower with ALiBi, 9% with softcap)
                     pt = gl.where(MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m), pt, 0.0)
-            elif MASK_MOD is not None:
-                vis = MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m) | full
+                if FLEX == FLEX_TAIL:
+                    pt = gl.where(bounds, pt, 0.0)
+            elif MASK_MOD is not None or FLEX == FLEX_TAIL:
+                if MASK_MOD is None:
+                    vis = bounds
+                elif FLEX == FLEX_TAIL:
+                    vis = (MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m) | full) & bounds
+                else:
+                    vis = MASK_MOD(fm[0], fm[1], q_i, k_i, q_f, k_f, caps_m) | full
                 pt = gl.where(vis, pt, 0.0)
-                if len(dz.shape) != 0:  # a derivative that may not be finite where the mask hides the score: 0
-                    # there now, so that the mask is not held across the dP wait (packed predicates otherwise).
-                    # (0-d: one value for every score, e.g. the 1 of score + bias: nothing to mask)
-                    dz = gl.where(vis, dz, 0.0)
+                if SCORE_GRAD is not None:
+                    if len(dz.shape) != 0:  # a derivative that may not be finite where the mask hides the score:
+                        # 0 there now, so that the mask is not held across the dP wait (packed predicates
+                        # otherwise). (0-d: one value for every score, e.g. the 1 of score + bias: nothing to mask)
+                        dz = gl.where(vis, dz, 0.0)
         else:
             o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             m_ok = o_m < seqlen_q

@@ -9,6 +9,12 @@ is only applied when HAS_LEFT / HAS_RIGHT is set. Causal attention is RIGHT = 0.
 import triton
 import triton.language as tl
 
+# The Hopper pipelines' FLEX modes (a constexpr; 0 / False: dense): whole mask blocks, or a last block that ends
+# past the sequence (forward: Sk, whose padding keys it hides; backward: Sq or Sk, whose padding rows and keys it
+# hides), in full blocks too
+FLEX_WHOLE = 1
+FLEX_TAIL = 2
+
 
 @triton.jit
 def key_range(m_first, m_last, seqlen_k, off_diag, left, right, BLOCK_N: tl.constexpr,

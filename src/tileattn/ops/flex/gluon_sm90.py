@@ -15,18 +15,18 @@ def flex_fwd_sm90_kernel(
     RETURN_LSE: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr,
     V_SEQ_MAJOR: gl.constexpr,
     SEPARATE_O: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr,
-    REVERSE_M: gl.constexpr,
+    REVERSE_M: gl.constexpr, FLEX: gl.constexpr,
 ):
     """Flex attention (ops/flex): the dense kernel's schedule over a block mask. As attn_fwd_sm90_kernel, plus
     fx = (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, their (batch, head, query block)
     strides (12 ints, 0 on broadcast dims), scale); SCORE_MOD / MASK_MOD the traced mods (ops/flex/trace.py,
     Gluon flavour) reading caps_s / caps_m. Tiles of 2 * BLOCK_M query rows are the mask's query blocks and
-    K/V tiles its key blocks; Sq and Sk are multiples of them. REVERSE_M: the persistent grid deals the last
-    query blocks first (the heaviest under causal-like masks)."""
+    K/V tiles its key blocks; FLEX: FLEX_WHOLE where Sk is a multiple of them, else FLEX_TAIL
+    (ops/common/masking.py). REVERSE_M: the persistent grid deals the last query blocks first (the heaviest under
+    causal-like masks)."""
     attn_fwd_pipeline(
         q_desc, k_desc, v_desc, o_desc, lse_ptr, qd_ptr, kd_ptr, vd_ptr, stride_lb, stride_lh, stride_qdb, stride_qdh,
         stride_kdb, stride_kdh, stride_vdb, stride_vdh, seqlen_q, seqlen_k, num_heads, group_size, num_bh,
         1.4426950408889634, 1.0, 1.0, out_scale, 0, 0, fx, caps_s, caps_m, BLOCK_M, Q_SLOTS, STAGES, CONSUMER_REGS,
         False, False, False, False, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O,
-        True,
-        SCORE_MOD, MASK_MOD, PINGPONG)
+        FLEX, SCORE_MOD, MASK_MOD, PINGPONG)

@@ -2,14 +2,16 @@
 pipeline, ops/common/gluon_bwd_sm90.py, over a block mask): which problems it takes and its arguments.
 
 It serves what the flex Hopper forward serves in 16 bits (fp16 / bf16, D = Dv in {64, 128}, 128 x 128 mask
-blocks, Sq and Sk multiples of 128, tensors fit for tensor descriptors) on an H100/H200 with a Gluon-verified
+blocks, any lengths, tensors fit for tensor descriptors) on an H100/H200 with a Gluon-verified
 triton; by default when both sequences have at least MIN_SEQLEN tokens (TILEATTN_SM90_BWD=1: wherever it
 serves, =0: never, as for dense). bwd.py sends the rest to the Triton kernels.
 """
 import torch
+import triton
 
 from ..common import launch_bwd_sm90 as pipeline
 from ..common.launch_bwd_sm90 import BLOCK_N
+from ..common.masking import FLEX_TAIL, FLEX_WHOLE
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc
 from .launch_sm90 import BLOCK, mask_lists
@@ -21,13 +23,23 @@ def reason(p, dout):
     """Why the Hopper backward does not take problem p with output gradient dout ("" when it does)."""
     if not p.tma:
         return "query, key or value is not aligned for tensor descriptors (16-byte base and strides)"
-    if (p.q_block, p.kv_block) != (BLOCK, BLOCK) or p.seqlen_q % BLOCK or p.seqlen_k % BLOCK:
-        return (f"mask blocks {p.q_block} x {p.kv_block} or lengths Sq={p.seqlen_q}, Sk={p.seqlen_k}: it serves "
-                f"{BLOCK} x {BLOCK} blocks and lengths that are multiples of {BLOCK}")
-    rows = p.batch * p.heads_q * p.seqlen_q
-    items = p.seqlen_k // BLOCK * p.batch * p.heads_kv
+    if (p.q_block, p.kv_block) != (BLOCK, BLOCK):
+        return f"mask blocks {p.q_block} x {p.kv_block}: it serves {BLOCK} x {BLOCK} blocks"
+    rows = p.batch * p.heads_q * triton.cdiv(p.seqlen_q, BLOCK) * BLOCK  # the sums' rows (_q_blocks)
+    items = triton.cdiv(p.seqlen_k, BLOCK) * p.batch * p.heads_kv
     return pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, (dout.transpose(1, 2),), (rows, items),
                            min(p.seqlen_q, p.seqlen_k))
+
+
+def _q_blocks(p):
+    """The kernel's query blocks (of block_m rows) per head: every mask block's steps, the last one's too when
+    it ends past Sq (its padding steps add to sums rows that the conversion never reads)."""
+    return triton.cdiv(p.seqlen_q, BLOCK) * (BLOCK // pipeline.block_m(p.head_dim))
+
+
+def _flex_mode(p):
+    """The kernel's FLEX mode (ops/common/gluon_bwd_sm90.py): whole blocks, or padding to mask."""
+    return FLEX_TAIL if p.seqlen_q % BLOCK or p.seqlen_k % BLOCK else FLEX_WHOLE
 
 
 def _fx(lists):
@@ -37,8 +49,7 @@ def _fx(lists):
 def alloc_counters(p):
     """The kernel's int32 counter buffer for problem p (pipeline.counter_count), not zeroed: the preprocess
     zeroes it (pipeline.zero_args)."""
-    mb = p.seqlen_q // pipeline.block_m(p.head_dim)
-    n = pipeline.counter_count(p.batch, p.heads_q, p.heads_kv, mb)[1]
+    n = pipeline.counter_count(p.batch, p.heads_q, p.heads_kv, _q_blocks(p))[1]
     return torch.empty(n, dtype=torch.int32, device=p.device)
 
 
@@ -49,16 +60,16 @@ def flex_bwd_sm90(p, c, dout, delta, grads, counters):
     from .gluon_bwd_sm90 import flex_bwd_sm90_kernel
     dq, dk, dv = grads
     d = p.head_dim
-    nq, nk = p.seqlen_q // BLOCK, p.seqlen_k // BLOCK
+    nq, nk = triton.cdiv(p.seqlen_q, BLOCK), triton.cdiv(p.seqlen_k, BLOCK)
     fk = _fx(mask_lists(c.lists, nk, nq, p.device))
     fx = _fx(mask_lists(c.tlists, nq, nk, p.device))
     q, k, v, do, dk_, dv_ = (t.transpose(1, 2) for t in (c.query, c.key, c.value, dout, dk, dv))  # [B, S, H, D]
     bm = pipeline.block_m(d)
-    mb = p.seqlen_q // bm
+    mb = _q_blocks(p)
     meta = pipeline.meta(d)
     # every query block's sums are written (stored by its first key block, or never: rows that saw no key,
     # which the conversion zeroes by their lse), so no zero fill
-    acc = torch.empty(p.batch * p.heads_q * p.seqlen_q, d, dtype=torch.float32, device=p.device)
+    acc = torch.empty(p.batch * p.heads_q * mb * bm, d, dtype=torch.float32, device=p.device)
     lse = c.lse
     smod, mmod = p.score_mod, p.mask_mod
     grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, False)  # (no rotated walks: one per item)
@@ -69,6 +80,7 @@ def flex_bwd_sm90(p, c, dout, delta, grads, counters):
         dk_.stride(0), dk_.stride(1), dk_.stride(2), dv_.stride(0), dv_.stride(1), dv_.stride(2), p.seqlen_q,
         p.seqlen_k, p.heads_kv, p.group, mb, nk, items, float(p.scale), float(p.scale * LOG2E), fx, fk,
         *(capture_args(t) for t in mod_captures(p, c)),
-        SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None, **meta)
+        SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
+        FLEX=_flex_mode(p), **meta)
     pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, counters, dq.transpose(1, 2), lse,
-                     (p.heads_kv, nk), p.scale, True)
+                     (p.heads_kv, nk), p.scale, True, q_blocks=mb)

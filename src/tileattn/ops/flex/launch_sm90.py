@@ -1,18 +1,21 @@
 """Backend "flex.sm90": flex attention on the Hopper Gluon kernel (gluon_sm90.py, flex_fwd_sm90_kernel; the
 dense forward's pipeline, ops/common/gluon_attn_sm90.py, over a block mask).
 
-It serves 16-bit and fp8 inputs with D = Dv in {64, 128}, block masks of 128 x 128 blocks (torch's default) and
-sequence lengths that are multiples of 128, on an H100/H200 with triton 3.6; dispatch.py sends everything else
-to the portable kernel. Without a block mask every block is full (a broadcast list of all key blocks).
+It serves 16-bit and fp8 inputs with D = Dv in {64, 128} and block masks of 128 x 128 blocks (torch's default), at
+any sequence lengths (a last block past Sq or Sk is partly padding: the kernel hides the padding keys), on an
+H100/H200 with triton 3.6; dispatch.py sends everything else to the portable kernel. Without a block mask every
+block is full (a broadcast list of all key blocks).
 """
 import dataclasses
 
 import torch
+import triton
 
 from ..common import launch_sm90 as pipeline
 from ..common.backend import Backend
 from ..common.configs import sm90_config
 from ..common.fp8 import P_SHIFT, Fp8V, descale_strides, fp8_v_layout, split_descales
+from ..common.masking import FLEX_TAIL, FLEX_WHOLE
 from .gluon_sm90 import flex_fwd_sm90_kernel
 from .problem import mask_strides, mod_captures
 from .trace import capture_args
@@ -32,6 +35,11 @@ def mask_lists(lists, num_kv, num_q, device):
         fnum = torch.zeros(1, 1, num.shape[2], dtype=torch.int32, device=device)
         fidx = fnum[..., None]
     return num, idx, fnum, fidx
+
+
+def flex_mode(seqlen_k):
+    """The pipeline's FLEX mode (masking.py): whole key blocks, or a last one that ends past seqlen_k."""
+    return FLEX_TAIL if seqlen_k % BLOCK else FLEX_WHOLE
 
 
 def _grid_config(cfg):
@@ -61,9 +69,10 @@ class Sm90Backend(Backend):
         why = pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, p.out_dtype)
         if why:
             return False, why
-        if (p.q_block, p.kv_block) != (BLOCK, BLOCK) or p.seqlen_q % BLOCK or p.seqlen_k % BLOCK:
-            return False, (f"mask blocks {p.q_block} x {p.kv_block} or lengths Sq={p.seqlen_q}, Sk={p.seqlen_k}: "
-                           f"it serves {BLOCK} x {BLOCK} blocks and lengths that are multiples of {BLOCK}")
+        if (p.q_block, p.kv_block) != (BLOCK, BLOCK):
+            return False, f"mask blocks {p.q_block} x {p.kv_block}: it serves {BLOCK} x {BLOCK} blocks"
+        if p.fp8 and p.seqlen_k == 1:  # ptxas miscompiles the fp8 P of a key length specialized to 1 (fp8.md)
+            return False, "fp8 with a single key (Sk = 1)"
         cfg = sm90_config(p.head_dim, p.dtype)
         if 2 * cfg.block_m != BLOCK or cfg.block_n != BLOCK:
             return False, f"its config {cfg} does not tile {BLOCK} x {BLOCK} mask blocks"
@@ -76,7 +85,7 @@ class Sm90Backend(Backend):
         output factor), a plain value is packed (fp8_v_layout)."""
         B, H, Sq, D = c.query.shape
         Sk = c.key.shape[2]
-        num, idx, fnum, fidx = mask_lists(c.lists, Sk // BLOCK, Sq // BLOCK, c.query.device)
+        num, idx, fnum, fidx = mask_lists(c.lists, triton.cdiv(Sk, BLOCK), triton.cdiv(Sq, BLOCK), c.query.device)
         qk, out_scale, descales = split_descales(*c.descales)
         cfg = sm90_config(D, p.dtype)
         value = c.value
@@ -98,7 +107,7 @@ class Sm90Backend(Backend):
             BLOCK_M=cfg.block_m, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             RETURN_LSE=p.return_lse, HAS_DESCALE=descales[0] is not None, P_SHIFT=P_SHIFT if p.fp8 else 0,
             V_SEQ_MAJOR=p.fp8, SEPARATE_O=p.out_dtype != p.dtype, PINGPONG=cfg.pingpong, EXP2_FMA=cfg.exp2_fma,
-            REVERSE_M=True,
+            REVERSE_M=True, FLEX=flex_mode(Sk),
             SCORE_MOD=smod.gluon_fn() if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
             num_warps=4,
         )
