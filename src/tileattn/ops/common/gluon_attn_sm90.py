@@ -106,15 +106,16 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
         kv_f = (n0.to(gl.float32) + o_n.to(gl.float32))[None, :]
         if SCORE_MOD is not None:  # (without one the scale is folded into sm_scale: _consumer)
             qk = SCORE_MOD(qk * fm[2], fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_s)
-        if FLEX == FLEX_TAIL:  # Sk is not a multiple of the mask's blocks: the keys past it (zero-filled by the
-            # copy engine) are hidden in every block, full ones included (a runtime branch: the last block only)
-            if n0 + qk.shape[1] > seqlen_k:
-                qk = gl.where((n0 + o_n < seqlen_k)[None, :], qk, float("-inf"))
     if MASKED:
-        if FLEX:  # mask_mod alone decides (padding keys: above)
+        if FLEX:  # mask_mod decides; FLEX_TAIL (Sk not a multiple of the mask's blocks): the keys past Sk too
+            # (zero-filled by the copy engine; the ragged last block is always walked masked: tile_blocks)
             if MASK_MOD is not None:
-                qk = gl.where(MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_m), qk,
-                              float("-inf"))
+                keep = MASK_MOD(fm[0], fm[1], o_m[:, None], (n0 + o_n)[None, :], q_f, kv_f, caps_m)
+                if FLEX == FLEX_TAIL:
+                    keep = keep & (n0 + o_n < seqlen_k)[None, :]
+                qk = gl.where(keep, qk, float("-inf"))
+            elif FLEX == FLEX_TAIL:
+                qk = gl.where((n0 + o_n < seqlen_k)[None, :], qk, float("-inf"))
         else:
             keep = _visible(o_m, n0 + o_n, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT)
             qk = gl.where(keep, qk, float("-inf"))
@@ -196,7 +197,8 @@ def _turn_pass(turns, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end, o_m, o_n, q_smem, k_bufs, v_bufs,
+def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, tail, b_start, b_end, o_m, o_n, q_smem, k_bufs,
+                     v_bufs,
                      k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
                      softcap_out, fm, caps_s, caps_m, turns, t, WG: gl.constexpr, PINGPONG: gl.constexpr,
                      MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
@@ -229,7 +231,7 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
         acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         t = _turn_pass(turns, t, WG, PINGPONG)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
-        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, block_start(it, n_lo, lst, base, BLOCK_N, FLEX), o_m,
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, block_start(it, n_lo, lst, base, tail, BLOCK_N, FLEX), o_m,
                                             o_n, MASKED, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
                                             softcap_out, fm, caps_s, caps_m, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                             P_SHIFT, EXP2_FMA, FLEX, SCORE_MOD, MASK_MOD)
@@ -245,7 +247,7 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, b_start, b_end
 @gluon.jit
 def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem, k_bufs, v_bufs,
                        k_ready, v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
-                       softcap_out, n_part, part, full, fm, caps_s, caps_m, turns, t, WG: gl.constexpr,
+                       softcap_out, n_part, tail, fm, caps_s, caps_m, turns, t, WG: gl.constexpr,
                        PINGPONG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                        HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                        o_layout: gl.constexpr,
@@ -253,7 +255,8 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
                        SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
     """All the CTA's key blocks, software-pipelined (FlashAttention-3's intra-warpgroup overlap): block 0's
     scores, then masked / unmasked / masked steady-state ranges, then the p.v of the last block. Flex: the
-    masked range is the block mask's partial list (b_full_lo = n_part), the unmasked one its full list."""
+    masked range is the block mask's partial list (b_full_lo = n_part; FLEX_TAIL: and a ragged full block first),
+    the unmasked one its full list."""
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     D: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
@@ -265,9 +268,9 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
     p_carry = _p_carry(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), dtype, p_layout, V_SEQ_MAJOR)
     if n_blocks > 0:
         if n_part > 0:
-            n_first = block_start(0, n_lo, part, 0, BLOCK_N, FLEX)
+            n_first = block_start(0, n_lo, tail[1], 0, tail, BLOCK_N, FLEX)
         else:
-            n_first = block_start(0, n_lo, full, 0, BLOCK_N, FLEX)
+            n_first = block_start(0, n_lo, tail[2], 0, tail, BLOCK_N, FLEX)
         mbarrier.wait(k_ready.index(kv % STAGES), (kv // STAGES) & 1)
         _turn_wait(turns, t, WG, PINGPONG)
         qk = warpgroup_mma(q_smem, k_bufs.index(kv % STAGES).reshape([BLOCK_N, D]).permute((1, 0)),
@@ -284,17 +287,17 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
     b2 = gl.maximum(b_full_hi, b1)
     # masked blocks [1, b1), unmasked [b1, b2), masked [b2, n_blocks) (flex: b2 = n_blocks, the full list last)
     acc, m_i, l_i, p_carry, t = _pipelined_steps(
-        acc, m_i, l_i, p_carry, kv, n_lo, part, 0, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+        acc, m_i, l_i, p_carry, kv, n_lo, tail[1], 0, tail, 1, b1, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready, v_ready,
         kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, turns,
         t, WG, PINGPONG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
         EXP2_FMA, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
     acc, m_i, l_i, p_carry, t = _pipelined_steps(
-        acc, m_i, l_i, p_carry, kv, n_lo, full, n_part, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready, v_ready,
-        kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m, turns,
-        t, WG, PINGPONG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
+        acc, m_i, l_i, p_carry, kv, n_lo, tail[2], n_part, tail, b1, b2, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
+        v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
+        turns, t, WG, PINGPONG, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout, p_layout, P_SHIFT,
         EXP2_FMA, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
     acc, m_i, l_i, p_carry, t = _pipelined_steps(
-        acc, m_i, l_i, p_carry, kv, n_lo, part, 0, b2, n_blocks, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
+        acc, m_i, l_i, p_carry, kv, n_lo, tail[1], 0, tail, b2, n_blocks, o_m, o_n, q_smem, k_bufs, v_bufs, k_ready,
         v_ready, kv_empty, seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, fm, caps_s,
         caps_m, turns, t, WG, PINGPONG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout,
         p_layout, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
@@ -382,13 +385,14 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
-    m0_cta, n_lo, n_blocks, n_part, part, full = tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
-                                                              right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
-                                                              HAS_RIGHT, FLEX)
+    m0_cta, n_lo, n_blocks, n_part, tail = tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
+                                                        right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                                        FLEX, 4)
     m0 = m0_cta + WG * BLOCK_M
     m_last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
-    if FLEX:  # the block mask's partial blocks (masked), then its full ones; flex tiles are whole (Sq % 128 = 0)
-        b_full_lo = n_part
+    if FLEX:  # the block mask's partial blocks (masked), then its full ones (FLEX_TAIL: a ragged full block first,
+        # masked; rows past Sq are computed, not stored)
+        b_full_lo = n_part + tail[4].to(gl.int32)
         b_full_hi = n_blocks
     else:
         _, _, full_lo, full_hi = _key_range(m0, m_last, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
@@ -411,7 +415,7 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     mbarrier.wait(q_ready.index(slot), (j // Q_SLOTS) & 1)
     acc, m_i, l_i, t = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
                                           k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
-                                          right, sm_scale, softcap_scale, softcap_out, n_part, part, full,
+                                          right, sm_scale, softcap_scale, softcap_out, n_part, tail,
                                           (i_b, i_h, flex_scale), caps_s, caps_m, turns, t, WG, PINGPONG,
                                           HAS_LEFT, HAS_RIGHT,
                                        HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, FLEX,

@@ -10,6 +10,7 @@ from . import masking
 from .gluon_compat import tma_load
 
 _key_range = gluon.jit(masking.key_range.fn)
+FLEX_TAIL = gl.constexpr(masking.FLEX_TAIL)
 
 
 @gluon.jit
@@ -54,22 +55,53 @@ def flex_lists(fx, i_b, i_h, i_m):
 
 @gluon.jit
 def tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS: gl.constexpr,
-                 BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, FLEX: gl.constexpr):
-    """(first query row, first key, key blocks, partial blocks, partial list, full list) of a tile. Dense: the
-    window model's key range (lists unused); flex: the block mask's partial blocks, then its full ones."""
+                 BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, FLEX: gl.constexpr,
+                 WARPS: gl.constexpr):
+    """(first query row, first key, key blocks, partial blocks, tail) of a tile, tail = (partial blocks, partial
+    list, full list, ragged position, ragged first) for block_start. Dense: the window model's key range (lists
+    unused); flex: the block mask's partial blocks, then its full ones. FLEX_TAIL (Sk not a multiple of BLOCK_N):
+    a full list that holds the last, ragged key block has it taken out and walked first, so that it is masked
+    (block 0 always is) and the full blocks' steps need no bound; WARPS: the calling partition's warps."""
     if FLEX:
         n_part, n_full, part, full = flex_lists(fx, i_b, i_h, i_m)
-        return i_m * ROWS, 0, n_part + n_full, n_part, part, full
+        if FLEX == FLEX_TAIL:
+            rag = _position(full, n_full, gl.cdiv(seqlen_k, BLOCK_N) - 1, WARPS)
+        else:
+            rag = n_full
+        return i_m * ROWS, 0, n_part + n_full, n_part, (n_part, part, full, rag, rag < n_full)
     else:
         m0, n_lo, n_blocks = _tile_keys(i_m, seqlen_q, seqlen_k, off_diag, left, right, ROWS, BLOCK_N, HAS_LEFT,
                                         HAS_RIGHT)
-        return m0, n_lo, n_blocks, 0, fx[1], fx[3]
+        return m0, n_lo, n_blocks, 0, (0, fx[1], fx[3], 0, False)
 
 
 @gluon.jit
-def block_start(it, n_lo, lst, base, BLOCK_N: gl.constexpr, FLEX: gl.constexpr):
-    """First key of the tile's block `it`: n_lo + it * BLOCK_N, or (flex) entry it - base of a block list."""
-    if FLEX:
+def _position(lst, n, value, WARPS: gl.constexpr):
+    """Position of `value` in a block list of n entries (n if absent), read 32 * WARPS entries at a time."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    pos = n
+    for c in range(0, n, 32 * WARPS):
+        offs = c + gl.arange(0, 32 * WARPS, layout=layout)
+        e = gl.load(lst + offs, mask=offs < n, other=-1)
+        pos = gl.minimum(pos, gl.min(gl.where(e == value, offs, n), 0))
+    return pos
+
+
+@gluon.jit
+def block_start(it, n_lo, lst, base, tail, BLOCK_N: gl.constexpr, FLEX: gl.constexpr):
+    """First key of the tile's block `it`: n_lo + it * BLOCK_N, or (flex) entry it - base of a block list, or
+    (FLEX_TAIL) block `it` of the order tile_blocks describes, from its tail: selects, no branch (it is used
+    in the consumers' pipelined loops)."""
+    if FLEX == FLEX_TAIL:
+        n_part, part, full, rag, ragged_first = tail
+        j = it - ragged_first.to(gl.int32)
+        f = j - n_part
+        f = f + (f >= rag).to(gl.int32)  # (the ragged entry skipped)
+        first = ragged_first & (it == 0)
+        f = gl.where(first, rag, f)
+        in_part = (j >= 0) & (j < n_part) & (~first)
+        return gl.load(gl.where(in_part, part + j, full + f)) * BLOCK_N
+    elif FLEX:
         return gl.load(lst + it - base) * BLOCK_N
     else:
         return n_lo + it * BLOCK_N
@@ -106,16 +138,15 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
     i_hk = i_h // group_size
-    m0, n_lo, n_blocks, n_part, part, full = tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left,
-                                                          right, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT,
-                                                          HAS_RIGHT, FLEX)
+    m0, n_lo, n_blocks, n_part, tail = tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right,
+                                                    NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, FLEX, 1)
     Q_SLOTS: gl.constexpr = q_ready.shape[0]
     if Q_SLOTS == 1:
         first = gl.minimum(n_blocks, STAGES)
     else:
         first = 0
-    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, 0, first, n_lo, n_part, part, full,
-             i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, 0, first, n_lo, n_part, tail, i_b,
+             i_hk, STAGES, V_SEQ_MAJOR, FLEX)
     slot = j % Q_SLOTS
     # slots and buffers start free: the first wait on an `empty` barrier passes (parity 1 of a fresh one)
     mbarrier.wait(q_empty.index(slot), ((j // Q_SLOTS) & 1) ^ 1)
@@ -123,14 +154,14 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     for c in gl.static_range(NUM_CONSUMERS):
         tma_load(q_desc, [i_b, m0 + c * BLOCK_M, i_h, 0], q_ready.index(slot),
                                         q_bufs.index(slot * NUM_CONSUMERS + c))
-    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, n_part, part,
-             full, i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
+    _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, first, n_blocks, n_lo, n_part, tail,
+             i_b, i_hk, STAGES, V_SEQ_MAJOR, FLEX)
     return j + 1, kv + n_blocks
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_lo, it_hi, n_lo, n_part, part,
-             full, i_b, i_hk, STAGES: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
+def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_lo, it_hi, n_lo, n_part, tail,
+             i_b, i_hk, STAGES: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
     """K/V blocks it_lo..it_hi - 1 of a tile (keys from n_lo; flex: the partial then the full list) into ring
     positions kv + it."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -138,9 +169,9 @@ def _load_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv, it_
         s = (kv + it) % STAGES
         phase = ((kv + it) // STAGES) & 1
         if it < n_part:
-            n0 = block_start(it, n_lo, part, 0, BLOCK_N, FLEX)
+            n0 = block_start(it, n_lo, tail[1], 0, tail, BLOCK_N, FLEX)
         else:
-            n0 = block_start(it, n_lo, full, n_part, BLOCK_N, FLEX)
+            n0 = block_start(it, n_lo, tail[2], n_part, tail, BLOCK_N, FLEX)
         mbarrier.wait(kv_empty.index(s), phase ^ 1)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma_load(k_desc, [i_b, n0, i_hk, 0], k_ready.index(s), k_bufs.index(s))
