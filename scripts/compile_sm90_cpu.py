@@ -147,9 +147,9 @@ def flex(dt, D, which, gluon=True, bwd_sm90=False, N=1024):
     fn = mods.alibi(mods.alibi_slopes(H, device="cpu"))  # (held: the trace holds captures weakly)
     if which.startswith("alibi"):  # alibi, alibi_causal
         smod = compile_mod(fn, "score")
-    elif which == "softcap":
+    elif which.startswith("softcap"):  # softcap, softcap_causal
         smod = compile_mod(lambda s, b, h, qi, ki: 30.0 * torch.tanh(s / 30.0), "score")
-    if which in ("causal", "alibi_causal"):
+    if which in ("causal", "alibi_causal", "softcap_causal"):
         mmod = compile_mod(mods.causal, "mask")
         nb = -(-N // 128)
         num = torch.full((1, 1, nb), 1, dtype=torch.int32)

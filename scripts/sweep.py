@@ -253,6 +253,10 @@ def flex_fwd(a):
 
     from tileattn.bench import flex as fx
     from tileattn.ops.common.configs import sm90_config
+    from tileattn.ops.common.masking import FLEX_TAIL
+    from tileattn.ops.flex import launch_sm90
+    if a.force_tail:
+        launch_sm90.flex_mode = lambda seqlen_k: FLEX_TAIL
     B, H, D, N = fx.B, fx.H, fx.D, a.n
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     variants = sm90_variants(a.variants, sm90_config(D, torch.bfloat16))
@@ -677,6 +681,8 @@ def main():
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--variants", default="", help="as fwd's")
     p.add_argument("--tag", default="", help="printed before each line")
+    p.add_argument("--force-tail", action="store_true",
+                   help="the Hopper kernel's tail mode (FLEX_TAIL) even where N is a multiple of 128 (its cost alone)")
     p.set_defaults(func=flex_fwd)
     p = sub.add_parser("bwd", help="backward tiles (dense; flex with --flex)")
     p.add_argument("--quick", action="store_true", help="N 1K and 4K only")

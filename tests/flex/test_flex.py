@@ -206,34 +206,34 @@ def test_gpu_sm90_ragged_lengths(name, sq, sk, device, sm90_fwd):
     assert len(sm90_fwd) == (1 if on_sm90() else 0)
 
 
-def kv_blocks_mask(num, idx, full_num, full_idx, sq, sk):
-    """A BlockMask from block lists (torch's default noop mask_mod) and the dense [Sq, Sk] visibility it means:
-    listed blocks (partial or full) are wholly visible."""
-    bm = flex_mod.BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=128, seq_lengths=(sq, sk))
-    visible = torch.zeros(-(-sq // 128) * 128, -(-sk // 128) * 128, dtype=torch.bool, device=num.device)
-    for n, ix in ((num, idx), (full_num, full_idx)):
-        for i, row in enumerate(ix[0, 0].tolist()):
-            for j in row[:n[0, 0, i]]:
-                visible[128 * i:128 * (i + 1), 128 * j:128 * (j + 1)] = True
-    return bm, visible[:sq, :sk]
-
-
-@pytest.mark.gpu
-def test_gpu_sm90_ragged_full_block(device, sm90_fwd):
-    """A block mask whose full list holds the last, ragged key block (torch's create_block_mask never makes it
-    full; from_kv_blocks may): its padding keys stay hidden though no mask_mod runs there, under an ALiBi score
-    mod that would give them the largest scores."""
-    sq, sk, H = 300, 333, 2
-    q, k, v = qkv(1, H, sq, sk, 64, torch.float16, device)
+def ragged_full_block_case(H, device, sq=300, sk=333):
+    """(block mask, visible [Sq, Sk], ALiBi slopes, ALiBi bias [H, Sq, Sk]) of a BlockMask made from block lists
+    (BlockMask.from_kv_blocks, torch's default noop mask_mod: listed blocks are wholly visible) whose full lists
+    hold the last, ragged key block, first, later or alone (torch's create_block_mask never makes it full)."""
     i32 = dict(dtype=torch.int32, device=device)
     num, idx = torch.tensor([[[1, 0, 1]]], **i32), torch.tensor([[[[0, 0, 0], [0, 0, 0], [1, 0, 0]]]], **i32)
     fnum = torch.tensor([[[1, 2, 1]]], **i32)
     fidx = torch.tensor([[[[2, 0, 0], [2, 0, 0], [0, 0, 0]]]], **i32)
-    bm, visible = kv_blocks_mask(num, idx, fnum, fidx, sq, sk)
+    bm = flex_mod.BlockMask.from_kv_blocks(num, idx, fnum, fidx, BLOCK_SIZE=128, seq_lengths=(sq, sk))
+    visible = torch.zeros(384, 384, dtype=torch.bool, device=device)
+    for n, ix in ((num, idx), (fnum, fidx)):
+        for i, row in enumerate(ix[0, 0].tolist()):
+            for j in row[:n[0, 0, i]]:
+                visible[128 * i:128 * (i + 1), 128 * j:128 * (j + 1)] = True
     slopes = mods.alibi_slopes(H, device=device)
-    out, lse = tileattn.flex_attention(q, k, v, score_mod=mods.alibi(slopes), block_mask=bm, return_lse=True)
     bias = slopes[:, None, None] * (torch.arange(sk, device=device)[None, :] -
                                     torch.arange(sq, device=device)[:, None])[None]
+    return bm, visible[:sq, :sk], slopes, bias
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_ragged_full_block(device, sm90_fwd):
+    """A block mask whose full lists hold the last, ragged key block: its padding keys stay hidden though no
+    mask_mod runs there, under an ALiBi score mod that would give them the largest scores."""
+    sq, sk, H = 300, 333, 2
+    q, k, v = qkv(1, H, sq, sk, 64, torch.float16, device)
+    bm, visible, slopes, bias = ragged_full_block_case(H, device, sq, sk)
+    out, lse = tileattn.flex_attention(q, k, v, score_mod=mods.alibi(slopes), block_mask=bm, return_lse=True)
 
     def ref(dtype):
         s = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)).float() * 64 ** -0.5 + bias

@@ -187,17 +187,10 @@ def test_gpu_flex_backward_sm90_ragged_d64_gqa(device, sm90_bwd):
 def test_gpu_flex_backward_sm90_ragged_full_block(device, sm90_bwd):
     """The last, ragged key and query blocks in the mask's full list (from_kv_blocks): no mask_mod runs there, the
     padding is masked all the same."""
-    from tests.flex.test_flex import kv_blocks_mask
+    from tests.flex.test_flex import ragged_full_block_case
     sq, sk, H = 300, 333, 2
     q, k, v = qkv(1, H, sq, sk, 128, torch.bfloat16, device)
-    i32 = dict(dtype=torch.int32, device=device)
-    num, idx = torch.tensor([[[1, 0, 1]]], **i32), torch.tensor([[[[0, 0, 0], [0, 0, 0], [1, 0, 0]]]], **i32)
-    fnum = torch.tensor([[[1, 2, 1]]], **i32)
-    fidx = torch.tensor([[[[2, 0, 0], [2, 0, 0], [0, 0, 0]]]], **i32)
-    bm, visible = kv_blocks_mask(num, idx, fnum, fidx, sq, sk)
-    slopes = mods.alibi_slopes(H, device=device)
-    bias = slopes[:, None, None] * (torch.arange(sk, device=device)[None, :] -
-                                    torch.arange(sq, device=device)[:, None])[None]
+    bm, visible, slopes, bias = ragged_full_block_case(H, device, sq, sk)
     x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     dout = randn(1, H, sq, 128, dtype=torch.bfloat16, device=device)
     got = torch.autograd.grad(tileattn.flex_attention(*x, score_mod=mods.alibi(slopes), block_mask=bm), x, dout)

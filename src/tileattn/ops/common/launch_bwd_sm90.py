@@ -150,16 +150,17 @@ def zero_args(counters, programs, unused):
     return (counters, n), dict(ZERO_CHUNK=chunk)
 
 
-def convert(launch, acc, counters, dq, lse, counts, scale, zero_unseen, q_blocks=None):
+def convert(launch, acc, counters, dq, lse, counts, scale, zero_unseen):
     """Launches dQ = scale * sums (acc [B * Hq * query blocks * block_m(D), D] float32) into dq [B, Sq, Hq, D] (a
-    view in any strides); counts = (heads_kv, key blocks); counters: the kernel's counter buffer (counter_count).
+    view in any strides); counts = (heads_kv, key blocks[, query blocks]), the query blocks (the sums' rows per
+    head over block_m(D)) where the kernel has more than Sq needs (flex: whole mask blocks); counters: the
+    kernel's counter buffer (counter_count).
     Launched with programmatic dependent launch: its programs start on the SMs the backward's tail frees, each
     waiting for its head's done counter to reach WRITERS * key blocks. zero_unseen: rows whose lse [B, Hq, Sq] is
-    -inf get 0 (their sums may be unwritten). q_blocks: the kernel's query blocks per head (the sums' rows per
-    head over block_m(D)), if more than Sq needs (flex: whole mask blocks)."""
+    -inf get 0 (their sums may be unwritten)."""
     batch, seqlen_q, heads_q, d = dq.shape
-    heads_kv, kv_blocks = counts
-    q_blocks = q_blocks or triton.cdiv(seqlen_q, block_m(d))
+    heads_kv, kv_blocks = counts[:2]
+    q_blocks = counts[2] if len(counts) > 2 else triton.cdiv(seqlen_q, block_m(d))
     launch(bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, 64), batch * heads_q), (
         acc, dq, lse, counters, dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1), seqlen_q,
         heads_q, heads_q // heads_kv, counter_count(batch, heads_q, heads_kv, q_blocks)[0], WRITERS * kv_blocks,

@@ -83,4 +83,4 @@ def flex_bwd_sm90(p, c, dout, delta, grads, counters):
         SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
         FLEX=_flex_mode(p), **meta)
     pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, counters, dq.transpose(1, 2), lse,
-                     (p.heads_kv, nk), p.scale, True, q_blocks=mb)
+                     (p.heads_kv, nk, mb), p.scale, True)
