@@ -209,11 +209,12 @@ def test_gpu_sm90_ragged_lengths(name, sq, sk, device, sm90_fwd):
 def ragged_full_block_case(H, device, sq=300, sk=333):
     """(block mask, visible [Sq, Sk], ALiBi slopes, ALiBi bias [H, Sq, Sk]) of a BlockMask made from block lists
     (BlockMask.from_kv_blocks, torch's default noop mask_mod: listed blocks are wholly visible) whose full lists
-    hold the last, ragged key block, first, later or alone (torch's create_block_mask never makes it full)."""
+    hold the last, ragged key block first, in the middle and last, with and without partial blocks (torch's
+    create_block_mask never makes it full)."""
     i32 = dict(dtype=torch.int32, device=device)
     num, idx = torch.tensor([[[1, 0, 1]]], **i32), torch.tensor([[[[0, 0, 0], [0, 0, 0], [1, 0, 0]]]], **i32)
-    fnum = torch.tensor([[[1, 2, 1]]], **i32)
-    fidx = torch.tensor([[[[2, 0, 0], [2, 0, 0], [0, 0, 0]]]], **i32)
+    fnum = torch.tensor([[[1, 3, 2]]], **i32)
+    fidx = torch.tensor([[[[2, 0, 0], [0, 2, 1], [0, 2, 0]]]], **i32)
     bm = flex_mod.BlockMask.from_kv_blocks(num, idx, fnum, fidx, BLOCK_SIZE=128, seq_lengths=(sq, sk))
     visible = torch.zeros(384, 384, dtype=torch.bool, device=device)
     for n, ix in ((num, idx), (fnum, fidx)):
