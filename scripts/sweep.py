@@ -256,7 +256,7 @@ def flex_fwd(a):
     from tileattn.ops.common.masking import FLEX_TAIL
     from tileattn.ops.flex import launch_sm90
     if a.force_tail:
-        launch_sm90.flex_mode = lambda seqlen_k: FLEX_TAIL
+        launch_sm90.flex_mode = lambda *seqlens: FLEX_TAIL
     B, H, D, N = fx.B, fx.H, fx.D, a.n
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     variants = sm90_variants(a.variants, sm90_config(D, torch.bfloat16))

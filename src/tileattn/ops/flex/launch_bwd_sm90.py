@@ -11,10 +11,9 @@ import triton
 
 from ..common import launch_bwd_sm90 as pipeline
 from ..common.launch_bwd_sm90 import BLOCK_N
-from ..common.masking import FLEX_TAIL, FLEX_WHOLE
 from ..common.softmax import LOG2E
 from ..common.tma import gluon_desc
-from .launch_sm90 import BLOCK, mask_lists
+from .launch_sm90 import BLOCK, flex_mode, mask_lists
 from .problem import mask_strides, mod_captures
 from .trace import capture_args
 
@@ -25,21 +24,21 @@ def reason(p, dout):
         return "query, key or value is not aligned for tensor descriptors (16-byte base and strides)"
     if (p.q_block, p.kv_block) != (BLOCK, BLOCK):
         return f"mask blocks {p.q_block} x {p.kv_block}: it serves {BLOCK} x {BLOCK} blocks"
-    rows = p.batch * p.heads_q * triton.cdiv(p.seqlen_q, BLOCK) * BLOCK  # the sums' rows (_q_blocks)
+    rows = p.batch * p.heads_q * _sum_rows(p)
     items = triton.cdiv(p.seqlen_k, BLOCK) * p.batch * p.heads_kv
     return pipeline.reason(p.device, p.dtype, p.head_dim, p.head_dim_v, (dout.transpose(1, 2),), (rows, items),
                            min(p.seqlen_q, p.seqlen_k))
 
 
+def _sum_rows(p):
+    """The dQ sums' rows per query head: whole mask blocks, the last one's padding rows too when it ends past Sq
+    (the kernel walks its steps and adds to those rows; the conversion never reads them)."""
+    return triton.cdiv(p.seqlen_q, BLOCK) * BLOCK
+
+
 def _q_blocks(p):
-    """The kernel's query blocks (of block_m rows) per head: every mask block's steps, the last one's too when
-    it ends past Sq (its padding steps add to sums rows that the conversion never reads)."""
-    return triton.cdiv(p.seqlen_q, BLOCK) * (BLOCK // pipeline.block_m(p.head_dim))
-
-
-def _flex_mode(p):
-    """The kernel's FLEX mode (ops/common/gluon_bwd_sm90.py): whole blocks, or padding to mask."""
-    return FLEX_TAIL if p.seqlen_q % BLOCK or p.seqlen_k % BLOCK else FLEX_WHOLE
+    """The kernel's query blocks (of block_m rows) per head (the turn counters' count)."""
+    return _sum_rows(p) // pipeline.block_m(p.head_dim)
 
 
 def _fx(lists):
@@ -69,7 +68,7 @@ def flex_bwd_sm90(p, c, dout, delta, grads, counters):
     meta = pipeline.meta(d)
     # every query block's sums are written (stored by its first key block, or never: rows that saw no key,
     # which the conversion zeroes by their lse), so no zero fill
-    acc = torch.empty(p.batch * p.heads_q * mb * bm, d, dtype=torch.float32, device=p.device)
+    acc = torch.empty(p.batch * p.heads_q * _sum_rows(p), d, dtype=torch.float32, device=p.device)
     lse = c.lse
     smod, mmod = p.score_mod, p.mask_mod
     grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, False)  # (no rotated walks: one per item)
@@ -81,6 +80,6 @@ def flex_bwd_sm90(p, c, dout, delta, grads, counters):
         p.seqlen_k, p.heads_kv, p.group, mb, nk, items, float(p.scale), float(p.scale * LOG2E), fx, fk,
         *(capture_args(t) for t in mod_captures(p, c)),
         SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
-        FLEX=_flex_mode(p), **meta)
+        FLEX=flex_mode(p.seqlen_q, p.seqlen_k), **meta)
     pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, counters, dq.transpose(1, 2), lse,
                      (p.heads_kv, nk, mb), p.scale, True)

@@ -37,9 +37,11 @@ def mask_lists(lists, num_kv, num_q, device):
     return num, idx, fnum, fidx
 
 
-def flex_mode(seqlen_k):
-    """The pipeline's FLEX mode (masking.py): whole key blocks, or a last one that ends past seqlen_k."""
-    return FLEX_TAIL if seqlen_k % BLOCK else FLEX_WHOLE
+def flex_mode(*seqlens):
+    """The Hopper pipelines' FLEX mode (masking.py) for sequence lengths `seqlens`: whole mask blocks, or a last
+    block that ends past one of them (the forward passes Sk: its padding rows are never stored; the backward
+    passes Sq and Sk)."""
+    return FLEX_TAIL if any(n % BLOCK for n in seqlens) else FLEX_WHOLE
 
 
 def _grid_config(cfg):
