@@ -176,16 +176,6 @@ def test_gpu_sm90_ready_mods(name, D, dtype, device, sm90_fwd):
     assert len(sm90_fwd) == (1 if on_sm90() else 0)
 
 
-@pytest.fixture
-def sm90_fwd(monkeypatch):
-    """Counts the flex Hopper forward's launches (a test that expects it on sm90 checks the count)."""
-    from tileattn.ops.flex import launch_sm90
-    calls = []
-    real = launch_sm90.Sm90Backend.run
-    monkeypatch.setattr(launch_sm90.Sm90Backend, "run", lambda *a: calls.append(1) or real(*a))
-    return calls
-
-
 def on_sm90():
     return torch.cuda.get_device_capability()[0] == 9
 

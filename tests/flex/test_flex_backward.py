@@ -174,6 +174,22 @@ def test_gpu_flex_backward_sm90_ragged(name, sq, sk, device, sm90_bwd):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("sq,sk", [(64, 1), (300, 200)])
+def test_gpu_flex_sm90_ragged_edges(sq, sk, device, sm90_fwd, sm90_bwd):
+    """A single key, and rows that see no key (out 0, lse -inf; zero gradients), on the Hopper forward and backward
+    at ragged lengths, GQA, through the lse."""
+    from tests.flex.test_flex import check, on_sm90
+    q, k, v = qkv(2, 4, sq, sk, 128, torch.bfloat16, device, hkv=2)
+    score_mod = mods.alibi(mods.alibi_slopes(4, device=device))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx % 7 != 3) & (kv_idx <= q_idx)
+    check(q, k, v, score_mod, mask_mod, gqa=True)
+    check_grads(q, k, v, score_mod, mask_mod, gqa=True, with_lse=True)
+    assert len(sm90_fwd) == (2 if on_sm90() else 0) and sm90_bwd
+
+
+@pytest.mark.gpu
 def test_gpu_flex_backward_sm90_ragged_d64_gqa(device, sm90_bwd):
     """D = 64 (128-row steps), GQA and a mask broadcast over batch and heads, ragged lengths."""
     q, k, v = qkv(2, 8, 700, 900, 64, torch.float16, device, hkv=2)
