@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [sanitize-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [sanitize-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -161,6 +161,11 @@ for s in $steps; do
       timeout ${FLEX_TIMEOUT:-580} python3 -c "from tileattn.bench.flex import run; run(out_json='$OUT/flex_tail.json', seqlens=(${FLEX_TAIL_N:-8000},))" > "$OUT/bench_flex_tail.log" 2>&1; rc=$?
       summary+=("bench-flex-tail rc=$rc: $(grep '^summary' "$OUT/bench_flex_tail.log")")
       grep -v Warn "$OUT/bench_flex_tail.log" | head -40 ;;
+    flex-small)
+      # the flex forward at a short N (host time against kernel time, ours and torch flex's; cProfile of ours)
+      timeout 300 python3 scripts/profile_kernels.py flex-small --N ${FLEX_SMALL_N:-2048} > "$OUT/flex_small.log" 2>&1; rc=$?
+      summary+=("flex-small rc=$rc")
+      grep -E "^FLEX|[Ss]ync" "$OUT/flex_small.log" | head -30 ;;
     bwd-tests)
       timeout 400 python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py tests/dense/test_backward_split.py tests/flex/test_flex_backward.py > "$OUT/bwd_tests.log" 2>&1; rc=$?
       summary+=("bwd-tests rc=$rc: $(tail -n 1 "$OUT/bwd_tests.log")")

@@ -22,6 +22,11 @@
         the GPU is behind), whether every cached launcher replays directly, then cProfile's top entries of 50
         backward calls. No profiler runs before these (torch.profiler may leave launch hooks installed, which
         send launches the slow way).
+    profile_kernels.py flex-small [--N 2048]
+        the flex bench's six rows at a short N (bf16, B=4, H=16, D=128): "FLEX ..." lines with the timed us per
+        forward, the kernels' GPU time and the host issue time, ours and compiled torch flex's, then the same for
+        the backward alone (causal, ALiBi, documents); then, causal and ALiBi, the host time with the GPU idle,
+        synchronizing operations (torch's sync debug mode) and cProfile's top entries of 50 calls.
     profile_kernels.py split [--B 1] [--H 16] [--N 4096] [--D 256,512]
         per-kernel GPU time of the split backward (launch_bwd_large_d.py), causal and not: "SPLIT ..." lines.
     profile_kernels.py bwd
@@ -253,6 +258,76 @@ def host(a):
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
+def flex_small(a):
+    """The flex bench's rows at a short N: timed, kernels' GPU time and host issue time per forward call, ours
+    and compiled torch flex's; then a cProfile of our causal forward (where its host time goes)."""
+    import cProfile
+    import pstats
+
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    import tileattn
+    from tileattn.bench import flex as fb
+    from tileattn.bench.common import do_bench
+    torch_flex = fb._torch_flex()
+    q, k, v = (torch.randn(fb.B, fb.H, a.N, fb.D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    calls = {}
+    for name, (smod, mmod) in fb.make_mods(a.N, q.device).items():
+        bm = create_block_mask(mmod, None, None, a.N, a.N, device="cuda") if mmod else None
+        calls[name] = {"tileattn": lambda s=smod, b=bm: tileattn.flex_attention(q, k, v, score_mod=s, block_mask=b),
+                       "flex": lambda s=smod, b=bm: torch_flex(q, k, v, score_mod=s, block_mask=b)}
+    for name, fns in calls.items():
+        for prov, fn in fns.items():
+            fn()
+            ms = do_bench(fn)
+            kern = sum(t for t, _ in kernel_times(fn))
+            for _ in range(3):  # a long kernel first: the GPU stays behind the host while it issues the calls
+                x @ x
+            t0 = time.perf_counter()
+            for _ in range(50):
+                fn()
+            issue = (time.perf_counter() - t0) / 50 * 1e6
+            torch.cuda.synchronize()
+            print(f"FLEX N={a.N} {name:>15} {prov:>9}: timed {ms * 1e3:7.1f} us, kernels {kern * 1e3:7.1f} us, "
+                  f"host issue {issue:6.1f} us per call", flush=True)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    for name, (smod, mmod) in fb.make_mods(a.N, q.device).items():  # the backward alone (a retained graph)
+        if name not in ("causal", "alibi_causal", "document"):
+            continue
+        bm = create_block_mask(mmod, None, None, a.N, a.N, device="cuda")
+        for prov, f in (("tileattn", tileattn.flex_attention), ("flex", torch_flex)):
+            out = f(qg, kg, vg, score_mod=smod, block_mask=bm)
+            fn = lambda out=out: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)  # noqa: E731
+            fn()
+            ms = do_bench(fn)
+            kern = sum(t for t, _ in kernel_times(fn))
+            for _ in range(3):
+                x @ x
+            t0 = time.perf_counter()
+            for _ in range(20):
+                fn()
+            issue = (time.perf_counter() - t0) / 20 * 1e6
+            torch.cuda.synchronize()
+            print(f"FLEX N={a.N} {name:>15} {prov:>9} backward: timed {ms * 1e3:7.1f} us, kernels {kern * 1e3:7.1f} "
+                  f"us, host issue {issue:6.1f} us per call", flush=True)
+    for name in ("causal", "alibi_causal"):
+        fn = calls[name]["tileattn"]
+        print(f"FLEX N={a.N} {name:>15}  tileattn: host {host_us(fn, 50):6.1f} us per call with the GPU idle",
+              flush=True)
+        torch.cuda.set_sync_debug_mode("warn")  # any synchronizing operation in a call warns
+        fn()
+        torch.cuda.set_sync_debug_mode(0)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(50):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("cumtime").print_stats(40)
+
+
 def bwd(a, N=8192):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -326,6 +401,9 @@ def main():
     p.add_argument("--only", default="", help="a regular expression: the cases whose names match it")
     p.add_argument("--no-cprofile", action="store_true", help="no cProfile of the backward after the timings")
     p.set_defaults(func=host)
+    p = sub.add_parser("flex-small", help="timed vs kernel vs host time of the flex bench's rows at a short N")
+    p.add_argument("--N", type=int, default=2048)
+    p.set_defaults(func=flex_small)
     p = sub.add_parser("split", help="per-kernel GPU time of the split backward (D > 128, torch.profiler)")
     p.add_argument("--B", type=int, default=1)
     p.add_argument("--H", type=int, default=16)

@@ -20,8 +20,9 @@ and each pointer the kernel was specialized as 16-byte aligned still is; any of 
 call through the normal path (which re-specializes as Triton always does).
 
 Varying parameters may be pointers (pass the tensor), host tensor descriptors (pass the new base tensor;
-shape, strides, block shape and layout stay those of the example descriptor), and non-specialized scalars
-(floats, bools). Integers are specialized by Triton (value 1, divisibility by 16), so they must be frozen
+shape, strides, block shape and layout stay those of the example descriptor), non-specialized scalars
+(floats, bools), and pointers inside a flat tuple parameter, named (name, index) (the tuple's other elements
+stay frozen). Integers are specialized by Triton (value 1, divisibility by 16), so they must be frozen
 and keyed by the caller; every pointer and descriptor parameter must be varying (a frozen one would keep
 pointing at the example's memory).
 
@@ -95,13 +96,18 @@ class KernelLauncher:
         self._values = list(bound.arguments.values())  # every parameter, in order
         self._options = {k: v for k, v in kwargs.items() if k not in sig.parameters}
         names = list(sig.parameters)
-        self._varying = tuple(names.index(n) for n in varying)
+        # (parameter index, index in its tuple or -1)
+        self._varying = tuple((names.index(n), -1) if isinstance(n, str) else (names.index(n[0]), n[1])
+                              for n in varying)
         self._names = names
-        self._is_desc = tuple(_is_descriptor(self._values[i]) for i in self._varying)
-        for i, is_desc in zip(self._varying, self._is_desc):
+        self._is_desc = tuple(k < 0 and _is_descriptor(self._values[i]) for i, k in self._varying)
+        for (i, k), is_desc in zip(self._varying, self._is_desc):
             # keep no reference to the example's tensors (a plan may outlive them by far); a descriptor
             # stays as the template of the per-call ones, without its base
-            self._values[i] = _without_base(self._values[i]) if is_desc else None
+            if k >= 0:
+                self._values[i] = _replace_item(self._values[i], k, None)
+            else:
+                self._values[i] = _without_base(self._values[i]) if is_desc else None
         self._direct = None
         self._tried_direct = not DIRECT
         self.compiled = None  # the kernel the last normal-path call compiled (its .metadata: registers, shared)
@@ -112,6 +118,7 @@ class KernelLauncher:
         if d is None or d.get_device() != d.device or _hooks_installed():
             return self._normal(grid, values)
         args = d.template.copy()
+        leaves = None  # tuple arguments being rebuilt: position -> list of its elements
         for pos, mask, tmaps, val in zip(d.positions, d.masks, d.tmaps, values):
             if mask < 0:  # a scalar
                 args[pos] = val
@@ -119,11 +126,21 @@ class KernelLauncher:
             ptr = val.data_ptr()
             if ptr & mask:  # the kernel assumed 16-byte alignment: let Triton specialize again
                 return self._normal(grid, values)
-            if tmaps is None:
-                args[pos] = ptr
-            else:
+            if tmaps is not None:
                 tmap = tmaps.get(ptr)
                 args[pos] = tmap if tmap is not None else self._encode(tmaps, val, ptr)
+            elif type(pos) is int:
+                args[pos] = ptr
+            else:  # a pointer in a tuple argument
+                if leaves is None:
+                    leaves = {}
+                items = leaves.get(pos[0])
+                if items is None:
+                    items = leaves[pos[0]] = list(args[pos[0]])
+                items[pos[1]] = ptr
+        if leaves:
+            for pos, items in leaves.items():
+                args[pos] = tuple(items)
         n = len(grid)
         d.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, d.get_stream(d.device), d.function,
               d.coop, d.pdl, None, None, d.packed, None, None, None, *args)
@@ -136,8 +153,11 @@ class KernelLauncher:
     # -- normal path ----------------------------------------------------------------------------------------
     def _bind(self, values):
         args = list(self._values)
-        for i, is_desc, val in zip(self._varying, self._is_desc, values):
-            args[i] = dataclasses.replace(args[i], base=val) if is_desc else val
+        for (i, k), is_desc, val in zip(self._varying, self._is_desc, values):
+            if k >= 0:
+                args[i] = _replace_item(args[i], k, val)
+            else:
+                args[i] = dataclasses.replace(args[i], base=val) if is_desc else val
         return args
 
     def _normal(self, grid, values):
@@ -188,14 +208,31 @@ class KernelLauncher:
         metas = iter(metas)
         for i, (ty, val) in enumerate(zip(signature, args)):
             name = self._names[i]
+            if isinstance(ty, tuple):  # a tuple: its pointers vary, the rest is frozen
+                items = list(val)
+                for k, (ty_k, val_k) in enumerate(zip(ty, val)):
+                    j = varying.get((i, k))
+                    is_ptr = isinstance(ty_k, str) and ty_k.startswith("*")
+                    if j is None and (is_ptr or isinstance(ty_k, tuple)):
+                        raise ValueError(f"KernelLauncher: {name!r}[{k}] ({ty_k}) must be a varying pointer "
+                                         "(nested tuples are not replayed)")
+                    if j is not None:
+                        if not is_ptr:
+                            raise ValueError(f"KernelLauncher: {name!r}[{k}] ({ty_k}) cannot be varying: only "
+                                             "pointers vary inside a tuple")
+                        positions[j] = (len(template), k)
+                        masks[j] = 15 if attrs.get((i, k)) else 0  # tt.divisibility 16
+                        items[k] = val_k.data_ptr()
+                template.append(tuple(items))
+                continue
             is_ptr = isinstance(ty, str) and ty.startswith("*")
             is_desc = isinstance(ty, str) and ty.startswith("tensordesc")
-            if i not in varying:
+            if (i, -1) not in varying:
                 if is_ptr or is_desc:
                     raise ValueError(f"KernelLauncher: pointer/descriptor parameter {name!r} must be varying")
                 template.append(val)
                 continue
-            j = varying[i]
+            j = varying[(i, -1)]
             positions[j] = len(template)
             if is_ptr:
                 masks[j] = 15 if attrs.get((i,)) else 0  # tt.divisibility 16
@@ -255,8 +292,10 @@ def launch_cached(kernel, grid, args, kwargs):
     """`kernel[grid](*args, **kwargs)` through a KernelLauncher kept per specialization: every tensor and
     host tensor descriptor argument varies (a descriptor by its base tensor), every other argument (and the
     tensors' dtypes, the descriptors' shapes, strides, boxes and layouts, the launch options, the device) keys
-    the cache. For kernels called with positional tensors, descriptors and plain scalars (no tuples).
-    Returns (the launcher, the tensors it varies: tensor arguments and descriptor bases, in argument order),
+    the cache. For kernels called with positional tensors, descriptors, plain scalars and flat tuples of
+    tensors and scalars (their tensors vary, their other elements key the cache).
+    Returns (the launcher, the tensors it varies: tensor arguments, descriptor bases and the tensors in tuples,
+    in argument order),
     so that a caller's own plan can replay `launcher(grid, *tensors)` with the same frozen arguments."""
     pos, tensors, frozen = [], [], []
     for i, a in enumerate(args):  # one pass, plain scalars first: this runs per launch (host time)
@@ -270,6 +309,16 @@ def launch_cached(kernel, grid, args, kwargs):
             pos.append(i)
             tensors.append(a.base)
             frozen.append(_desc_key(a))
+        elif type(a) is tuple:  # its tensors vary, the rest keys
+            items = []
+            for k, x in enumerate(a):
+                if isinstance(x, torch.Tensor):
+                    pos.append((i, k))
+                    tensors.append(x)
+                    items.append(None)
+                else:
+                    items.append(x)
+            frozen.append(("tuple", *items))
         else:
             frozen.append(a)
     key = (kernel, tuple(frozen), tuple(t.dtype for t in tensors), tuple(kwargs.items()),
@@ -277,7 +326,8 @@ def launch_cached(kernel, grid, args, kwargs):
     launcher = _CACHED.pop(key, None)
     if launcher is None:
         names = list(inspect.signature(kernel.fn).parameters)
-        launcher = KernelLauncher(kernel, args, kwargs, varying=[names[i] for i in pos])
+        launcher = KernelLauncher(kernel, args, kwargs,
+                                  varying=[names[i] if type(i) is int else (names[i[0]], i[1]) for i in pos])
     _CACHED[key] = launcher  # most recent last
     while len(_CACHED) > _CACHED_MAX:
         _CACHED.pop(next(iter(_CACHED)))
@@ -305,6 +355,11 @@ def launch_kept(kept, name, grid, tensors, build):
                            "arguments")
     kept[name] = launcher
     return launcher
+
+
+def _replace_item(t, k, x):
+    """Tuple t with element k replaced by x."""
+    return t[:k] + (x,) + t[k + 1:]
 
 
 def _desc_key(desc):

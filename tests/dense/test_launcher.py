@@ -246,8 +246,13 @@ def _small_kernel_checks():
         x, dsrc, y = (torch.randn(n, 64).half() for _ in range(3))
         return x, dsrc, y, TensorDescriptor(dsrc, [n, 64], [64, 1], [16, 64])
 
+    def addr(a):
+        if isinstance(a, tuple):
+            return tuple(addr(x) for x in a)
+        return a.data_ptr() if isinstance(a, torch.Tensor) else a
+
     def norm(args):  # tensors as addresses; no launch metadata / hooks (normal path: empty HookChains)
-        args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        args = [addr(a) for a in args]
         args[10:13] = [None, None, None]
         return args
 
@@ -318,7 +323,44 @@ def _small_kernel_checks():
     launcher.launch_cached(_tile_kernel, (3,), (x2, half, y2, 0.5, n), dict(BLOCK=16, num_warps=4))
     assert not replayed() and len(launcher._CACHED) == 2
     print("ok  launch_cached with descriptors")
+
+    # 5. tuples: their pointers vary, their ints (specialized or not), floats and constexprs stay as keyed
+    launcher._CACHED.clear()
+    for trial in range(3):
+        x, dsrc, y, _ = tensors()
+        pair = (x, 1, n, 0.5, dsrc)
+        launcher.launch_cached(_tuple_kernel, (3,), (pair, y, ()), dict(BLOCK=16, num_warps=4))
+        assert replayed() == (trial > 0) and len(launcher._CACHED) == 1
+        _tuple_kernel[(3,)]((x, 1, n, 0.5, dsrc), y, (), BLOCK=16, num_warps=4)
+        assert norm(launches[-2]) == norm(launches[-1]), (launches[-2], launches[-1])
+        if trial:  # replayed: the tuple holds the new addresses
+            assert launches[-2][13][0] == x.data_ptr() and launches[-2][13][4] == dsrc.data_ptr()
+    launcher.launch_cached(_tuple_kernel, (3,), ((x, 1, n, 0.25, dsrc), y, ()), dict(BLOCK=16, num_warps=4))
+    assert not replayed() and len(launcher._CACHED) == 2  # another frozen float: another launcher
+    xm = torch.randn(n * 64 + 1).half()[1:].view(n, 64)
+    launcher.launch_cached(_tuple_kernel, (3,), ((xm, 1, n, 0.25, dsrc), y, ()), dict(BLOCK=16, num_warps=4))
+    assert not replayed()  # lost the alignment the kernel assumed: the normal path
+    try:
+        launcher.KernelLauncher(_tuple_kernel, ((x, 1, n, 0.5, dsrc), y, ()), dict(BLOCK=16),
+                                ("Y", ("pair", 0)))((3,), y, x)
+    except ValueError as e:
+        assert "'pair'[4] (*fp16) must be a varying pointer" in str(e), e
+    else:
+        raise AssertionError("expected ValueError: a frozen pointer in a tuple")
+    print("ok  tuples")
     print("CHECK OK")
+
+
+@triton.jit
+def _tuple_kernel(pair, Y, empty, BLOCK: tl.constexpr):
+    """Y[rows] = pair[3] * (X[rows] * pair[1] + D[rows]) for X, D = pair[0], pair[4], rows < pair[2]."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    offs = rows[:, None] * 64 + tl.arange(0, 64)[None, :]
+    mask = (rows < pair[2])[:, None]
+    x = tl.load(pair[0] + offs, mask=mask, other=0.0)
+    d = tl.load(pair[4] + offs, mask=mask, other=0.0)
+    tl.store(Y + offs, (pair[3] * (x * pair[1] + d)).to(tl.float16), mask=mask)
 
 
 if __name__ == "__main__":

@@ -52,10 +52,14 @@ def nvmma_layout(block, dtype):
     return lay
 
 
-def gluon_desc(t, block):
-    """A Gluon host tensor descriptor over the whole of `t` with box `block` and the default NVMMA layout."""
+def gluon_desc(t, block, dims=None):
+    """A Gluon host tensor descriptor over the whole of `t` with box `block` and the default NVMMA layout;
+    dims: t seen with its dimensions in this order (t.permute(dims), keeping t itself as the base)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), nvmma_layout(block, t.dtype))
+    shape, strides = list(t.shape), list(t.stride())
+    if dims is not None:
+        shape, strides = [shape[i] for i in dims], [strides[i] for i in dims]
+    return TensorDescriptor(t, shape, strides, list(block), nvmma_layout(block, t.dtype))
 
 
 def gluon_sm90_reason(device):

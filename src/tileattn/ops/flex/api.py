@@ -10,10 +10,10 @@ from torch.nn.attention.flex_attention import create_block_mask  # noqa: F401 - 
 
 from ... import hw
 from ..common.fp8 import FP8_DTYPES, Descale, Fp8V, check_fp8_options
-from . import custom_ops, dispatch
+from . import custom_ops, dispatch, plans
 from .bwd import flex_bwd
 from .captures import traced_mod
-from .problem import FlexCall, FlexOptions, FlexProblem, check_inputs, mask_tensors, transposed_lists
+from .problem import DTYPES, FlexCall, FlexOptions, FlexProblem, check_inputs, mask_tensors, transposed_lists
 from .trace import compile_mod
 
 if TYPE_CHECKING:
@@ -56,14 +56,23 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor |
     graph inputs include the mods' captured tensors and the block mask's lists, so new values (or new tensors
     of the same shapes) need no recompile; the mods must be made outside the compiled function (captures.py).
     """
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (query, key, value))
+    if (isinstance(query, torch.Tensor) and query.dtype in DTYPES and q_descale is None and k_descale is None
+            and v_descale is None and out_dtype is None and not torch.compiler.is_compiling()):
+        # eager 16-bit calls: checked, described and planned once per problem (plans.py)
+        p, c, plan = plans.lookup(query, key, value, score_mod, block_mask, scale, enable_gqa,
+                                  bool(return_lse or grad), grad)
+        if grad:
+            out, lse = _FlexFn.apply(query, key, value, p, c, plan)
+            return (out, lse) if return_lse else out
+        return dispatch.forward(p, c, plan)
     check_inputs(query, key, value, enable_gqa, scale)
     check_fp8_options(query, key.transpose(1, 2), q_descale, k_descale, v_descale, out_dtype, query.shape[0])
     fp8 = query.dtype in FP8_DTYPES
     if fp8:  # fp8 runs dequantized to out_dtype under the interpreter (no Hopper kernel there)
         hw.check_interpreter_dtype(out_dtype or torch.bfloat16, "out_dtype" if out_dtype is not None else
                                    "out_dtype (default for fp8 inputs)")
-    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                           for t in (query, key, value))
     odt = (out_dtype or torch.bfloat16) if fp8 else query.dtype
     if torch.compiler.is_compiling():
         if fp8:
@@ -135,8 +144,8 @@ class _FlexFn(torch.autograd.Function):
     differentiated too."""
 
     @staticmethod
-    def forward(ctx, query, key, value, p, c):
-        out, lse = dispatch.forward(p, c)
+    def forward(ctx, query, key, value, p, c, plan=None):
+        out, lse = dispatch.forward(p, c, plan)
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.p, ctx.lists, ctx.tlists, ctx.captures = p, c.lists, c.tlists, c.captures
         ctx.set_materialize_grads(False)
@@ -149,4 +158,4 @@ class _FlexFn(torch.autograd.Function):
             dout = torch.zeros_like(out)
         c = FlexCall(query, key, value, out, lse, ctx.lists, ctx.tlists, captures=ctx.captures)
         dq, dk, dv = flex_bwd(ctx.p, c, dout, dlse)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None

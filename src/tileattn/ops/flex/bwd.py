@@ -1,12 +1,14 @@
 """Flex attention backward: delta (ops/common's preprocess), then dK, dV and dQ on the Hopper kernel
 (launch_bwd_sm90.py, where it serves) or the Triton kernels (bwd_kernels.py).
 
-Gradients come in the dtypes and layouts ([B, H, S, D]) of query, key and value; deterministic. Triton tiles: the
-shared backward table (ops/common/configs.py, BwdConfig) kept within the mask's blocks.
+Gradients come in the dtypes and layouts ([B, H, S, D]) of query, key and value; deterministic. Every launch goes
+through launcher.launch_cached (the normal kernel[grid](...) path costs ~100 us of host time per launch). Triton
+tiles: the shared backward table (ops/common/configs.py, BwdConfig) kept within the mask's blocks.
 """
 import torch
 import triton
 
+from ...launcher import launch_cached
 from ..common.bwd_kernels import bwd_preprocess_kernel
 from ..common.configs import bwd_config
 from ..common.launch_bwd_sm90 import zero_args
@@ -47,12 +49,11 @@ def flex_bwd(p, c, dout, dlse):
     counters = launch_bwd_sm90.alloc_counters(p) if sm90 else None  # (zeroed by the preprocess)
     zero, zero_kw = zero_args(counters, triton.cdiv(Sq, pm) * B * H, delta)
     # the preprocess reads (batch, sequence, head) strides
-    bwd_preprocess_kernel[(triton.cdiv(Sq, pm), B * H, 1)](
+    launch_cached(bwd_preprocess_kernel, (triton.cdiv(Sq, pm), B * H, 1), (
         out, dout, dlse if dlse is not None else lse, delta, out.stride(0), out.stride(2), out.stride(1),
         dout.stride(0), dout.stride(2), dout.stride(1), lse.stride(0), lse.stride(1),
-        *((dlse.stride(0), dlse.stride(1)) if dlse is not None else (0, 0)), lse, Sq, H, B * H, *zero,
-        DV=Dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=False, HAS_DLSE=dlse is not None, num_warps=4, **zero_kw,
-    )
+        *((dlse.stride(0), dlse.stride(1)) if dlse is not None else (0, 0)), lse, Sq, H, B * H, *zero),
+        dict(DV=Dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=False, HAS_DLSE=dlse is not None, num_warps=4, **zero_kw))
     if sm90:
         launch_bwd_sm90.flex_bwd_sm90(p, c, dout, delta, (dq, dk, dv), counters)
         return dq, dk, dv
@@ -74,18 +75,16 @@ def flex_bwd(p, c, dout, dlse):
     tail = (H // Hkv, Sq, Sk, D, Dv, p.scale)
     dummy = lse  # never read where a block-mask tensor is absent
     tl_ = [_pick(tlists, i, dummy) for i in range(4)]
-    flex_bwd_dkdv_kernel[(triton.cdiv(Sk, kn), B * Hkv)](
+    launch_cached(flex_bwd_dkdv_kernel, (triton.cdiv(Sk, kn), B * Hkv), (
         query, key, value, dout, lse, delta, dk, dv, *tl_, *caps, *qkv,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0),
-        lse.stride(1), *(s for t in (tlists or (None,) * 4) for s in mask_strides(t)), Hkv, *tail,
-        HAS_FULL=tlists is not None and tlists[2] is not None, BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks,
-        **meta,
-    )
+        lse.stride(1), *(s for t in (tlists or (None,) * 4) for s in mask_strides(t)), Hkv, *tail),
+        dict(HAS_FULL=tlists is not None and tlists[2] is not None, BLOCK_M=km, BLOCK_N=kn, num_warps=kw,
+             num_stages=ks, **meta))
     fl = [_pick(lists, i, dummy) for i in range(4)]
-    flex_bwd_dq_kernel[(triton.cdiv(Sq, qm), B * H)](
+    launch_cached(flex_bwd_dq_kernel, (triton.cdiv(Sq, qm), B * H), (
         query, key, value, dout, lse, delta, dq, *fl, *caps, *qkv, dq.stride(0), dq.stride(1), dq.stride(2),
-        lse.stride(0), lse.stride(1), *(s for t in (lists or (None,) * 4) for s in mask_strides(t)), H, *tail,
-        HAS_FULL=lists is not None and lists[2] is not None, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs,
-        **meta,
-    )
+        lse.stride(0), lse.stride(1), *(s for t in (lists or (None,) * 4) for s in mask_strides(t)), H, *tail),
+        dict(HAS_FULL=lists is not None and lists[2] is not None, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw,
+             num_stages=qs, **meta))
     return dq, dk, dv

@@ -21,9 +21,9 @@ def explain(p):
     return backend.explain("flex", BACKENDS, p)
 
 
-def forward(p, c):
+def forward(p, c, plan=None):
     """The forward pass of problem p on call c's checked inputs: allocates the outputs, runs the backend select
-    chooses. Returns (out, lse) with p.return_lse, else out."""
+    chooses, or plan (plans.Plan: its backend's kept launch). Returns (out, lse) with p.return_lse, else out."""
     out = torch.empty(p.batch, p.heads_q, p.seqlen_q, p.head_dim_v, dtype=p.out_dtype, device=p.device)
     lse = torch.empty(p.batch, p.heads_q, p.seqlen_q, dtype=torch.float32, device=p.device) if p.return_lse else out
     if knobs.debug_fill_nan():  # tests: an element the kernel never writes fails the comparison
@@ -31,5 +31,8 @@ def forward(p, c):
         lse.fill_(float("nan"))
     if p.seqlen_q and p.batch * p.heads_q:
         c.out, c.lse = out, lse
-        select(p)[0].run(p, c)
+        if plan is not None:
+            plan.run(c)
+        else:
+            select(p)[0].run(p, c)
     return (out, lse) if p.return_lse else out

@@ -9,6 +9,7 @@ serves, =0: never, as for dense). bwd.py sends the rest to the Triton kernels.
 import torch
 import triton
 
+from ...launcher import launch_cached
 from ..common import launch_bwd_sm90 as pipeline
 from ..common.launch_bwd_sm90 import BLOCK_N
 from ..common.softmax import LOG2E
@@ -72,14 +73,13 @@ def flex_bwd_sm90(p, c, dout, delta, grads, counters):
     lse = c.lse
     smod, mmod = p.score_mod, p.mask_mod
     grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, False)  # (no rotated walks: one per item)
-    flex_bwd_sm90_kernel[grid](
+    launch_cached(flex_bwd_sm90_kernel, grid, (
         gluon_desc(q, [1, bm, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
         gluon_desc(do, [1, bm, 1, d]), lse, delta, dk_, dv_,
         gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, counters, lse.stride(0), lse.stride(1),
         dk_.stride(0), dk_.stride(1), dk_.stride(2), dv_.stride(0), dv_.stride(1), dv_.stride(2), p.seqlen_q,
         p.seqlen_k, p.heads_kv, p.group, mb, nk, items, float(p.scale), float(p.scale * LOG2E), fx, fk,
-        *(capture_args(t) for t in mod_captures(p, c)),
-        SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
-        FLEX=flex_mode(p.seqlen_q, p.seqlen_k), **meta)
-    pipeline.convert(lambda kernel, grid, args, kw: kernel[grid](*args, **kw), acc, counters, dq.transpose(1, 2), lse,
-                     (p.heads_kv, nk, mb), p.scale, True)
+        *(capture_args(t) for t in mod_captures(p, c))),
+        dict(SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
+             FLEX=flex_mode(p.seqlen_q, p.seqlen_k), **meta))
+    pipeline.convert(launch_cached, acc, counters, dq.transpose(1, 2), lse, (p.heads_kv, nk, mb), p.scale, True)

@@ -3,6 +3,7 @@ interpreter. fp8 inputs are dequantized to the output dtype first (real values: 
 import torch
 import triton
 
+from ...launcher import launch_kept
 from ..common.backend import Backend
 from ..common.fp8 import Fp8V
 from .configs import flex_config
@@ -29,8 +30,19 @@ class TritonBackend(Backend):
     def supports(self, p):
         return True, ""
 
-    def run(self, p, c):
+    def run(self, p, c, kept=None):
+        """Fill c.out (and c.lse). kept: a launch plan's dict (plans.py; 16-bit problems), in which the launch is
+        kept and replayed as in launch_sm90.Sm90Backend.run; None: Triton's normal launch."""
         query, key, value, out, lse = c.query, c.key, c.value, c.out, c.lse
+        num, idx, fnum, fidx = c.lists if c.lists is not None else (None,) * 4
+        dummy = out  # never read where a block-mask tensor is absent
+        lists = [t if t is not None else dummy for t in (num, idx, fnum, fidx)]
+        captures = mod_captures(p, c)
+        tensors = (query, key, value, out, lse, *lists, *(t for caps in captures for t in caps))
+        launch = kept.get("fwd") if kept is not None else None
+        if launch is not None:
+            launch(kept["grid"], *tensors)
+            return
         if p.fp8:  # the kernel takes 16-bit inputs: dequantize (real values, then the output dtype)
             q_descale, k_descale, v_descale = c.descales
             query, key, value = (_dequantize(x, d, g).to(p.out_dtype) for x, d, g in
@@ -38,19 +50,25 @@ class TritonBackend(Backend):
         B, H, Sq, D = query.shape
         Sk, Dv = key.shape[2], value.shape[3]
         cfg = flex_config(D, Dv, p.q_block, p.kv_block)
-        num, idx, fnum, fidx = c.lists if c.lists is not None else (None,) * 4
-        dummy = out  # never read where a block-mask tensor is absent
         sl = (lse.stride(0), lse.stride(1)) if p.return_lse else (0, 0)
         smod, mmod = p.score_mod, p.mask_mod
-        flex_fwd_kernel[(triton.cdiv(Sq, cfg.block_m), B * H)](
-            query, key, value, out, lse, *[t if t is not None else dummy for t in (num, idx, fnum, fidx)],
-            *(capture_args(t) for t in mod_captures(p, c)),
+        grid = (triton.cdiv(Sq, cfg.block_m), B * H)
+        args = (
+            query, key, value, out, lse, *lists, *(capture_args(t) for t in captures),
             query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1), out.stride(2), *sl,
             *mask_strides(num), *mask_strides(idx), *mask_strides(fnum), *mask_strides(fidx),
-            H, p.group, Sq, Sk, D, Dv, p.scale,
+            H, p.group, Sq, Sk, D, Dv, p.scale)
+        kwargs = dict(
             SCORE_MOD=smod.fn if smod else None, MASK_MOD=mmod.fn if mmod else None, DENSE=c.lists is None,
             HAS_FULL=fnum is not None, Q_BLOCK=p.q_block, KV_BLOCK=p.kv_block, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=triton.next_power_of_2(Dv),
             RETURN_LSE=p.return_lse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
+        if kept is None:
+            flex_fwd_kernel[grid](*args, **kwargs)
+            return
+        if p.fp8:
+            raise ValueError("flex.triton: launch plans serve 16-bit problems (fp8 inputs are dequantized per call)")
+        kept["grid"] = grid
+        launch_kept(kept, "fwd", grid, list(tensors), lambda: (flex_fwd_kernel, args, kwargs))

@@ -164,12 +164,16 @@ def check_inputs(query, key, value, enable_gqa, scale):
                          f"be a multiple of the kv heads)")
     if not (16 <= D <= 256 and 1 <= vshape[3] <= 256):
         raise ValueError(f"query / value: head dims must be in 16..256, got D={D}, Dv={vshape[3]}")
-    if scale is not None and not scale > 0:
-        raise ValueError(f"scale: expected a positive number, got {scale}")
+    check_scale(scale)
     if max(query.shape[2], key.shape[2]) > MAX_SEQLEN:
         raise ValueError(f"query / key: sequence lengths {query.shape[2]} / {key.shape[2]}; flex_attention serves "
                          f"up to {MAX_SEQLEN} tokens (mods may see positions as exact float32 values)")
     hw.check_interpreter_dtype(query.dtype, "query")
+
+
+def check_scale(scale):
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale: expected a positive number, got {scale}")
 
 
 def mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
@@ -188,10 +192,10 @@ def mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):
                          f"({seqlen_q}, {seqlen_k})")
     lists = _checked_lists(block_mask, ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"),
                            (batch, heads), triton.cdiv(seqlen_q, q_block), "query", device)
-    return lists, q_block, kv_block, _real_mask_mod(block_mask.mask_mod)
+    return lists, q_block, kv_block, real_mask_mod(block_mask.mask_mod)
 
 
-def _real_mask_mod(mask_mod):
+def real_mask_mod(mask_mod):
     """The block mask's mask_mod, or None for torch's default (noop_mask: every key of a listed partial block is
     visible, which a block mask without a mask_mod means here too; BlockMask.from_kv_blocks sets it)."""
     return None if mask_mod is noop_mask else mask_mod
