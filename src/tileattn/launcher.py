@@ -115,6 +115,8 @@ class KernelLauncher:
     def __call__(self, grid, *values):
         """Launch on `grid` with these values of the varying parameters. Returns nothing."""
         d = self._direct
+        if len(values) != len(self._varying):  # a caller that lost track of its tensors must not replay stale ones
+            raise ValueError(f"KernelLauncher: {len(values)} values for {len(self._varying)} varying parameters")
         if d is None or d.get_device() != d.device or _hooks_installed():
             return self._normal(grid, values)
         args = d.template.copy()
@@ -355,6 +357,28 @@ def launch_kept(kept, name, grid, tensors, build):
                            "arguments")
     kept[name] = launcher
     return launcher
+
+
+def launch_args(kept, name, kernel, grid, args, kwargs):
+    """A caller-kept launch whose arguments are built on every call: `kept[name]` replays on the tensors among
+    `args` (tensor arguments and the tensors in tuple arguments, in order); when absent, the call goes through
+    launch_cached and its launcher is kept. For kernels without descriptor arguments (a descriptor costs more
+    host time to build than this saves: launch_kept takes the tensors as a list instead). The caller owns the
+    key under which `kept` stays valid, as for launch_kept; kept None: launch_cached alone."""
+    if kept is None:
+        launch_cached(kernel, grid, args, kwargs)
+        return
+    launcher = kept.get(name)
+    if launcher is None:
+        kept[name] = launch_cached(kernel, grid, args, kwargs)[0]
+        return
+    tensors = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            tensors.append(a)
+        elif type(a) is tuple:
+            tensors += [x for x in a if isinstance(x, torch.Tensor)]
+    launcher(grid, *tensors)
 
 
 def _replace_item(t, k, x):

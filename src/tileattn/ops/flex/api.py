@@ -147,7 +147,7 @@ class _FlexFn(torch.autograd.Function):
     def forward(ctx, query, key, value, p, c, plan=None):
         out, lse = dispatch.forward(p, c, plan)
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.p, ctx.lists, ctx.tlists, ctx.captures = p, c.lists, c.tlists, c.captures
+        ctx.p, ctx.lists, ctx.tlists, ctx.captures, ctx.plan = p, c.lists, c.tlists, c.captures, plan
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -157,5 +157,5 @@ class _FlexFn(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         c = FlexCall(query, key, value, out, lse, ctx.lists, ctx.tlists, captures=ctx.captures)
-        dq, dk, dv = flex_bwd(ctx.p, c, dout, dlse)
+        dq, dk, dv = flex_bwd(ctx.p, c, dout, dlse, ctx.plan)
         return dq, dk, dv, None, None, None

@@ -9,7 +9,7 @@ serves, =0: never, as for dense). bwd.py sends the rest to the Triton kernels.
 import torch
 import triton
 
-from ...launcher import launch_cached
+from ...launcher import launch_args, launch_cached, launch_kept
 from ..common import launch_bwd_sm90 as pipeline
 from ..common.launch_bwd_sm90 import BLOCK_N
 from ..common.softmax import LOG2E
@@ -53,33 +53,57 @@ def alloc_counters(p):
     return torch.empty(n, dtype=torch.int32, device=p.device)
 
 
-def flex_bwd_sm90(p, c, dout, delta, grads, counters):
+def flex_bwd_sm90(p, c, dout, delta, grads, counters, kept=None):
     """Launches the kernel and the dQ conversion: gradients into grads = (dq, dk, dv) ([B, H, S, D] like the
     inputs) for call c (its lse, lists and transposed lists), dout and delta ([B, Hq, Sq] float32, lse's
-    strides); counters: alloc_counters(p), zeroed by the preprocess."""
+    strides); counters: alloc_counters(p), zeroed by the preprocess. kept: a plan's dict (plans.Plan.backward)
+    in which both launches are kept and replayed; None: launcher.launch_cached."""
     from .gluon_bwd_sm90 import flex_bwd_sm90_kernel
     dq, dk, dv = grads
     d = p.head_dim
     nq, nk = triton.cdiv(p.seqlen_q, BLOCK), triton.cdiv(p.seqlen_k, BLOCK)
-    fk = _fx(mask_lists(c.lists, nk, nq, p.device))
-    fx = _fx(mask_lists(c.tlists, nq, nk, p.device))
-    q, k, v, do, dk_, dv_ = (t.transpose(1, 2) for t in (c.query, c.key, c.value, dout, dk, dv))  # [B, S, H, D]
-    bm = pipeline.block_m(d)
+    lk = mask_lists(c.lists, nk, nq, p.device)
+    lq = mask_lists(c.tlists, nq, nk, p.device)
     mb = _q_blocks(p)
-    meta = pipeline.meta(d)
     # every query block's sums are written (stored by its first key block, or never: rows that saw no key,
     # which the conversion zeroes by their lse), so no zero fill
     acc = torch.empty(p.batch * p.heads_q * _sum_rows(p), d, dtype=torch.float32, device=p.device)
     lse = c.lse
+    captures = mod_captures(p, c)
+    # the kernel's tensors in argument order: the descriptors' bases are the [B, H, S, D] tensors themselves
+    tensors = [c.query, c.key, c.value, dout, lse, delta, dk, dv, acc, counters, *lq, *lk,
+               *(t for caps in captures for t in caps)]
+    launch = kept.get("sm90") if kept is not None else None
+    if launch is not None:
+        launch(kept["sm90 grid"], *tensors)
+    else:
+        grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, False)  # (one walk per item)
+        args, kwargs = _arguments(p, c, (dout, delta, dk, dv, acc, counters), (lq, lk), captures, items)
+        if kept is None:
+            launch_cached(flex_bwd_sm90_kernel, grid, args, kwargs)
+        else:
+            kept["sm90 grid"] = grid
+            launch_kept(kept, "sm90", grid, tensors, lambda: (flex_bwd_sm90_kernel, args, kwargs))
+    pipeline.convert(lambda *a: launch_args(kept, "convert", *a), acc, counters, dq.transpose(1, 2), lse,
+                     (p.heads_kv, nk, mb), p.scale, True)
+
+
+def _arguments(p, c, tensors, lists, captures, items):
+    """(args, kwargs) of flex_bwd_sm90_kernel: tensors = (dout, delta, dk, dv, acc, counters), lists = (the
+    transposed lists, the forward lists) as mask_lists gives them."""
+    dout, delta, dk, dv, acc, counters = tensors
+    d, bm = p.head_dim, pipeline.block_m(p.head_dim)
+    meta = pipeline.meta(d)
+    bshd = (0, 2, 1, 3)  # [B, H, S, D] tensors seen as [B, S, H, D]
     smod, mmod = p.score_mod, p.mask_mod
-    grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, False)  # (no rotated walks: one per item)
-    launch_cached(flex_bwd_sm90_kernel, grid, (
-        gluon_desc(q, [1, bm, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
-        gluon_desc(do, [1, bm, 1, d]), lse, delta, dk_, dv_,
+    lse = c.lse
+    args = (
+        gluon_desc(c.query, [1, bm, 1, d], bshd), gluon_desc(c.key, [1, BLOCK_N, 1, d], bshd),
+        gluon_desc(c.value, [1, BLOCK_N, 1, d], bshd), gluon_desc(dout, [1, bm, 1, d], bshd), lse, delta, dk, dv,
         gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, counters, lse.stride(0), lse.stride(1),
-        dk_.stride(0), dk_.stride(1), dk_.stride(2), dv_.stride(0), dv_.stride(1), dv_.stride(2), p.seqlen_q,
-        p.seqlen_k, p.heads_kv, p.group, mb, nk, items, float(p.scale), float(p.scale * LOG2E), fx, fk,
-        *(capture_args(t) for t in mod_captures(p, c))),
-        dict(SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
-             FLEX=flex_mode(p.seqlen_q, p.seqlen_k), **meta))
-    pipeline.convert(launch_cached, acc, counters, dq.transpose(1, 2), lse, (p.heads_kv, nk, mb), p.scale, True)
+        dk.stride(0), dk.stride(2), dk.stride(1), dv.stride(0), dv.stride(2), dv.stride(1), p.seqlen_q,
+        p.seqlen_k, p.heads_kv, p.group, _q_blocks(p), triton.cdiv(p.seqlen_k, BLOCK), items, float(p.scale),
+        float(p.scale * LOG2E), _fx(lists[0]), _fx(lists[1]), *(capture_args(t) for t in captures))
+    kwargs = dict(SCORE_GRAD=smod.grad_fn(gluon=True) if smod else None, MASK_MOD=mmod.gluon_fn() if mmod else None,
+                  FLEX=flex_mode(p.seqlen_q, p.seqlen_k), **meta)
+    return args, kwargs

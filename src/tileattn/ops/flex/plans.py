@@ -58,16 +58,30 @@ def uncached():
 
 
 class Plan:
-    """A flex forward planned for one key: p (FlexProblem), its backend, and `kept` (its kept launch)."""
-    __slots__ = ("p", "backend", "kept", "contiguous")
+    """A flex forward planned for one key: p (FlexProblem), its backend, `kept` (its kept launch; None: Triton's
+    normal launch), and the backward's kept launches per layout of the output and lse gradients."""
+    __slots__ = ("p", "backend", "kept", "contiguous", "backward_kept")
 
     def __init__(self, p, backend, contiguous):
         self.p, self.backend, self.kept = p, backend, {}
         self.contiguous = contiguous  # an index list of the block mask is not contiguous along the list
+        self.backward_kept = {}
 
     def run(self, c):
         """Fill call c's out and lse (allocated by dispatch.forward)."""
         self.backend.run(self.p, c, self.kept)
+
+    def backward(self, dout, dlse):
+        """The dict in which bwd.flex_bwd keeps its launches for gradients of these layouts (None when this
+        plan keeps nothing). The Hopper / Triton choice is made per call (TILEATTN_SM90_BWD, dout's alignment);
+        their launches have their own names."""
+        if self.kept is None:
+            return None
+        key = (dout.shape, dout.stride(), dout.dtype, None if dlse is None else (dlse.shape, dlse.stride()))
+        kept = self.backward_kept.get(key)
+        if kept is None:
+            kept = self.backward_kept[key] = {}
+        return kept
 
 
 def _tensor_key(q, k, v, enable_gqa):
