@@ -146,6 +146,31 @@ def test_bad_inputs_raise_after_caching(case, device):
             os.environ["TRITON_INTERPRET"] = "1"
 
 
+def test_fp8_calls_are_planned(device):
+    """fp8: descale numbers and out_dtype key the plan (numbers fold into the kernel's scale), descale tensors
+    vary; the interpreter runs the portable kernel on dequantized inputs (no kept launch)."""
+    q, k, v = (x.to(torch.float8_e4m3fn) for x in _qkv(device, D=64))
+    per_head = torch.rand(1, 2, device=device) + 0.5
+    calls = [dict(), dict(q_descale=0.5), dict(q_descale=0.25), dict(k_descale=per_head),
+             dict(v_descale=per_head, out_dtype=torch.bfloat16)]
+    if device == "cpu":  # bf16 dots are wrong in the interpreter
+        calls[-1] = dict(v_descale=0.5)
+    for kw in calls:
+        kw.setdefault("out_dtype", torch.float16)
+    for kw in calls:
+        for _trial in range(2):
+            assert _equal(tileattn.flex_attention(q, k, v, **kw), _uncached(q, k, v, **kw))
+    assert plans.count_plans() == len(calls)
+    other = per_head * 2  # a new descale tensor of the same layout: the same plan, its values read
+    kw = dict(k_descale=other, out_dtype=torch.float16)
+    assert _equal(tileattn.flex_attention(q, k, v, **kw), _uncached(q, k, v, **kw))
+    assert plans.count_plans() == len(calls)
+    with pytest.raises(ValueError, match="q_descale"):
+        tileattn.flex_attention(q, k, v, q_descale=-1.0, out_dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="no backward"):
+        tileattn.flex_attention(q, k, v.float().to(torch.float8_e4m3fn).requires_grad_(), out_dtype=torch.float16)
+
+
 def test_gradients_through_a_plan(device):
     bm = _block_mask(device)
     grads = []
@@ -207,11 +232,19 @@ def _sm90_replay_checks():
         args[10:13] = [None, None, None]
         return args
 
-    for name, kw in (("causal", dict(block_mask=bm)), ("alibi", dict(block_mask=bm, score_mod=alibi)),
-                     ("no mask", {})):
+    def bf16():
+        return tuple(torch.randn(B, H, S, D).to(torch.bfloat16) for _ in range(3))
+
+    def fp8():
+        q, k, v = (torch.randn(B, H, S, D).to(torch.float8_e4m3fn) for _ in range(3))
+        return q, k, tileattn.fp8_v_layout(v.transpose(1, 2))
+    per_head = torch.rand(B, H) + 0.5
+    for name, make, kw in (("causal", bf16, dict(block_mask=bm)), ("alibi", bf16, dict(block_mask=bm, score_mod=alibi)),
+                           ("no mask", bf16, {}),
+                           ("fp8", fp8, dict(block_mask=bm, q_descale=per_head, k_descale=0.5, v_descale=per_head))):
         plans.clear_plans()
+        inputs = [make() for _ in range(2)]  # (fp8_v_layout launches its packing kernel)
         launches.clear()
-        inputs = [tuple(torch.randn(B, H, S, D).to(torch.bfloat16) for _ in range(3)) for _ in range(2)]
         outs = [tileattn.flex_attention(*inputs[i], **kw) for i in (0, 0, 1)]
         assert launches[0][11] is not None and launches[1][11] is None and launches[2][11] is None, \
             "replayed launches expected"

@@ -54,13 +54,19 @@ def scales(scale, softcap):
     return scale * LOG2E, 1.0, 1.0
 
 
+def packed_v_buffer(v):
+    """The [B, Hkv, Dv, Sk'] packed buffer under an fp8 v (the [B, Sk, Hkv, Dv] view of an fp8.Fp8V) that its
+    descriptor covers."""
+    vt = v.permute(0, 2, 3, 1)
+    return vt.as_strided(vt.shape[:3] + (packed_pitch(v),), vt.stride())
+
+
 def descriptors(q, k, v, out, cfg):
     """(q, k, v, o) descriptors of [B, S, H, D] tensors for the pipeline. An fp8 v is the view of an fp8.Fp8V:
     its descriptor is over the whole [B, Hkv, Dv, Sk'] packed buffer (sequence-major)."""
     d, dv = q.shape[-1], v.shape[-1]
     if v.dtype in FP8_DTYPES:
-        vt = v.permute(0, 2, 3, 1)
-        v_desc = gluon_desc(vt.as_strided(vt.shape[:3] + (packed_pitch(v),), vt.stride()), [1, 1, dv, cfg.block_n])
+        v_desc = gluon_desc(packed_v_buffer(v), [1, 1, dv, cfg.block_n])
     else:
         v_desc = gluon_desc(v, [1, cfg.block_n, 1, dv])
     return (gluon_desc(q, [1, cfg.block_m, 1, d]), gluon_desc(k, [1, cfg.block_n, 1, d]), v_desc,

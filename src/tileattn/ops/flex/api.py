@@ -58,9 +58,13 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor |
     """
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (query, key, value))
-    if (isinstance(query, torch.Tensor) and query.dtype in DTYPES and q_descale is None and k_descale is None
-            and v_descale is None and out_dtype is None and not torch.compiler.is_compiling()):
-        # eager 16-bit calls: checked, described and planned once per problem (plans.py)
+    eager = isinstance(query, torch.Tensor) and not torch.compiler.is_compiling()
+    if eager and query.dtype in FP8_DTYPES and not grad:  # checked, described and planned once (plans.py)
+        p, c, plan = plans.lookup(query, key, value, score_mod, block_mask, scale, enable_gqa, bool(return_lse),
+                                  False, (q_descale, k_descale, v_descale, out_dtype))
+        return dispatch.forward(p, c, plan)
+    if (eager and query.dtype in DTYPES and q_descale is None and k_descale is None and v_descale is None
+            and out_dtype is None):
         p, c, plan = plans.lookup(query, key, value, score_mod, block_mask, scale, enable_gqa,
                                   bool(return_lse or grad), grad)
         if grad:

@@ -52,7 +52,8 @@ def flex_bwd(p, c, dout, dlse, plan=None):
     counters = launch_bwd_sm90.alloc_counters(p) if sm90 else None  # (zeroed by the preprocess)
     zero, zero_kw = zero_args(counters, triton.cdiv(Sq, pm) * B * H, delta)
     # the preprocess reads (batch, sequence, head) strides
-    launch_args(kept, "preprocess sm90" if sm90 else "preprocess", bwd_preprocess_kernel, (triton.cdiv(Sq, pm), B * H, 1), (
+    launch_args(kept, "preprocess sm90" if sm90 else "preprocess", bwd_preprocess_kernel,
+                (triton.cdiv(Sq, pm), B * H, 1), (
         out, dout, dlse if dlse is not None else lse, delta, out.stride(0), out.stride(2), out.stride(1),
         dout.stride(0), dout.stride(2), dout.stride(1), lse.stride(0), lse.stride(1),
         *((dlse.stride(0), dlse.stride(1)) if dlse is not None else (0, 0)), lse, Sq, H, B * H, *zero),

@@ -71,6 +71,7 @@ def _full_lists(num_q, num_kv, device):
 class Sm90Backend(Backend):
     name = "flex.sm90"
     gluon = True
+    keeps_fp8 = True  # its kept launch replays fp8 calls (descale tensors vary, numbers are in the plan key)
 
     def supports(self, p):
         if p.head_dim not in (64, 128):
@@ -92,47 +93,50 @@ class Sm90Backend(Backend):
     def run(self, p, c, kept=None):
         """Fill c.out (and c.lse). fp8: the descales are split here (numbers fold into the scale and the
         output factor), a plain value is packed (fp8_v_layout).
-        kept: a launch plan's dict (plans.py; 16-bit problems): the first run launches through
-        launcher.launch_kept and keeps the launcher there, later runs replay it on this call's tensors (the plan's
-        key fixes every other argument). None: Triton's normal launch."""
+        kept: a launch plan's dict (plans.py): the first run launches through launcher.launch_kept and keeps the
+        launcher there, later runs replay it on this call's tensors (the plan's key fixes every other argument,
+        descale numbers included). None: Triton's normal launch."""
         B, H, Sq, _ = c.query.shape
-        Sk = c.key.shape[2]
-        lists = mask_lists(c.lists, triton.cdiv(Sk, BLOCK), triton.cdiv(Sq, BLOCK), c.query.device)
+        lists = mask_lists(c.lists, triton.cdiv(c.key.shape[2], BLOCK), triton.cdiv(Sq, BLOCK), c.query.device)
         captures = mod_captures(p, c)
+        descales = split_descales(*c.descales)
         lse = c.lse
+        v = _v_operand(p, c.value)
+        # the kernel's tensors in argument order (what launch_cached varies): descriptor bases first
+        tensors = [c.query, c.key, v, c.out, lse, *[d if d is not None else lse for d in descales[2]], *lists,
+                   *(t for caps in captures for t in caps)]
         launch = kept.get("fwd") if kept is not None else None
-        if launch is not None:  # the tensors launch_cached varies, in argument order (_arguments)
-            launch(kept["grid"], c.query, c.key, c.value, c.out, lse, lse, lse, lse, *lists,
-                   *(t for caps in captures for t in caps))
+        if launch is not None:
+            launch(kept["grid"], *tensors)
             return
         cfg = sm90_config(p.head_dim, p.dtype)
         grid = pipeline.grid(_grid_config(cfg), Sq, B * H, c.query.device)
-        args, kwargs = _arguments(p, c, cfg, lists, captures)
+        args, kwargs = _arguments(p, c, cfg, v, lists, captures, descales)
         if kept is None:
             flex_fwd_sm90_kernel[grid](*args, **kwargs)
             return
-        if p.fp8:
-            raise ValueError("flex.sm90: launch plans serve 16-bit problems (fp8 descales are per call)")
         kept["grid"] = grid
-        launch_kept(kept, "fwd", grid, [c.query, c.key, c.value, c.out, lse, lse, lse, lse, *lists,
-                                        *(t for caps in captures for t in caps)],
-                    lambda: (flex_fwd_sm90_kernel, args, kwargs))
+        launch_kept(kept, "fwd", grid, tensors, lambda: (flex_fwd_sm90_kernel, args, kwargs))
 
 
-def _arguments(p, c, cfg, lists, captures):
-    """(args, kwargs) of flex_fwd_sm90_kernel for call c of problem p (16-bit: q, k, v and out descriptors on the
-    [B, H, S, D] tensors themselves, seen as [B, S, H, D])."""
+def _v_operand(p, value):
+    """What the kernel's V descriptor covers: a 16-bit value itself ([B, Hkv, Sk, Dv], seen as [B, Sk, Hkv, Dv]);
+    fp8: the packed sequence-major buffer the fp8 p.v reads (fp8.py; a plain value is re-laid out here)."""
+    if not p.fp8:
+        return value
+    return pipeline.packed_v_buffer((value if isinstance(value, Fp8V) else fp8_v_layout(value.transpose(1, 2))).view())
+
+
+def _arguments(p, c, cfg, v, lists, captures, descales):
+    """(args, kwargs) of flex_fwd_sm90_kernel for call c of problem p: q, k and out descriptors on the
+    [B, H, S, D] tensors themselves, seen as [B, S, H, D]; v from _v_operand; descales from split_descales."""
     Sk = c.key.shape[2]
-    qk, out_scale, descales = split_descales(*c.descales)
-    value = c.value
-    if p.fp8:  # the packed sequence-major V the fp8 p.v reads (fp8.py); a plain V is re-laid out here
-        v = (value if isinstance(value, Fp8V) else fp8_v_layout(value.transpose(1, 2))).view()
-        q, k, o = (t.transpose(1, 2) for t in (c.query, c.key, c.out))  # [B, S, H, D] views
-        descs = pipeline.descriptors(q, k, v, o, cfg)
-    else:
-        d, dv, bm, bn = p.head_dim, p.head_dim_v, cfg.block_m, cfg.block_n
-        descs = [gluon_desc(t, blk, (0, 2, 1, 3)) for t, blk in ((c.query, [1, bm, 1, d]), (c.key, [1, bn, 1, d]),
-                                                                 (value, [1, bn, 1, dv]), (c.out, [1, bm, 1, dv]))]
+    qk, out_scale, descales = descales
+    d, dv, bm, bn = p.head_dim, p.head_dim_v, cfg.block_m, cfg.block_n
+    bshd = (0, 2, 1, 3)
+    v_desc = gluon_desc(v, [1, 1, dv, bn]) if p.fp8 else gluon_desc(v, [1, bn, 1, dv], bshd)
+    descs = (gluon_desc(c.query, [1, bm, 1, d], bshd), gluon_desc(c.key, [1, bn, 1, d], bshd), v_desc,
+             gluon_desc(c.out, [1, bm, 1, dv], bshd))
     lse = c.lse
     sl = (lse.stride(0), lse.stride(1)) if p.return_lse else (0, 0)
     smod, mmod = p.score_mod, p.mask_mod

@@ -26,6 +26,7 @@ def _dequantize(x, descale, group):
 class TritonBackend(Backend):
     """Every flex problem: any block sizes (multiples of 16), lengths and head dims up to 256."""
     name = "flex.triton"
+    keeps_fp8 = False  # fp8 inputs are dequantized per call: no kept launch
 
     def supports(self, p):
         return True, ""

@@ -1,4 +1,4 @@
-"""Launch plans of the flex forward: the per-call fast path of eager 16-bit flex_attention calls.
+"""Launch plans of the flex forward: the per-call fast path of eager flex_attention calls.
 
 The first call of a problem checks its tensors and block mask, traces its mods, describes it (FlexProblem),
 lets dispatch.py choose the backend and launches through Triton's normal path (which compiles). A repeated
@@ -12,11 +12,17 @@ H100's host, the unplanned path cost 260-530 us per call (~600 Python calls; doc
                  scale, whether the lse is made, whether a gradient is tracked, a forced backend
                  (backend.forced_key)
 
-fp8 inputs, descales and out_dtype take the unplanned path (api.py).
+fp8 inputs are planned too (their descale numbers and out_dtype key the plan, descale tensors vary); a call
+that tracks a gradient of fp8 inputs, or passes descales with 16-bit ones, takes the unplanned path (api.py),
+which reports it.
 """
 import contextlib
 
+import torch
+
+from ... import hw
 from ..common.backend import forced_key
+from ..common.fp8 import Fp8V, check_fp8_options
 from . import dispatch
 from .problem import (
     FlexCall,
@@ -85,9 +91,19 @@ class Plan:
 
 
 def _tensor_key(q, k, v, enable_gqa):
+    kind = type(v)
+    if kind is Fp8V:
+        v = v.data  # its seqlen is key's
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-            v.shape, v.stride(), v.dtype, v.device, bool(enable_gqa),
+            kind, v.shape, v.stride(), v.dtype, v.device, bool(enable_gqa),
             q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0)
+
+
+def _descale_key(d):
+    """A descale as a plan keys it: a number by value (it folds into the kernel's scale), a tensor by layout."""
+    if isinstance(d, torch.Tensor):
+        return (d.shape, d.stride(), d.dtype, d.device, d.data_ptr() % 16 == 0)
+    return d if d is None else float(d)
 
 
 def _mask_key(block_mask, grad):
@@ -106,9 +122,10 @@ def _mask_key(block_mask, grad):
     return key, lists
 
 
-def lookup(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse, grad):
-    """(problem, call, plan) of an eager 16-bit flex_attention call, the plan made on first use (with the checks
-    api.flex_attention runs, in its order). The call's outputs are not allocated yet (dispatch.forward does)."""
+def lookup(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse, grad, fp8=None):
+    """(problem, call, plan) of an eager flex_attention call, the plan made on first use (with the checks
+    api.flex_attention runs, in its order). fp8: (q_descale, k_descale, v_descale, out_dtype) of fp8 inputs,
+    checked on every call. The call's outputs are not allocated yet (dispatch.forward does)."""
     tkey = _tensor_key(query, key, value, enable_gqa)
     entry = _entries.get(tkey)
     if entry is None or query.device.type == "cpu":  # the device check reads TRITON_INTERPRET: per call there
@@ -119,30 +136,42 @@ def lookup(query, key, value, score_mod, block_mask, scale, enable_gqa, return_l
             entry = _entries[tkey] = {}
     else:
         check_scale(scale)
+    descales, out_dtype, fkey = (None, None, None), query.dtype, None
+    if fp8 is not None:
+        *descales, out_dtype = fp8
+        check_fp8_options(query, key.transpose(1, 2), *descales, out_dtype, query.shape[0])
+        # fp8 runs dequantized to out_dtype under the interpreter (no Hopper kernel there)
+        hw.check_interpreter_dtype(out_dtype or torch.bfloat16, "out_dtype" if out_dtype is not None else
+                                   "out_dtype (default for fp8 inputs)")
+        out_dtype = out_dtype or torch.bfloat16
+        fkey = (out_dtype, *(_descale_key(d) for d in descales))
     smod = compile_mod(score_mod, "score") if score_mod is not None else None
     mkey, lists = _mask_key(block_mask, grad)
     plan = okey = None
     if mkey is not False:
         mask_fn = real_mask_mod(block_mask.mask_mod) if mkey is not None else None
         mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
-        okey = (smod, mmod, mkey, scale, bool(return_lse), bool(grad), forced_key())
+        okey = (smod, mmod, mkey, scale, bool(return_lse), bool(grad), forced_key(), fkey)
         plan = entry.get(okey)
     if plan is None:
-        p, c = _describe(query, key, value, smod, block_mask, scale, return_lse, grad)
-        plan = Plan(p, dispatch.select(p)[0], any(t is not None and t.stride(-1) != 1 for t in lists[1::2]))
+        p, c = _describe(query, key, value, smod, block_mask, scale, out_dtype, return_lse, grad)
+        backend = dispatch.select(p)[0]
+        plan = Plan(p, backend, any(t is not None and t.stride(-1) != 1 for t in lists[1::2]))
         if okey is not None and _caching[0]:
             entry[okey] = plan
-        else:
+        if okey is None or not _caching[0] or (p.fp8 and not backend.keeps_fp8):
             plan.kept = None  # Triton's normal launch
+        c.descales = tuple(descales)
         return p, c, plan
     if not lists:
-        return plan.p, FlexCall(query, key, value), plan
+        return plan.p, FlexCall(query, key, value, descales=tuple(descales)), plan
     if plan.contiguous:  # as problem.mask_tensors makes them
         lists = tuple(t.contiguous() if i % 2 and t is not None else t for i, t in enumerate(lists))
-    return plan.p, FlexCall(query, key, value, lists=lists[:4], tlists=lists[4:] or None), plan
+    return plan.p, FlexCall(query, key, value, lists=lists[:4], tlists=lists[4:] or None,
+                            descales=tuple(descales)), plan
 
 
-def _describe(query, key, value, smod, block_mask, scale, return_lse, grad):
+def _describe(query, key, value, smod, block_mask, scale, out_dtype, return_lse, grad):
     """(FlexProblem, FlexCall) of checked tensors: the block mask's lists checked (for a gradient also its
     transposed lists, and the score mod's derivative made)."""
     B, H, Sq, _ = query.shape
@@ -151,7 +180,7 @@ def _describe(query, key, value, smod, block_mask, scale, return_lse, grad):
         lists, q_block, kv_block, mask_fn = mask_tensors(block_mask, B, H, Sq, key.shape[2], query.device)
         blocks = (q_block, kv_block)
         mmod = compile_mod(mask_fn, "mask") if mask_fn is not None else None
-    p = FlexProblem.of(query, key, value, (smod, mmod), blocks, scale, query.dtype, bool(return_lse))
+    p = FlexProblem.of(query, key, value, (smod, mmod), blocks, scale, out_dtype, bool(return_lse))
     c = FlexCall(query, key, value, lists=lists)
     if grad:
         if smod is not None:
