@@ -112,6 +112,18 @@ def host_us(fn, reps=20):
     return sorted(times)[reps // 2]
 
 
+def issue_us(fn, busy, n=50):
+    """Host microseconds to issue fn() while the GPU is behind (a few long matmuls on `busy` queued first)."""
+    for _ in range(3):
+        busy @ busy
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    us = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
 def small(a):
     import os
 
@@ -234,13 +246,7 @@ def host(a):
         fn()
         torch.cuda.synchronize()
         ms = do_bench(fn)
-        for _ in range(3):  # a long kernel first: the GPU stays behind the host while it issues the calls
-            x @ x
-        t0 = time.perf_counter()
-        for _ in range(50):
-            fn()
-        issue = (time.perf_counter() - t0) / 50 * 1e6
-        torch.cuda.synchronize()
+        issue = issue_us(fn, x)
         print(f"HOST N={a.N} D={a.D} causal={int(a.causal)} {name:>23}: timed {ms * 1e3:7.1f} us, host issue "
               f"{issue:6.1f} us per call", flush=True)
     import threading
@@ -282,13 +288,7 @@ def flex_small(a):
             fn()
             ms = do_bench(fn)
             kern = sum(t for t, _ in kernel_times(fn))
-            for _ in range(3):  # a long kernel first: the GPU stays behind the host while it issues the calls
-                x @ x
-            t0 = time.perf_counter()
-            for _ in range(50):
-                fn()
-            issue = (time.perf_counter() - t0) / 50 * 1e6
-            torch.cuda.synchronize()
+            issue = issue_us(fn, x)
             print(f"FLEX N={a.N} {name:>15} {prov:>9}: timed {ms * 1e3:7.1f} us, kernels {kern * 1e3:7.1f} us, "
                   f"host issue {issue:6.1f} us per call", flush=True)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -303,13 +303,7 @@ def flex_small(a):
             fn()
             ms = do_bench(fn)
             kern = sum(t for t, _ in kernel_times(fn))
-            for _ in range(3):
-                x @ x
-            t0 = time.perf_counter()
-            for _ in range(20):
-                fn()
-            issue = (time.perf_counter() - t0) / 20 * 1e6
-            torch.cuda.synchronize()
+            issue = issue_us(fn, x, 20)
             print(f"FLEX N={a.N} {name:>15} {prov:>9} backward: timed {ms * 1e3:7.1f} us, kernels {kern * 1e3:7.1f} "
                   f"us, host issue {issue:6.1f} us per call", flush=True)
     for name in ("causal", "alibi_causal"):
