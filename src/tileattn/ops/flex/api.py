@@ -60,12 +60,12 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor |
                                            for t in (query, key, value))
     eager = isinstance(query, torch.Tensor) and not torch.compiler.is_compiling()
     if eager and query.dtype in FP8_DTYPES and not grad:  # checked, described and planned once (plans.py)
-        p, c, plan = plans.lookup(query, key, value, score_mod, block_mask, scale, enable_gqa, bool(return_lse),
+        p, c, plan = plans.lookup((query, key, value), score_mod, block_mask, scale, enable_gqa, bool(return_lse),
                                   False, (q_descale, k_descale, v_descale, out_dtype))
         return dispatch.forward(p, c, plan)
     if (eager and query.dtype in DTYPES and q_descale is None and k_descale is None and v_descale is None
             and out_dtype is None):
-        p, c, plan = plans.lookup(query, key, value, score_mod, block_mask, scale, enable_gqa,
+        p, c, plan = plans.lookup((query, key, value), score_mod, block_mask, scale, enable_gqa,
                                   bool(return_lse or grad), grad)
         if grad:
             out, lse = _FlexFn.apply(query, key, value, p, c, plan)

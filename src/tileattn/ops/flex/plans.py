@@ -122,10 +122,12 @@ def _mask_key(block_mask, grad):
     return key, lists
 
 
-def lookup(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse, grad, fp8=None):
-    """(problem, call, plan) of an eager flex_attention call, the plan made on first use (with the checks
-    api.flex_attention runs, in its order). fp8: (q_descale, k_descale, v_descale, out_dtype) of fp8 inputs,
-    checked on every call. The call's outputs are not allocated yet (dispatch.forward does)."""
+def lookup(qkv, score_mod, block_mask, scale, enable_gqa, return_lse, grad, fp8=None):
+    """(problem, call, plan) of an eager flex_attention call on qkv = (query, key, value), the plan made on first
+    use (with the checks api.flex_attention runs, in its order). fp8: (q_descale, k_descale, v_descale,
+    out_dtype) of fp8 inputs, checked on every call. The call's outputs are not allocated yet (dispatch.forward
+    does)."""
+    query, key, value = qkv
     tkey = _tensor_key(query, key, value, enable_gqa)
     entry = _entries.get(tkey)
     if entry is None or query.device.type == "cpu":  # the device check reads TRITON_INTERPRET: per call there
@@ -154,7 +156,7 @@ def lookup(query, key, value, score_mod, block_mask, scale, enable_gqa, return_l
         okey = (smod, mmod, mkey, scale, bool(return_lse), bool(grad), forced_key(), fkey)
         plan = entry.get(okey)
     if plan is None:
-        p, c = _describe(query, key, value, smod, block_mask, scale, out_dtype, return_lse, grad)
+        p, c = _describe(qkv, smod, block_mask, scale, out_dtype, return_lse, grad)
         backend = dispatch.select(p)[0]
         plan = Plan(p, backend, any(t is not None and t.stride(-1) != 1 for t in lists[1::2]))
         if okey is not None and _caching[0]:
@@ -171,9 +173,10 @@ def lookup(query, key, value, score_mod, block_mask, scale, enable_gqa, return_l
                             descales=tuple(descales)), plan
 
 
-def _describe(query, key, value, smod, block_mask, scale, out_dtype, return_lse, grad):
-    """(FlexProblem, FlexCall) of checked tensors: the block mask's lists checked (for a gradient also its
+def _describe(qkv, smod, block_mask, scale, out_dtype, return_lse, grad):
+    """(FlexProblem, FlexCall) of checked tensors qkv: the block mask's lists checked (for a gradient also its
     transposed lists, and the score mod's derivative made)."""
+    query, key, value = qkv
     B, H, Sq, _ = query.shape
     lists, blocks, mmod = None, None, None
     if block_mask is not None:
