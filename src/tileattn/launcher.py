@@ -359,6 +359,18 @@ def launch_kept(kept, name, grid, tensors, build):
     return launcher
 
 
+def launch_built(kept, name, tensors, build):
+    """A caller-kept launch whose arguments cost host time to build (descriptors): `kept[name]` (a launcher and
+    its grid) replays on `tensors` (as launch_kept takes them); when absent, build() -> (kernel, grid, args,
+    kwargs) runs once and goes through launch_kept. The caller owns the key under which `kept` stays valid."""
+    entry = kept.get(name)
+    if entry is not None:
+        entry[0](entry[1], *tensors)
+        return
+    kernel, grid, args, kwargs = build()
+    kept[name] = (launch_kept({}, name, grid, tensors, lambda: (kernel, args, kwargs)), grid)
+
+
 def launch_args(kept, name, kernel, grid, args, kwargs):
     """A caller-kept launch whose arguments are built on every call: `kept[name]` replays on the tensors among
     `args` (tensor arguments and the tensors in tuple arguments, in order); when absent, the call goes through

@@ -9,7 +9,7 @@ serves, =0: never, as for dense). bwd.py sends the rest to the Triton kernels.
 import torch
 import triton
 
-from ...launcher import launch_args, launch_cached, launch_kept
+from ...launcher import launch_args, launch_built, launch_cached
 from ..common import launch_bwd_sm90 as pipeline
 from ..common.launch_bwd_sm90 import BLOCK_N
 from ..common.softmax import LOG2E
@@ -73,17 +73,14 @@ def flex_bwd_sm90(p, c, dout, delta, grads, counters, kept=None):
     # the kernel's tensors in argument order: the descriptors' bases are the [B, H, S, D] tensors themselves
     tensors = [c.query, c.key, c.value, dout, lse, delta, dk, dv, acc, counters, *lq, *lk,
                *(t for caps in captures for t in caps)]
-    launch = kept.get("sm90") if kept is not None else None
-    if launch is not None:
-        launch(kept["sm90 grid"], *tensors)
-    else:
+    def build():
         grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, False)  # (one walk per item)
-        args, kwargs = _arguments(p, c, (dout, delta, dk, dv, acc, counters), (lq, lk), captures, items)
-        if kept is None:
-            launch_cached(flex_bwd_sm90_kernel, grid, args, kwargs)
-        else:
-            kept["sm90 grid"] = grid
-            launch_kept(kept, "sm90", grid, tensors, lambda: (flex_bwd_sm90_kernel, args, kwargs))
+        return (flex_bwd_sm90_kernel, grid,
+                *_arguments(p, c, (dout, delta, dk, dv, acc, counters), (lq, lk), captures, items))
+    if kept is None:
+        launch_cached(*build())
+    else:
+        launch_built(kept, "sm90", tensors, build)
     pipeline.convert(lambda *a: launch_args(kept, "convert", *a), acc, counters, dq.transpose(1, 2), lse,
                      (p.heads_kv, nk, mb), p.scale, True)
 

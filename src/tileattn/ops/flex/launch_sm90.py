@@ -11,7 +11,7 @@ import dataclasses
 import torch
 import triton
 
-from ...launcher import launch_kept
+from ...launcher import launch_built
 from ..common import launch_sm90 as pipeline
 from ..common.backend import Backend
 from ..common.configs import sm90_config
@@ -71,7 +71,6 @@ def _full_lists(num_q, num_kv, device):
 class Sm90Backend(Backend):
     name = "flex.sm90"
     gluon = True
-    keeps_fp8 = True  # its kept launch replays fp8 calls (descale tensors vary, numbers are in the plan key)
 
     def supports(self, p):
         if p.head_dim not in (64, 128):
@@ -93,9 +92,9 @@ class Sm90Backend(Backend):
     def run(self, p, c, kept=None):
         """Fill c.out (and c.lse). fp8: the descales are split here (numbers fold into the scale and the
         output factor), a plain value is packed (fp8_v_layout).
-        kept: a launch plan's dict (plans.py): the first run launches through launcher.launch_kept and keeps the
-        launcher there, later runs replay it on this call's tensors (the plan's key fixes every other argument,
-        descale numbers included). None: Triton's normal launch."""
+        kept: a launch plan's dict (plans.py), in which the launch is kept and replayed on this call's tensors
+        (launcher.launch_built; the plan's key fixes every other argument, descale numbers included). None:
+        Triton's normal launch."""
         B, H, Sq, _ = c.query.shape
         lists = mask_lists(c.lists, triton.cdiv(c.key.shape[2], BLOCK), triton.cdiv(Sq, BLOCK), c.query.device)
         captures = mod_captures(p, c)
@@ -105,18 +104,15 @@ class Sm90Backend(Backend):
         # the kernel's tensors in argument order (what launch_cached varies): descriptor bases first
         tensors = [c.query, c.key, v, c.out, lse, *[d if d is not None else lse for d in descales[2]], *lists,
                    *(t for caps in captures for t in caps)]
-        launch = kept.get("fwd") if kept is not None else None
-        if launch is not None:
-            launch(kept["grid"], *tensors)
-            return
-        cfg = sm90_config(p.head_dim, p.dtype)
-        grid = pipeline.grid(_grid_config(cfg), Sq, B * H, c.query.device)
-        args, kwargs = _arguments(p, c, cfg, v, lists, captures, descales)
+        def build():
+            cfg = sm90_config(p.head_dim, p.dtype)
+            grid = pipeline.grid(_grid_config(cfg), Sq, B * H, c.query.device)
+            return (flex_fwd_sm90_kernel, grid, *_arguments(p, c, cfg, v, lists, captures, descales))
         if kept is None:
-            flex_fwd_sm90_kernel[grid](*args, **kwargs)
-            return
-        kept["grid"] = grid
-        launch_kept(kept, "fwd", grid, tensors, lambda: (flex_fwd_sm90_kernel, args, kwargs))
+            kernel, grid, args, kwargs = build()
+            kernel[grid](*args, **kwargs)
+        else:
+            launch_built(kept, "fwd", tensors, build)
 
 
 def _v_operand(p, value):

@@ -3,7 +3,7 @@ interpreter. fp8 inputs are dequantized to the output dtype first (real values: 
 import torch
 import triton
 
-from ...launcher import launch_kept
+from ...launcher import launch_args
 from ..common.backend import Backend
 from ..common.fp8 import Fp8V
 from .configs import flex_config
@@ -26,24 +26,18 @@ def _dequantize(x, descale, group):
 class TritonBackend(Backend):
     """Every flex problem: any block sizes (multiples of 16), lengths and head dims up to 256."""
     name = "flex.triton"
-    keeps_fp8 = False  # fp8 inputs are dequantized per call: no kept launch
 
     def supports(self, p):
         return True, ""
 
     def run(self, p, c, kept=None):
-        """Fill c.out (and c.lse). kept: a launch plan's dict (plans.py; 16-bit problems), in which the launch is
-        kept and replayed as in launch_sm90.Sm90Backend.run; None: Triton's normal launch."""
+        """Fill c.out (and c.lse). kept: a launch plan's dict (plans.py), in which the launch is kept and replayed
+        (launcher.launch_args); None, and fp8 inputs (dequantized per call), take Triton's normal launch."""
         query, key, value, out, lse = c.query, c.key, c.value, c.out, c.lse
         num, idx, fnum, fidx = c.lists if c.lists is not None else (None,) * 4
         dummy = out  # never read where a block-mask tensor is absent
         lists = [t if t is not None else dummy for t in (num, idx, fnum, fidx)]
         captures = mod_captures(p, c)
-        tensors = (query, key, value, out, lse, *lists, *(t for caps in captures for t in caps))
-        launch = kept.get("fwd") if kept is not None else None
-        if launch is not None:
-            launch(kept["grid"], *tensors)
-            return
         if p.fp8:  # the kernel takes 16-bit inputs: dequantize (real values, then the output dtype)
             q_descale, k_descale, v_descale = c.descales
             query, key, value = (_dequantize(x, d, g).to(p.out_dtype) for x, d, g in
@@ -66,10 +60,7 @@ class TritonBackend(Backend):
             BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=triton.next_power_of_2(Dv),
             RETURN_LSE=p.return_lse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        if kept is None:
+        if kept is None or p.fp8:
             flex_fwd_kernel[grid](*args, **kwargs)
-            return
-        if p.fp8:
-            raise ValueError("flex.triton: launch plans serve 16-bit problems (fp8 inputs are dequantized per call)")
-        kept["grid"] = grid
-        launch_kept(kept, "fwd", grid, list(tensors), lambda: (flex_fwd_kernel, args, kwargs))
+        else:
+            launch_args(kept, "fwd", flex_fwd_kernel, grid, args, kwargs)

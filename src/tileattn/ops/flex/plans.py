@@ -157,11 +157,10 @@ def lookup(qkv, score_mod, block_mask, scale, enable_gqa, return_lse, grad, fp8=
         plan = entry.get(okey)
     if plan is None:
         p, c = _describe(qkv, smod, block_mask, scale, out_dtype, return_lse, grad)
-        backend = dispatch.select(p)[0]
-        plan = Plan(p, backend, any(t is not None and t.stride(-1) != 1 for t in lists[1::2]))
+        plan = Plan(p, dispatch.select(p)[0], any(t is not None and t.stride(-1) != 1 for t in lists[1::2]))
         if okey is not None and _caching[0]:
             entry[okey] = plan
-        if okey is None or not _caching[0] or (p.fp8 and not backend.keeps_fp8):
+        else:
             plan.kept = None  # Triton's normal launch
         c.descales = tuple(descales)
         return p, c, plan
