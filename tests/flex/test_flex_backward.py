@@ -4,9 +4,12 @@ import warnings
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import tileattn
 from tileattn import mods
+from tileattn.ops.common.bwd_kernels import chain_group
 from tileattn.ops.flex.reference import flex_ref
 
 from tests.flex.test_flex import DT, bias_mods, qkv, ready_mods
@@ -293,6 +296,56 @@ def test_gpu_flex_backward_sm90_deterministic(device, sm90_bwd):
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
     assert len(sm90_bwd) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_flex_backward_sm90_head_groups(device, sm90_bwd, monkeypatch):
+    """Work items of several heads interleaved (launch_bwd_sm90.HEAD_GROUP: 6 (batch, kv head) pairs in groups of
+    4 and 2) on a document mask (non-causal inside: every key block of a document starts at its first query
+    block) change only when the programs start: gradients bit-identical to head-by-head order's."""
+    from tileattn.ops.common import launch_bwd_sm90 as pipeline
+    from tileattn.ops.flex import plans
+    q, k, v = (t.requires_grad_() for t in qkv(3, 4, 2048, 2048, 128, torch.bfloat16, device, hkv=2))
+    bm = flex_mod.create_block_mask(mods.document(mods.document_ids_from_lengths([700, 1000, 348], device=device)),
+                                    3, 4, 2048, 2048, device=device)
+    dout = randn(3, 4, 2048, 128, dtype=torch.bfloat16, device=device)
+
+    def grads(group):
+        monkeypatch.setitem(pipeline.HEAD_GROUP, "flex", group)
+        plans.clear_plans()  # (a plan keeps its backward's launches)
+        return torch.autograd.grad(tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=True), (q, k, v),
+                                   dout)
+    ref = grads(1)
+    assert all(torch.equal(a, b) for a, b in zip(ref, grads(4)))
+    assert len(sm90_bwd) == 2
+
+
+@triton.jit
+def _chain_probe(out, chain):
+    tl.store(out, chain_group(*chain))
+
+
+@pytest.mark.parametrize("name,group", [("document", 4), ("full", 4), ("causal", 1), ("sliding_window", 1),
+                                        ("prefix_lm", 1)])
+def test_chain_group(name, group, device):
+    """bwd_kernels.chain_group (the flex Hopper backward's work-item order, computed by the preprocess): the head
+    group where most key blocks start their walks at the query block where the next key block starts (a document
+    mask's, no mask at all), 1 where the starts rise with the key blocks (causal-like masks; prefix-LM: only its 8
+    prefix key blocks tie)."""
+    from tileattn.ops.flex import launch_bwd_sm90
+    from tileattn.ops.flex.problem import FlexCall
+    N = 4096
+    mask = {"document": mods.document(mods.document_ids_from_lengths([700, 1500, 1000, 896], device=device)),
+            "full": None, "causal": mods.causal, "sliding_window": mods.sliding_window(512),
+            "prefix_lm": mods.prefix_lm(1024)}[name]
+    p = type("P", (), dict(seqlen_q=N, seqlen_k=N, device=torch.device(device)))
+    tlists = None
+    if mask is not None:
+        bm = flex_mod.create_block_mask(mask, None, None, N, N, device=device)
+        tlists = (bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices)
+    out = torch.zeros(1, dtype=torch.int32, device=device)
+    _chain_probe[(1,)](out, launch_bwd_sm90.chain_args(p, FlexCall(None, None, None, tlists=tlists)))
+    assert out.item() == (launch_bwd_sm90.pipeline.HEAD_GROUP["flex"] if group > 1 else 1)
 
 
 def test_mod_derivative_not_finite_where_masked(device):

@@ -23,13 +23,14 @@ def seq_rows(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 @triton.jit
 def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
                           stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh, ZERO,
-                          zero_count, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+                          zero_count, chain, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
                           IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32,
-                          ZERO_CHUNK: tl.constexpr = 0):
+                          ZERO_CHUNK: tl.constexpr = 0, CHAIN: tl.constexpr = False):
     """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
     layout (dlse contiguous along the sequence). ZERO_CHUNK > 0: the programs also zero the int32 buffer ZERO
     [zero_count], ZERO_CHUNK elements each in the order of (B * Hq, query block) (the Hopper backward's counters,
-    launch_bwd_sm90.zero_args: one launch fewer than a fill)."""
+    launch_bwd_sm90.zero_args: one launch fewer than a fill). CHAIN (the flex Hopper backward): program (0, 0)
+    also writes ZERO[zero_count] = the kernel's head group (chain_group)."""
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     if i_bh >= num_bh:
@@ -37,6 +38,9 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
     if ZERO_CHUNK > 0:
         o_z = (i_bh * tl.num_programs(0) + i_m) * ZERO_CHUNK + tl.arange(0, ZERO_CHUNK)
         tl.store(ZERO + o_z, tl.zeros([ZERO_CHUNK], tl.int32), mask=o_z < zero_count)
+    if CHAIN:
+        if i_m + i_bh == 0:
+            tl.store(ZERO + zero_count, chain_group(*chain))
     i_b = i_bh // num_heads
     i_h = (i_bh % num_heads).to(tl.int64)
     q0, _, seqlen_q, _ = seq_rows(i_b, cu_q, cu_q, seqlen_q, seqlen_q, IS_VARLEN)
@@ -60,6 +64,34 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
     if HAS_DLSE:
         delta -= tl.load(DLSE + glb + i_h * stride_glh + o_m, mask=m_ok, other=0.0)
     tl.store(DELTA + lb + i_h * stride_lh + o_m, delta, mask=m_ok)
+
+
+@triton.jit
+def chain_group(num, idx, fnum, fidx, s_num, s_idx, s_fnum, s_fidx, num_kv_blocks, group):
+    """The flex Hopper backward's head group (launch_bwd_sm90.HEAD_GROUP) for a block mask whose transposed lists
+    of (batch 0, head 0) are num, idx (partial) and fnum, fidx (full; s_*: their strides along the key blocks):
+    `group` where most key blocks start their walk (their first query block) where the next key block starts
+    too, as a document mask's do (each dQ add of that block then waits for the one of the key block above: the
+    chain is long, and interleaving heads spaces its key blocks out), else 1. Reads 4 entries per key block."""
+    o = tl.arange(0, 128)
+    ties = 0
+    for c in range(0, num_kv_blocks - 1, 128):
+        n = c + o
+        ok = n < num_kv_blocks - 1
+        s0 = _walk_start(num, idx, fnum, fidx, s_num, s_idx, s_fnum, s_fidx, n, ok)
+        s1 = _walk_start(num, idx, fnum, fidx, s_num, s_idx, s_fnum, s_fidx, n + 1, ok)
+        ties += tl.sum(((s0 == s1) & (s0 < 2 ** 30) & ok).to(tl.int32), axis=0)
+    return tl.where(2 * ties >= num_kv_blocks, group, 1)
+
+
+@triton.jit
+def _walk_start(num, idx, fnum, fidx, s_num, s_idx, s_fnum, s_fidx, n, ok):
+    """First query block of key block n's transposed lists (2^30 where both are empty)."""
+    n_p = tl.load(num + n * s_num, mask=ok, other=0)
+    n_f = tl.load(fnum + n * s_fnum, mask=ok, other=0)
+    first_p = tl.load(idx + n * s_idx, mask=ok & (n_p > 0), other=2 ** 30)
+    first_f = tl.load(fidx + n * s_fidx, mask=ok & (n_f > 0), other=2 ** 30)
+    return tl.minimum(tl.where(n_p > 0, first_p, 2 ** 30), tl.where(n_f > 0, first_f, 2 ** 30))
 
 
 @triton.jit

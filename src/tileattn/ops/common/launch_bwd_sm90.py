@@ -110,6 +110,26 @@ def meta(d):
 ROTATE_MAX_KV_BLOCKS = 64
 
 
+# Work items of this many (batch, kv head) pairs are interleaved on the plain grid (gluon_bwd_sm90_walk.work_item):
+# key block n of each, then n - 1 of each, ..., so that a head's consecutive key blocks start this many dispatches
+# apart. Where the key blocks of a head start their walks at the same query block (a document mask's blocks,
+# non-causal problems), they otherwise start together and each dQ add to that block waits for the one of the key
+# block above it: the lowest key block waits for the whole chain. More heads in flight cost L2 hits, though.
+# Measured on the H100 (2026-11-25, `scripts/sweep.py bwd-order`, backward ms for groups 1 / 2 / 4 / 8, gradients
+# bit-identical): flex N=8192 B=4 H=16 D=128 documents 4.24 / 4.07 / 3.79 / 3.70, causal 5.77 / 5.86 / 5.91 /
+# 7.89, ALiBi 6.34 / 6.38 / 6.58 / 8.45, softcap 7.98 / 7.99 / 8.21 / 9.48, prefix-LM 5.96 / 5.83 / 5.98 / 7.89,
+# sliding window even up to 4; dense fp16 B=4 H=32: D=128 causal 8K 11.85 / 11.70 / 12.03 / 16.36, non-causal 16K
+# 79.8 / 80.6 / 82.2 / 116.2, D=64 causal 16K 23.7 / 23.7 / 25.9 / 28.0. So dense keeps 1, and flex takes 4 only
+# where the mask's walks start in ties (bwd_kernels.chain_group, decided on the GPU by the preprocess).
+HEAD_GROUP = {"dense": 1, "flex": 4}
+
+
+def head_group(op, rotate):
+    """The plain grid's head group of op ("dense" or "flex": the group where chain_group finds ties); 1 for the
+    rotated walks (rounds of whole heads)."""
+    return 1 if rotate else HEAD_GROUP[op]
+
+
 def grid(d, num_kv_blocks, num_bh, device, rotatable):
     """(grid, items, rotate): the work items are (key block, batch * kv head) pairs. One program per item, or,
     where the config is persistent and the problem `rotatable` (every key block sees every query block), a
@@ -138,16 +158,18 @@ def counter_count(batch, heads_q, heads_kv, q_blocks):
     return turns, turns + batch * heads_kv
 
 
-def zero_args(counters, programs, unused):
+def zero_args(counters, programs, unused, chain=None):
     """(args, kwargs) that make the backward's preprocess (bwd_kernels.bwd_preprocess_kernel, `programs` programs)
     zero the counter buffer: the buffer is allocated empty, and the preprocess runs before the kernel on the same
     stream (a fill would cost one launch more per backward: host time, the N = 1K rows' bottleneck). counters None
-    (a backward off this pipeline): nothing zeroed, `unused` (any tensor) stands for the buffer."""
+    (a backward off this pipeline): nothing zeroed, `unused` (any tensor) stands for the buffer. chain (flex):
+    bwd_kernels.chain_group's arguments; the preprocess then writes the kernel's head group into the buffer's
+    last element (alloc_counters makes one more) instead of zeroing it."""
     if counters is None:
-        return (unused, 0), {}
-    n = counters.numel()
+        return (unused, 0, ()), {}
+    n = counters.numel() - (chain is not None)
     chunk = max(2, triton.next_power_of_2(triton.cdiv(n, programs)))
-    return (counters, n), dict(ZERO_CHUNK=chunk)
+    return (counters, n, chain or ()), dict(ZERO_CHUNK=chunk, CHAIN=chain is not None)
 
 
 def convert(launch, acc, counters, dq, lse, counts, scale, zero_unseen):

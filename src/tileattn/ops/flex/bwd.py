@@ -50,7 +50,8 @@ def flex_bwd(p, c, dout, dlse, plan=None):
     pm = 64 if bdv <= 128 else 32
     sm90 = not launch_bwd_sm90.reason(p, dout) and lse.stride() == delta.stride()
     counters = launch_bwd_sm90.alloc_counters(p) if sm90 else None  # (zeroed by the preprocess)
-    zero, zero_kw = zero_args(counters, triton.cdiv(Sq, pm) * B * H, delta)
+    chain = launch_bwd_sm90.chain_args(p, c) if sm90 else None
+    zero, zero_kw = zero_args(counters, triton.cdiv(Sq, pm) * B * H, delta, chain)
     # the preprocess reads (batch, sequence, head) strides
     launch_args(kept, "preprocess sm90" if sm90 else "preprocess", bwd_preprocess_kernel,
                 (triton.cdiv(Sq, pm), B * H, 1), (

@@ -47,10 +47,20 @@ def _fx(lists):
 
 
 def alloc_counters(p):
-    """The kernel's int32 counter buffer for problem p (pipeline.counter_count), not zeroed: the preprocess
-    zeroes it (pipeline.zero_args)."""
+    """The kernel's int32 counter buffer for problem p (pipeline.counter_count), then one element for its head
+    group, not zeroed: the preprocess zeroes the counters and writes the head group (pipeline.zero_args with
+    chain_args)."""
     n = pipeline.counter_count(p.batch, p.heads_q, p.heads_kv, _q_blocks(p))[1]
-    return torch.empty(n, dtype=torch.int32, device=p.device)
+    return torch.empty(n + 1, dtype=torch.int32, device=p.device)
+
+
+def chain_args(p, c):
+    """bwd_kernels.chain_group's arguments for call c: the transposed lists (batch 0, head 0 at their base), their
+    strides along the key blocks, the key blocks, and the head group to take where the walks start in ties."""
+    nq, nk = triton.cdiv(p.seqlen_q, BLOCK), triton.cdiv(p.seqlen_k, BLOCK)
+    num, idx, fnum, fidx = mask_lists(c.tlists, nq, nk, p.device)
+    return (num, idx, fnum, fidx, mask_strides(num)[2], mask_strides(idx)[2], mask_strides(fnum)[2],
+            mask_strides(fidx)[2], nk, pipeline.HEAD_GROUP["flex"])
 
 
 def flex_bwd_sm90(p, c, dout, delta, grads, counters, kept=None):
