@@ -4,11 +4,13 @@
 flex_bwd_sm90_kernel, FLEX mode: query blocks from a block mask's lists, traced score / mask mods).
 
 Work items are (key block of BLOCK_N = 128 keys, batch * kv head) pairs, (batch, kv head)-major with the highest key
-block first (walk.work_item). One CTA per item, or (ROTATE) a persistent, cooperatively launched grid whose programs
-walk items pid, pid + programs, ... with K and V reloaded per item behind a kv_empty barrier. An item walks the query
-blocks (BLOCK_M = 64 or 128 rows: launch_bwd_sm90.CONFIGS) that see its keys, for every query head of the kv
-head's group, in ascending order (masked blocks below the unmasked range, the unmasked range, masked blocks above;
-flex: the block mask's transposed lists, its partial blocks (masked by mask_mod) then its full ones). Partitions:
+block first, or with the key blocks of a group of heads interleaved (walk.work_item; flex where its mask's walks
+start in ties: bwd_kernels.chain_group). One CTA per item, or (ROTATE) a persistent, cooperatively launched grid
+whose programs walk items pid, pid + programs, ... with K and V reloaded per item behind a kv_empty barrier. An
+item walks the query blocks (BLOCK_M = 64 or 128 rows: launch_bwd_sm90.CONFIGS) that see its keys, for every query
+head of the kv head's group, in ascending order (masked blocks below the unmasked range, the unmasked range, masked
+blocks above; flex: the block mask's transposed lists, its partial blocks (masked by mask_mod) then its full ones).
+Partitions:
   - loader (1 warp): K and V once, then each step's Q and dO tiles into a ring of STAGES slots (TMA), with the
     rows' lse and delta beside them (through registers: the consumers read them from shared memory where they
     use them instead of holding 32 registers across the wgmma waits);

@@ -30,8 +30,8 @@ def work_item(item, wk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: 
     group G > 1 (wk[8]; flex: where it is in memory; never with ROTATE, whose rounds hold whole heads), G (batch,
     kv head) pairs at a time are interleaved: key block n of each of the G heads, then key block n - 1 of each,
     ... (so a head's consecutive key blocks are dispatched G items apart: launch_bwd_sm90.HEAD_GROUP). Either way
-    a head's higher key blocks come first, which the dQ turns' order needs. Dense: sched = (query_range(...), rot): rot is where the key
-    block's walk of the unmasked range starts (ROTATE, else 0)."""
+    a head's higher key blocks come first, which the dQ turns' order needs. Dense: sched = (query_range(...),
+    rot): rot is where the key block's walk of the unmasked range starts (ROTATE, else 0)."""
     num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group = wk
     if ROTATE:
         i_bh = item // num_kv_blocks
