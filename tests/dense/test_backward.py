@@ -593,35 +593,6 @@ def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
         assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
-def test_gpu_backward_sm90_head_groups(D, device, monkeypatch):
-    """Work items of several heads interleaved (launch_bwd_sm90.HEAD_GROUP; 6 (batch, kv head) pairs in groups of
-    4 and 2, or of 5 and 1) change only when the programs start, not the order of any dQ sum: the gradients are
-    bit-identical to those of head-by-head order, which agree with the Triton kernels'."""
-    from tileattn.ops.common.tma import gluon_sm90_reason
-    from tileattn.ops.dense import launch_bwd_sm90, plans
-    q = leaf(3, 2048, 8, D, dtype=torch.float16, device=device)
-    k, v = (leaf(3, 2048, 2, D, dtype=torch.float16, device=device) for _ in range(2))
-    if gluon_sm90_reason(q.device):
-        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
-    launches = _sm90_launches(monkeypatch)
-    w = torch.randn(3, 2048, 8, D, device=device)
-
-    def grads(mode, group=1):
-        monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
-        monkeypatch.setitem(launch_bwd_sm90.pipeline.HEAD_GROUP, "dense", group)
-        plans.clear_plans()
-        return torch.autograd.grad((tileattn.attention(q, k, v, causal=True).float() * w).sum(), (q, k, v))
-    ref = grads("1")
-    for group in (4, 5):
-        assert all(torch.equal(a, b) for a, b in zip(ref, grads("1", group)))
-    assert {args[25] for _, args, kw in launches if "ROTATE" in kw} == {1, 4, 5}  # (the kernel's head_group)
-    for a, b in zip(ref, grads("0")):
-        assert torch.isfinite(a).all()
-        assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
-
-
 @pytest.mark.parametrize("B,H,Hkv,Sq", [(2, 8, 4, 300), (1, 3, 1, 64)])
 def test_sm90_backward_counters_zeroed_by_preprocess(B, H, Hkv, Sq, device):
     """The Hopper backward's counters (a turn counter per (B * Hq, query block), then a done counter per (B, Hkv))

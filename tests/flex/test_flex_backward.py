@@ -300,7 +300,7 @@ def test_gpu_flex_backward_sm90_deterministic(device, sm90_bwd):
 
 @pytest.mark.gpu
 def test_gpu_flex_backward_sm90_head_groups(device, sm90_bwd, monkeypatch):
-    """Work items of several heads interleaved (launch_bwd_sm90.HEAD_GROUP: 6 (batch, kv head) pairs in groups of
+    """Work items of several heads interleaved (launch_bwd_sm90.FLEX_HEAD_GROUP: 6 (batch, kv head) pairs in groups of
     4 and 2) on a document mask (non-causal inside: every key block of a document starts at its first query
     block) change only when the programs start: gradients bit-identical to head-by-head order's."""
     from tileattn.ops.common import launch_bwd_sm90 as pipeline
@@ -311,7 +311,7 @@ def test_gpu_flex_backward_sm90_head_groups(device, sm90_bwd, monkeypatch):
     dout = randn(3, 4, 2048, 128, dtype=torch.bfloat16, device=device)
 
     def grads(group):
-        monkeypatch.setitem(pipeline.HEAD_GROUP, "flex", group)
+        monkeypatch.setattr(pipeline, "FLEX_HEAD_GROUP", group)
         plans.clear_plans()  # (a plan keeps its backward's launches)
         return torch.autograd.grad(tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=True), (q, k, v),
                                    dout)
@@ -345,7 +345,7 @@ def test_chain_group(name, group, device):
         tlists = (bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices)
     out = torch.zeros(1, dtype=torch.int32, device=device)
     _chain_probe[(1,)](out, launch_bwd_sm90.chain_args(p, FlexCall(None, None, None, tlists=tlists)))
-    assert out.item() == (launch_bwd_sm90.pipeline.HEAD_GROUP["flex"] if group > 1 else 1)
+    assert out.item() == (launch_bwd_sm90.pipeline.FLEX_HEAD_GROUP if group > 1 else 1)
 
 
 def test_mod_derivative_not_finite_where_masked(device):

@@ -68,7 +68,7 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
 
 @triton.jit
 def chain_group(num, idx, fnum, fidx, s_num, s_idx, s_fnum, s_fidx, num_kv_blocks, group):
-    """The flex Hopper backward's head group (launch_bwd_sm90.HEAD_GROUP) for a block mask whose transposed lists
+    """The flex Hopper backward's head group (launch_bwd_sm90.FLEX_HEAD_GROUP) for a block mask whose transposed lists
     of (batch 0, head 0) are num, idx (partial) and fnum, fidx (full; s_*: their strides along the key blocks):
     `group` where most key blocks start their walk (their first query block) where the next key block starts
     too, as a document mask's do (each dQ add of that block then waits for the one of the key block above: the

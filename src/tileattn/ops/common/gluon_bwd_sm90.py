@@ -417,7 +417,7 @@ def attn_bwd_pipeline(
     q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr,
     stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks, num_kv_blocks,
-    num_items, head_group, scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fk, caps_s, caps_m,
+    num_items, head_group_ptr, scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fk, caps_s, caps_m,
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
@@ -425,8 +425,9 @@ def attn_bwd_pipeline(
     MASK_MOD: gl.constexpr, ROTATE: gl.constexpr,
 ):
     """Shared memory, barriers and the partitions. The dense and flex kernels' docstrings say what their
-    arguments hold; fx (the transposed block lists), fk (the forward ones), caps_s / caps_m, SCORE_GRAD /
-    MASK_MOD, Q_BLOCK are the flex mode's block mask and mods (placeholders for dense)."""
+    arguments hold; head_group_ptr (where the work items' head group is: walk.work_item), fx (the transposed block
+    lists), fk (the forward ones), caps_s / caps_m, SCORE_GRAD / MASK_MOD, Q_BLOCK are the flex mode's block mask
+    and mods (placeholders for dense)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -436,7 +437,7 @@ def attn_bwd_pipeline(
     else:
         off_diag = 0
     # the work items and what _item needs to place them; a program takes items pid, pid + programs, ...
-    wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group)
+    wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group_ptr)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)

@@ -110,24 +110,19 @@ def meta(d):
 ROTATE_MAX_KV_BLOCKS = 64
 
 
-# Work items of this many (batch, kv head) pairs are interleaved on the plain grid (gluon_bwd_sm90_walk.work_item):
-# key block n of each, then n - 1 of each, ..., so that a head's consecutive key blocks start this many dispatches
-# apart. Where the key blocks of a head start their walks at the same query block (a document mask's blocks,
-# non-causal problems), they otherwise start together and each dQ add to that block waits for the one of the key
-# block above it: the lowest key block waits for the whole chain. More heads in flight cost L2 hits, though.
-# Measured on the H100 (2026-11-25, `scripts/sweep.py bwd-order`, backward ms for groups 1 / 2 / 4 / 8, gradients
-# bit-identical): flex N=8192 B=4 H=16 D=128 documents 4.24 / 4.07 / 3.79 / 3.70, causal 5.77 / 5.86 / 5.91 /
-# 7.89, ALiBi 6.34 / 6.38 / 6.58 / 8.45, softcap 7.98 / 7.99 / 8.21 / 9.48, prefix-LM 5.96 / 5.83 / 5.98 / 7.89,
-# sliding window even up to 4; dense fp16 B=4 H=32: D=128 causal 8K 11.85 / 11.70 / 12.03 / 16.36, non-causal 16K
-# 79.8 / 80.6 / 82.2 / 116.2, D=64 causal 16K 23.7 / 23.7 / 25.9 / 28.0. So dense keeps 1, and flex takes 4 only
-# where the mask's walks start in ties (bwd_kernels.chain_group, decided on the GPU by the preprocess).
-HEAD_GROUP = {"dense": 1, "flex": 4}
-
-
-def head_group(op, rotate):
-    """The plain grid's head group of op ("dense" or "flex": the group where chain_group finds ties); 1 for the
-    rotated walks (rounds of whole heads)."""
-    return 1 if rotate else HEAD_GROUP[op]
+# The flex backward's work items interleave this many (batch, kv head) pairs where its block mask's walks start in
+# ties (bwd_kernels.chain_group, decided on the GPU by the preprocess; gluon_bwd_sm90_walk.work_item): key block n of
+# each, then n - 1 of each, ..., so that a head's consecutive key blocks start this many dispatches apart. Where the
+# key blocks of a head start their walks at the same query block (a document mask's), they would otherwise start
+# together, and each dQ add to that block waits for the one of the key block above: the lowest key block waits for
+# the whole chain. More heads in flight cost L2 hits, though. Measured on the H100 (2026-11-25, `scripts/sweep.py
+# bwd-order` on c721a1c, where every mask and dense took the group given; backward ms for 1 / 2 / 4 / 8 heads,
+# gradients bit-identical): flex N=8192 B=4 H=16 D=128 documents 4.24 / 4.07 / 3.79 / 3.70, causal 5.77 / 5.86 /
+# 5.91 / 7.89, ALiBi 6.34 / 6.38 / 6.58 / 8.45, softcap 7.98 / 7.99 / 8.21 / 9.48, prefix-LM 5.96 / 5.83 / 5.98 /
+# 7.89, sliding window even up to 4; dense fp16 B=4 H=32: D=128 causal 8K 11.85 / 11.70 / 12.03 / 16.36,
+# non-causal 16K 79.8 / 80.6 / 82.2 / 116.2, D=64 causal 16K 23.7 / 23.7 / 25.9 / 28.0. Hence 4, only on ties, and
+# dense head by head (its non-causal problems up to 8K take the rotated walks).
+FLEX_HEAD_GROUP = 4
 
 
 def grid(d, num_kv_blocks, num_bh, device, rotatable):

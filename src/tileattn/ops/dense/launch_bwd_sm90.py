@@ -76,8 +76,8 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
         gluon_desc(do, [1, bm, 1, d]), lse, delta, dk, dv,
         gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, counters, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
-        p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, pipeline.head_group("dense", rotate), scale, qk_scale,
-        softcap_scale, softcap_out, left, right),
+        p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, scale, qk_scale, softcap_scale, softcap_out, left,
+        right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
              HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), ROTATE=rotate,
              launch_cooperative_grid=rotate, **meta))

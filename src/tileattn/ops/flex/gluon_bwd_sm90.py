@@ -28,11 +28,11 @@ def flex_bwd_sm90_kernel(
     scale (positive), qk_scale = scale * log2 e (used without a score mod)."""
     # where the preprocess wrote the work items' head group: after the counters (bwd_kernels.chain_group; each
     # partition reads it where it places an item, walk.work_item)
-    head_group = sem_ptr + num_items // num_kv_blocks * (group_size * num_q_blocks + 1)
+    head_group_ptr = sem_ptr + num_items // num_kv_blocks * (group_size * num_q_blocks + 1)
     attn_bwd_pipeline(
         q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr, stride_lb, stride_lh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads,
-        group_size, num_q_blocks, num_kv_blocks, num_items, head_group, scale, qk_scale, 1.0, 1.0, 0, 0, fx, fk, caps_s,
-        caps_m,
+        group_size, num_q_blocks, num_kv_blocks, num_items, head_group_ptr, scale, qk_scale, 1.0, 1.0, 0, 0, fx, fk,
+        caps_s, caps_m,
         STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, False, False, False, False, True, TMA_DQ, FLEX, 128,
         SCORE_GRAD, MASK_MOD, False)

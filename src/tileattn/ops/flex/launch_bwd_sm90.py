@@ -60,7 +60,7 @@ def chain_args(p, c):
     nq, nk = triton.cdiv(p.seqlen_q, BLOCK), triton.cdiv(p.seqlen_k, BLOCK)
     num, idx, fnum, fidx = mask_lists(c.tlists, nq, nk, p.device)
     return (num, idx, fnum, fidx, mask_strides(num)[2], mask_strides(idx)[2], mask_strides(fnum)[2],
-            mask_strides(fidx)[2], nk, pipeline.HEAD_GROUP["flex"])
+            mask_strides(fidx)[2], nk, pipeline.FLEX_HEAD_GROUP)
 
 
 def flex_bwd_sm90(p, c, dout, delta, grads, counters, kept=None):
