@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [bwd-order] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [sanitize-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [sanitize-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -187,12 +187,6 @@ for s in $steps; do
     sweep-bwd)
       timeout 500 python3 scripts/sweep.py bwd ${SWEEP_ARGS:-} > "$OUT/sweep_bwd.log" 2>&1; rc=$?
       summary+=("sweep-bwd rc=$rc"); grep -E "^(D=|FLEX)" "$OUT/sweep_bwd.log" ;;
-    bwd-order)
-      # the Hopper backward's head groups (ORDER_ARGS: `sweep.py bwd-order` options; default the dense causal rows of
-      # the heavy-first order, its largest group 1 / 4 / 16)
-      timeout ${ORDER_TIMEOUT:-400} python3 scripts/sweep.py bwd-order ${ORDER_ARGS:---groups 1,4,16 --flex-mods "" \
-        --dense "128,1,1024;128,1,2048;128,1,4096;128,1,8192;64,1,1024;64,1,2048;64,1,4096"} > "$OUT/bwd_order.log" 2>&1; rc=$?
-      summary+=("bwd-order rc=$rc"); grep -E "^ORDER" "$OUT/bwd_order.log" ;;
     sweep-bwd-large-d)
       timeout ${BWDL_TIMEOUT:-400} python3 scripts/sweep.py bwd-large-d ${BWDL_ARGS:-} > "$OUT/sweep_bwd_large_d.log" 2>&1; rc=$?
       summary+=("sweep-bwd-large-d rc=$rc"); grep -E "^BWDL" "$OUT/sweep_bwd_large_d.log" | cut -c1-400 ;;

@@ -29,11 +29,10 @@ timed; a config that fails the check, does not compile or is refused is reported
     mla     [--quick]: MLA decode (MLASm90Config, MLAConfig), GB/s per (shape, config), and the read bandwidth
     mla-sched [--shapes BxKVxHQxSQ;...] [--waves 1,2] [--configs I,J]: MLA decode schedules (plan._WAVES) and
             configs (MLA_SCHED): eager and CUDA-graph ms, host us per call: "SCHED <shape>:" then a line each
-    bwd-order [--groups 1,2,4,8] [--flex-mods all] [--dense "D,causal,N;..."]: the Hopper backward's head groups:
-            flex (launch_bwd_sm90.FLEX_HEAD_GROUP: taken where the mask's walks start in ties) on the flex bench's
-            mods (N=8192), dense rows (HEAVY_FIRST_MAX: the heavy-first order's largest group, causal rules), two
-            rounds with the groups alternated; each group's gradients must equal the first group's bit for bit:
-            "ORDER <case>: torch|cudnn <ms> | g=<G>: <ms> | ..."
+    bwd-order [--groups 1,2,4,8] [--flex-mods all]: the flex Hopper backward's head group
+            (launch_bwd_sm90.FLEX_HEAD_GROUP: taken where the mask's walks start in ties) on the flex bench's mods
+            (N=8192), two rounds with the groups alternated; each group's gradients must equal group 1's bit for
+            bit: "ORDER <case>: torch <ms> | g=<G>: <ms> | ..."
     decode  [--quick]: attention over a paged KV cache (DecodeConfig, and plan.FINE_WAVES / FINE_STEPS), GB/s per
             (shape, config): "DEC <shape> (<table's choice>): <cfg>: <GB/s> | ..."
 
@@ -378,71 +377,43 @@ def bwd(a):
 
 
 def bwd_order(a):
-    """The Hopper backward per head group: flex (launch_bwd_sm90.FLEX_HEAD_GROUP, taken where the block mask's walks
-    start in ties; the flex bench's mods at N=8192, B=4, H=16, D=128, bf16) and dense rows (HEAVY_FIRST_MAX, the
-    largest group of the heavy-first order under causal rules; B=4, H=32, fp16). Per case: the peer timed, then
-    every group twice (second round in reverse order), the best of the two kept; plans cleared at each switch (a
-    plan keeps the launch it was made with). A group whose gradients differ from the first group's in any bit is
-    reported as DIFFERS."""
+    """The flex Hopper backward per head group (launch_bwd_sm90.FLEX_HEAD_GROUP, taken where the block mask's walks
+    start in ties) on the flex bench's mods at N=8192 (B=4, H=16, D=128, bf16). Per mod: torch's compiled backward
+    timed, then every group twice (second round in reverse order), the best of the two kept; plans cleared at each
+    switch (a flex plan keeps its backward's launches from its forward on: each group gets a new forward). A group
+    whose gradients differ from the first group's in any bit is reported as DIFFERS."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     from tileattn.bench import flex as fx
-    from tileattn.bench.dense import sdpa
     from tileattn.ops.common import launch_bwd_sm90 as pipeline
-    from tileattn.ops.dense import bwd as dense_bwd
     from tileattn.ops.flex import plans as flex_plans
-    groups = ints(a.groups)
-    saved = pipeline.FLEX_HEAD_GROUP, pipeline.HEAVY_FIRST_MAX
-
-    def run_case(name, knob, make, peer):
-        """make(): a new forward (made under the group just set: a flex plan keeps its backward's launches from
-        its forward on) and its backward as a function."""
-        ms, ref, line = {}, None, [peer]
+    groups, saved = ints(a.groups), pipeline.FLEX_HEAD_GROUP
+    B, H, D, N = fx.B, fx.H, fx.D, 8192
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+    flex_c = fx._torch_flex()
+    os.environ["TILEATTN_SM90_BWD"] = "1"
+    for mod, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
+        if a.flex_mods != "all" and mod not in a.flex_mods.split(","):
+            continue
+        bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")
+        o = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
+        line, ms, ref = [f"torch {do_bench(grad_fn(o, (q, k, v), dout)):.3f}"], {}, None
+        o = None
         for r in range(2):
             for g in (groups if r == 0 else groups[::-1]):
-                setattr(pipeline, knob, g)
-                dense_bwd.clear_plans()
+                pipeline.FLEX_HEAD_GROUP = g
                 flex_plans.clear_plans()
-                fn = make()
+                fn = grad_fn(tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm), (q, k, v), dout)
                 grads = fn()
                 ref = ref or [t.clone() for t in grads]
                 same = all(torch.equal(x, y) for x, y in zip(grads, ref))
-                t, grads = do_bench(fn), None
-                fn = None
+                t, grads, fn = do_bench(fn), None, None
                 ms[g] = min(ms.get(g, t), t) if same else float("nan")
-        pipeline.FLEX_HEAD_GROUP, pipeline.HEAVY_FIRST_MAX = saved
         line += [f"g={g}: {ms[g]:.3f}" if ms[g] == ms[g] else f"g={g}: DIFFERS" for g in groups]
-        print(f"ORDER {name}: " + " | ".join(line), flush=True)
-
-    os.environ["TILEATTN_SM90_BWD"] = "1"
-    if a.flex_mods:
-        B, H, D, N = fx.B, fx.H, fx.D, 8192
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
-        dout = torch.randn_like(q)
-        flex_c = fx._torch_flex()
-        for mod, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
-            if a.flex_mods != "all" and mod not in a.flex_mods.split(","):
-                continue
-            bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")
-            o = flex_c(q, k, v, score_mod=score_mod, block_mask=bm)
-            peer = f"torch {do_bench(grad_fn(o, (q, k, v), dout)):.3f}"
-            o = None
-            run_case(f"flex {mod} N={N}", "FLEX_HEAD_GROUP", lambda sm=score_mod, bm=bm: grad_fn(
-                tileattn.flex_attention(q, k, v, score_mod=sm, block_mask=bm), (q, k, v), dout), peer)
-        q = k = v = dout = None
-        torch.cuda.empty_cache()
-    for spec in (x for x in a.dense.split(";") if x):
-        D, causal, N = (int(x) for x in spec.split(","))
-        q, k, v = (torch.randn(4, N, 32, D, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
-        dout = torch.randn_like(q)
-        qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
-        o = sdpa("cudnn")(qh, kh, vh, bool(causal))
-        peer = f"cudnn {do_bench(grad_fn(o, (qh, kh, vh), dout.transpose(1, 2))):.3f}"
-        o = qh = kh = vh = None
-        run_case(f"dense D={D} causal={causal} N={N}", "HEAVY_FIRST_MAX",
-                 lambda: grad_fn(tileattn.attention(q, k, v, causal=bool(causal)), (q, k, v), dout), peer)
-        q = k = v = dout = None
-        torch.cuda.empty_cache()
+        print(f"ORDER flex {mod} N={N}: " + " | ".join(line), flush=True)
+    pipeline.FLEX_HEAD_GROUP = saved
+    flex_plans.clear_plans()
     os.environ.pop("TILEATTN_SM90_BWD")
 
 
@@ -774,10 +745,9 @@ def main():
     g.add_argument("--flex", action="store_true", help="also the flex backward's tiles, first")
     g.add_argument("--flex-only", action="store_true", help="the flex backward's tiles only")
     p.set_defaults(func=bwd)
-    p = sub.add_parser("bwd-order", help="the Hopper backward's work-item order (head groups), flex and dense")
+    p = sub.add_parser("bwd-order", help="the flex Hopper backward's work-item order (head groups)")
     p.add_argument("--groups", default="1,2,4,8", help="head groups (the first is the reference for the bit check)")
-    p.add_argument("--flex-mods", default="all", help="comma-separated flex bench mods, all, or empty for none")
-    p.add_argument("--dense", default="", help='";"-separated "D,causal,N" dense rows (heavy-first group caps)')
+    p.add_argument("--flex-mods", default="all", help="comma-separated flex bench mods, or all")
     p.set_defaults(func=bwd_order)
     p = sub.add_parser("bwd-large-d", help="large-D backward tiles against SDPA EFFICIENT / MATH")
     p.add_argument("--dims", type=ints, default="320,512")

@@ -593,48 +593,6 @@ def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
         assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("sk", [2048, 2560], ids=["square", "sk-longer"])
-def test_gpu_backward_sm90_heavy_first(D, sk, device, monkeypatch):
-    """The heavy-first order under a causal rule (launch_bwd_sm90.heavy_first_group: 6 (batch, kv head) pairs in
-    groups of 4 and 2, lowest key block first) changes only when the programs start, not the order of any dQ sum:
-    the gradients are bit-identical to those of the plain order, which agree with the Triton kernels'."""
-    from tileattn.ops.common.tma import gluon_sm90_reason
-    from tileattn.ops.dense import launch_bwd_sm90, plans
-    q = leaf(3, 2048, 8, D, dtype=torch.float16, device=device)
-    k, v = (leaf(3, sk, 2, D, dtype=torch.float16, device=device) for _ in range(2))
-    if gluon_sm90_reason(q.device):
-        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
-    launches = _sm90_launches(monkeypatch)
-    w = torch.randn(3, 2048, 8, D, device=device)
-
-    def grads(mode, cap):
-        monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
-        monkeypatch.setattr(launch_bwd_sm90.pipeline, "HEAVY_FIRST_MAX", cap)
-        plans.clear_plans()
-        return torch.autograd.grad((tileattn.attention(q, k, v, causal=True).float() * w).sum(), (q, k, v))
-    ref = grads("1", 1)
-    assert all(torch.equal(a, b) for a, b in zip(ref, grads("1", 16)))
-    assert [args[25] for _, args, kw in launches if "ROTATE" in kw] == [1, 4]  # (the kernel's head_group)
-    for a, b in zip(ref, grads("0", 16)):
-        assert torch.isfinite(a).all()
-        assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
-
-
-def test_heavy_first_group_rule():
-    """The heavy-first group: causal-like walks only, a power of two up to HEAVY_FIRST_MAX and the (batch, kv
-    head) pairs, whose items fit the SMs one program each."""
-    from tileattn.ops.common.launch_bwd_sm90 import HEAVY_FIRST_MAX, heavy_first_group
-    assert HEAVY_FIRST_MAX == 16
-    assert [heavy_first_group(nk, 128, 132, True) for nk in (8, 16, 32, 64, 128)] == [16, 8, 4, 2, 1]
-    assert heavy_first_group(8, 128, 132, False) == 1
-    assert heavy_first_group(8, 6, 132, True) == 4
-    assert heavy_first_group(8, 1, 132, True) == 1
-    assert heavy_first_group(16, 128, 114, True) == 4  # 8 groups of 16 would need 128 SMs
-    assert heavy_first_group(200, 128, 132, True) == 1
-
-
 @pytest.mark.parametrize("B,H,Hkv,Sq", [(2, 8, 4, 300), (1, 3, 1, 64)])
 def test_sm90_backward_counters_zeroed_by_preprocess(B, H, Hkv, Sq, device):
     """The Hopper backward's counters (a turn counter per (B * Hq, query block), then a done counter per (B, Hkv))

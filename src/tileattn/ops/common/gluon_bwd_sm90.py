@@ -5,13 +5,11 @@ flex_bwd_sm90_kernel, FLEX mode: query blocks from a block mask's lists, traced 
 
 Work items are (key block of BLOCK_N = 128 keys, batch * kv head) pairs, (batch, kv head)-major with the highest key
 block first, or with the key blocks of a group of heads interleaved (walk.work_item; flex where its mask's walks
-start in ties: bwd_kernels.chain_group; dense under causal rules the lowest key block first, the longest walks
-before the short ones: launch_bwd_sm90.heavy_first_group). One CTA per item, or (ROTATE) a persistent,
-cooperatively launched grid whose programs walk items pid, pid + programs, ... with K and V reloaded per item
-behind a kv_empty barrier. An item walks the query blocks (BLOCK_M = 64 or 128 rows: launch_bwd_sm90.CONFIGS) that
-see its keys, for every query head of the kv head's group, in ascending order (masked blocks below the unmasked
-range, the unmasked range, masked blocks above; flex: the block mask's transposed lists, its partial blocks (masked
-by mask_mod) then its full ones).
+start in ties: bwd_kernels.chain_group). One CTA per item, or (ROTATE) a persistent, cooperatively launched grid
+whose programs walk items pid, pid + programs, ... with K and V reloaded per item behind a kv_empty barrier. An
+item walks the query blocks (BLOCK_M = 64 or 128 rows: launch_bwd_sm90.CONFIGS) that see its keys, for every query
+head of the kv head's group, in ascending order (masked blocks below the unmasked range, the unmasked range, masked
+blocks above; flex: the block mask's transposed lists, its partial blocks (masked by mask_mod) then its full ones).
 Partitions:
   - loader (1 warp): K and V once, then each step's Q and dO tiles into a ring of STAGES slots (TMA), with the
     rows' lse and delta beside them (through registers: the consumers read them from shared memory where they
@@ -50,12 +48,9 @@ lower query block (no rule or a left bound only: all start at block 0, the chain
 reaches each query block BLOCK_N / BLOCK_M steps after the key block above it, whose add is then long done (the
 walk from the top down with ascending turns made every CTA wait for the chain of all lower key blocks on its
 first query block; the new order measured causal +6-24% on the H100). Programs wait only on programs of the
-same head with a higher key block. In the plain order those have lower ids: they were dispatched first and are
-resident or done, so the order cannot deadlock. In the heavy-first order (dense causal rules) they have higher
-ids within the item's group, and the host keeps a group to at most one program per SM (one CTA fits an SM).
-Items of earlier groups wait only on dispatched items, so they finish; the SMs can all hold waiting programs only
-if those are of one group, which then is resident whole, and its highest key blocks wait on no one. Every float32
-sum is formed in the same order on every run: the same inputs give bit-identical gradients.
+same head with a higher key block, which have lower ids: they were dispatched first and are resident or done,
+so the order cannot deadlock. Every float32 sum is formed in the same order on every run: the same inputs give
+bit-identical gradients.
 
 delta = rowsum(dO * O) - dlse comes from bwd_kernels.py's preprocess kernel. Masking model as masking.py (key j
 visible to query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); rows past Sq are zero-filled by TMA
@@ -422,7 +417,7 @@ def attn_bwd_pipeline(
     q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr,
     stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks, num_kv_blocks,
-    num_items, head_group, scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fk, caps_s, caps_m,
+    num_items, head_group_ptr, scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fk, caps_s, caps_m,
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
@@ -430,9 +425,9 @@ def attn_bwd_pipeline(
     MASK_MOD: gl.constexpr, ROTATE: gl.constexpr,
 ):
     """Shared memory, barriers and the partitions. The dense and flex kernels' docstrings say what their
-    arguments hold; head_group is the work items' head group (walk.work_item: flex a pointer to it, dense its
-    value); fx (the transposed block lists), fk (the forward ones), caps_s / caps_m, SCORE_GRAD / MASK_MOD,
-    Q_BLOCK are the flex mode's block mask and mods (placeholders for dense)."""
+    arguments hold; head_group_ptr (where the work items' head group is: walk.work_item), fx (the transposed block
+    lists), fk (the forward ones), caps_s / caps_m, SCORE_GRAD / MASK_MOD, Q_BLOCK are the flex mode's block mask
+    and mods (placeholders for dense)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -442,7 +437,7 @@ def attn_bwd_pipeline(
     else:
         off_diag = 0
     # the work items and what _item needs to place them; a program takes items pid, pid + programs, ...
-    wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group)
+    wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group_ptr)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)

@@ -26,21 +26,15 @@ NO_BLOCK = gl.constexpr(2 ** 30)
 def work_item(item, wk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
               NEEDS_MASK: gl.constexpr, FLEX: gl.constexpr, ROTATE: gl.constexpr):
     """(i_b, i_hk, i_n, sched) of work item `item`: items are (batch, kv head)-major with the highest key block
-    first, the order in which a plain grid dispatches them and a persistent program takes them; a head's higher
-    key blocks then come first, and each item waits only on items dispatched before it.
-    wk[8] is a head group G (flex: where the preprocess wrote it, bwd_kernels.chain_group; dense: the value,
-    launch_bwd_sm90.heavy_first_group). With G > 1, G (batch, kv head) pairs at a time are interleaved:
-      - flex: key block n of each of the G heads, then key block n - 1 of each, ... (a head's consecutive key
-        blocks are dispatched G items apart);
-      - dense (causal rules): key block 0 of each, then key block 1 of each, ...: the longest walks first, so
-        that the grid ends on short items. Key block n then waits on key blocks above it that are dispatched
-        after it: the host keeps a group's items within the SMs (all resident at once), which is what keeps
-        that order free of deadlock.
-    Dense: sched = (query_range(...), rot): rot is where the key block's walk of the unmasked range starts
-    (ROTATE, else 0)."""
-    num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group = wk
+    first, the order in which a plain grid dispatches them and a persistent program takes them. Flex: with a
+    head group G > 1 (read at wk[8], where the preprocess wrote it: bwd_kernels.chain_group), G (batch, kv head)
+    pairs at a time are interleaved: key block n of each of the G heads, then key block n - 1 of each, ... (so a
+    head's consecutive key blocks are dispatched G items apart). Either way a head's higher key blocks come
+    first, which the dQ turns' order needs. Dense: sched = (query_range(...), rot): rot is where the key block's
+    walk of the unmasked range starts (ROTATE, else 0)."""
+    num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group_ptr = wk
     if FLEX:
-        head_group = gl.load(head_group)
+        head_group = gl.load(head_group_ptr)
         h0 = item // (head_group * num_kv_blocks) * head_group  # the group's first (batch, kv head)
         heads = gl.minimum(head_group, num_items // num_kv_blocks - h0)  # (the last group may be smaller)
         j = item - h0 * num_kv_blocks
@@ -48,15 +42,8 @@ def work_item(item, wk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: 
         i_n = num_kv_blocks - 1 - j // heads
         sched = (0, 0, 0, 0, 0)  # (per head: _head_walk)
     else:
-        if head_group > 1:  # (an argument: Triton compiles a group of 1 as a constant, so this branch away)
-            h0 = item // (head_group * num_kv_blocks) * head_group
-            heads = gl.minimum(head_group, num_items // num_kv_blocks - h0)
-            j = item - h0 * num_kv_blocks
-            i_bh = h0 + j % heads
-            i_n = j // heads
-        else:
-            i_bh = item // num_kv_blocks
-            i_n = num_kv_blocks - 1 - item % num_kv_blocks
+        i_bh = item // num_kv_blocks
+        i_n = num_kv_blocks - 1 - item % num_kv_blocks
         m_lo, f_lo, f_hi, m_hi = _query_range(i_n * BLOCK_N, seqlen_q, seqlen_k, off_diag, left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK)
         if ROTATE:  # key block n starts at query block n * blocks // key blocks (blocks of the unmasked range)

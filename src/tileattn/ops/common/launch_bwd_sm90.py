@@ -125,29 +125,6 @@ ROTATE_MAX_KV_BLOCKS = 64
 FLEX_HEAD_GROUP = 4
 
 
-# Dense problems under a causal rule (a right bound, no left one) interleave up to this many (batch, kv head) pairs
-# with the lowest key block first (gluon_bwd_sm90_walk.work_item): a causal key block's walk is longer the lower
-# it is, and head by head with the highest first (the turns' order) the grid ended on the longest items of its
-# last heads. A list-scheduling simulation of the dispatch with the dQ turns (132 SMs, B=4 H=32) put the makespan
-# 18% above the ideal at N=1K, 10% at 2K, 5% at 4K, 3% at 8K (D=128), and 7.5 / 4.5 / 3 / 1.5% lower with the
-# groups below. A lower key block then waits on higher ones dispatched after it (within its group), so a group
-# holds at most one program per SM (one CTA fits an SM: every item of a group can be resident at once), and the
-# dQ chain keeps slack: key block n - 1 starts about G * (mean item time) / SMs after key block n, half a step at
-# G * key blocks = SMs, and reaches each query block BLOCK_N / BLOCK_M steps after it.
-HEAVY_FIRST_MAX = 16
-
-
-def heavy_first_group(num_kv_blocks, num_bh, sms, causal_like):
-    """The dense kernel's head group (1: the plain order): where the walks shorten with the key block
-    (causal_like: a right bound without a left one), the largest power of two up to HEAVY_FIRST_MAX and num_bh
-    whose group of items (G * num_kv_blocks) fits the SMs, one program each."""
-    g = 1
-    if causal_like:
-        while 2 * g <= min(HEAVY_FIRST_MAX, num_bh) and 2 * g * num_kv_blocks <= sms:
-            g *= 2
-    return g
-
-
 def grid(d, num_kv_blocks, num_bh, device, rotatable):
     """(grid, items, rotate): the work items are (key block, batch * kv head) pairs. One program per item, or,
     where the config is persistent and the problem `rotatable` (every key block sees every query block), a

@@ -8,7 +8,6 @@ bwd.py sends the rest to the Triton kernels. The config table is ops/common/laun
 import torch
 import triton
 
-from ... import hw
 from ..common import launch_bwd_sm90 as pipeline
 from ..common.launch_bwd_sm90 import BLOCK_N, CONFIGS  # noqa: F401 - this op's names for them
 from ..common.tma import gluon_desc
@@ -70,9 +69,6 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     # where every key block sees every query block, a persistent grid with each key block starting its walk at
     # its own query block, so that no add to dQ waits for another (gluon_bwd_sm90.py: ROTATE)
     grid, items, rotate = pipeline.grid(d, nk, p.batch * p.heads_kv, q.device, not needs_mask)
-    # under a causal rule the longest walks first, a few heads at a time (work_item)
-    group = pipeline.heavy_first_group(nk, p.batch * p.heads_kv, hw.device_info(q.device).num_sms,
-                                       right >= 0 and left < 0)
     # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~40 arguments per call (~100 us of
     # host time, more than the whole backward at N=1K)
     launch(attn_bwd_sm90_kernel, grid, (
@@ -80,7 +76,7 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
         gluon_desc(do, [1, bm, 1, d]), lse, delta, dk, dv,
         gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, counters, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
-        p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, group, scale, qk_scale, softcap_scale, softcap_out, left,
+        p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, scale, qk_scale, softcap_scale, softcap_out, left,
         right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
              HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), ROTATE=rotate,
