@@ -8,8 +8,9 @@ timed; a config that fails the check, does not compile or is refused is reported
             [--tag T] [--warm]: the Hopper forward (dense.sm90) with the table's Sm90Config and with each variant's
             field overrides, vs cuDNN, B=4, H=32, outputs checked against cuDNN's: "FWD D=... N=...: cudnn: <TFLOPS> |
             ..."; --warm: compile only
-    flex-fwd [--n 8192] [--variants ...] [--tag T]: the flex forward (flex.sm90) on the flex bench's six mods,
-            per Sm90Config variant, checked on one head against torch's eager flex: "FLEXFWD <mod> N=... ms: ..."
+    flex-fwd [--n 8192] [--variants ...] [--tag T] [--fp8]: the flex forward (flex.sm90) on the flex bench's six
+            mods, per Sm90Config variant, checked on one head against torch's eager flex (--fp8: e4m3 inputs with
+            the fp8 table's config, checked as the flex bench's fp8 rows): "FLEXFWD <mod> N=... ms: ..."
     bwd     [--quick | --seqlens N,..] [--dims 64,128] [--causal 0,1] [--warm] [--only NAME,..] [--tag T]
             [--unchecked] [--flex | --flex-only]: backward
             tiles (BwdConfig) and the Hopper backward forced on (sm90); --only: these columns (cuDNN always),
@@ -251,7 +252,8 @@ def fwd(a):
 
 def flex_fwd(a):
     """The flex bench's mods at one N (B=4, H=16, D=128, bf16): tileattn's flex forward per Sm90Config variant,
-    each output checked on (batch 0, head 0) against torch's eager flex_attention in float32."""
+    each output checked on (batch 0, head 0) against torch's eager flex_attention in float32; --fp8: e4m3 inputs
+    and the fp8 table's config, checked as the flex bench's fp8 rows (bench.flex.fp8_case)."""
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
@@ -263,20 +265,29 @@ def flex_fwd(a):
         launch_sm90.flex_mode = lambda *seqlens: FLEX_TAIL
     B, H, D, N = fx.B, fx.H, fx.D, a.n
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    variants = sm90_variants(a.variants, sm90_config(D, torch.bfloat16))
+    variants = sm90_variants(a.variants, sm90_config(D, torch.float8_e4m3fn if a.fp8 else torch.bfloat16))
     for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
         bm = create_block_mask(mask_mod, None, None, N, N, device="cuda")  # broadcast: fits the slice too
-        ref = torch_flex(*(t[:1, :1].float() for t in (q, k, v)), score_mod=score_mod, block_mask=bm)
+        if a.fp8:  # the flex bench's fp8 row: e4m3 inputs, its check
+            run, check8 = fx.fp8_case((q, k, v), (score_mod, mask_mod, bm))
 
-        def check(out):
-            diff = max_abs(out[:1, :1], ref)
-            return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
+            def check(out):
+                ok, err, _ = check8(out)
+                return ok, err
+        else:
+            ref = torch_flex(*(t[:1, :1].float() for t in (q, k, v)), score_mod=score_mod, block_mask=bm)
+
+            def run(score_mod=score_mod, bm=bm):
+                return tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+
+            def check(out):
+                diff = max_abs(out[:1, :1], ref)
+                return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
         line = []
         for vname, cfg in variants:
             try:
                 with tileattn.force_backend("flex.sm90", config=cfg):
-                    ms, diff = checked_ms(lambda: tileattn.flex_attention(q, k, v, score_mod=score_mod,
-                                                                          block_mask=bm), check)
+                    ms, diff = checked_ms(run, check)
                 line.append(f"{vname}: {ms:.3f}" if ms else f"{vname}: WRONG ({diff:.2e})")
             except Exception as e:  # noqa: BLE001
                 line.append(f"{vname}: {err(e, 60)}")
@@ -725,6 +736,7 @@ def main():
     p = sub.add_parser("flex-fwd", help="the flex forward (Hopper kernel) on the flex bench's mods, per variant")
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--variants", default="", help="as fwd's")
+    p.add_argument("--fp8", action="store_true", help="e4m3 inputs as the flex bench's fp8 rows (their table, check)")
     p.add_argument("--tag", default="", help="printed before each line")
     p.add_argument("--force-tail", action="store_true",
                    help="the Hopper kernel's tail mode (FLEX_TAIL) even where N is a multiple of 128 (its cost alone)")

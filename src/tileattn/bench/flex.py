@@ -202,11 +202,11 @@ def flex_rows(rows, log, N=8192):
     return ratios, fb_ratios, failures
 
 
-def _fp8_row(qkv, mods, case, flops, rows, log):
-    """tileattn flex with e4m3 inputs (qkv: the bf16 inputs; mods: score_mod, mask_mod, block mask; per-(batch,
-    head) descales, V in the Fp8V layout a cache would keep):
-    checked on batch 0, heads 0-1 against the reference on the dequantized values (P rounded to e4m3 in the
-    input-precision one), then timed. Returns ms, or None when the check fails."""
+def fp8_case(qkv, mods):
+    """(fn, check) of tileattn flex with e4m3 inputs (qkv: the bf16 inputs; mods: score_mod, mask_mod, block mask;
+    per-(batch, head) descales, V in the Fp8V layout a cache would keep): fn() runs it; check(out) -> (ok, err, tol)
+    compares out on batch 0, heads 0-1 with the reference on the dequantized values (P rounded to e4m3 in the
+    input-precision one)."""
     import tileattn
 
     from ..ops.flex.reference import flex_ref
@@ -219,15 +219,23 @@ def _fp8_row(qkv, mods, case, flops, rows, log):
     def fn():
         return tileattn.flex_attention(q8, k8, v8p, score_mod=score_mod, block_mask=bm, q_descale=qd, k_descale=kd,
                                        v_descale=vd)
-    out = fn()
     deq = [(x.float() * d[:, None, :, None]).transpose(1, 2)[:1, :2] for x, d in
            ((q8.transpose(1, 2), qd), (k8.transpose(1, 2), kd), (v8, vd))]
     ref, _ = flex_ref(*deq, score_mod, mask_mod)
     ref_lp, _ = flex_ref(*deq, score_mod, mask_mod, dtype=torch.bfloat16, quantize_p=fp8)
-    err = (out[:1, :2].float() - ref).abs().max().item()
     tol = allowed_error((ref_lp.float() - ref).abs().max().item(), ref, torch.bfloat16)
-    ok = bool(err <= tol and torch.isfinite(out).all())
-    out = ref = ref_lp = deq = None  # frees the GPU memory now
+    ref_lp = deq = None
+
+    def check(out):
+        err = (out[:1, :2].float() - ref).abs().max().item()
+        return bool(err <= tol and torch.isfinite(out).all()), err, tol
+    return fn, check
+
+
+def _fp8_row(qkv, mods, case, flops, rows, log):
+    """fp8_case's run, checked, then timed; its row appended to rows. Returns ms, or None when the check fails."""
+    fn, check = fp8_case(qkv, mods)
+    ok, err, tol = check(fn())
     case8 = dict(case, dtype="float8_e4m3fn")
     row = {"case": case8, "provider": "tileattn_fp8", "ms": None, "tflops": None, "gbps": None,
            "check": {"err": err, "tol": tol}}
@@ -237,6 +245,7 @@ def _fp8_row(qkv, mods, case, flops, rows, log):
     else:
         log(f"CHECK FAILED fp8 {case8}: err {err:.3e} > tol {tol:.3e}")
     rows.append(row)
+    fn = check = None  # frees the GPU memory now
     return row["ms"]
 
 
