@@ -279,14 +279,16 @@ def test_gpu_fp8_edges(D, edge, variant):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("exp2_fma", [0, 1, 2])
+@pytest.mark.parametrize("field,value", [("exp2_fma", 0), ("exp2_fma", 1), ("exp2_fma", 2), ("pingpong", False),
+                                         ("pingpong", True)])
 @pytest.mark.parametrize("D", [64, 128])
-def test_gpu_fp8_exp2_fma(D, exp2_fma):
-    """fp8 on the Hopper kernel with 0, 1 or 2 of every 4 softmax exp2s on the FMA pipe (Sm90Config.exp2_fma),
-    whatever the table holds: causal, a window whose first rows see no key, softcap, and a single key."""
+def test_gpu_fp8_config_fields(D, field, value):
+    """fp8 on the Hopper kernel with 0, 1 or 2 of every 4 softmax exp2s on the FMA pipe (Sm90Config.exp2_fma), and
+    with the consumers' wgmmas in strict turns or not (pingpong), whatever the table holds: causal, a window whose
+    first rows see no key, softcap, and a single key."""
     if gluon_sm90_reason(torch.device("cuda")):
         pytest.skip("the Gluon kernels need a Hopper GPU and triton 3.6")
-    cfg = dataclasses.replace(sm90_config(D, E4M3), exp2_fma=exp2_fma)
+    cfg = dataclasses.replace(sm90_config(D, E4M3), **{field: value})
     plans.clear_plans()
     with tileattn.force_backend("dense.sm90", config=cfg):
         q, k, v = (randn(2, 300, h, D, dtype=torch.float32, device="cuda") for h in (4, 2, 2))

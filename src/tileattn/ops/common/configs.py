@@ -97,8 +97,13 @@ SM90 = {
 # stages 987-1045 TFLOPS non-causal, 898-936 causal; 3 stages 985-1021 / 927-970 (kept: same or better on 4 of 6
 # rows, 32 KiB less); 2 stages 772-813. fp16 on the same kernel: 491-514; the portable fp8 kernel ran 281
 # (docs/design/fp8.md).
+# pingpong at D = 64 (2026-11-25, `scripts/sweep.py fwd --dtype e4m3 --variants pingpong=1`, B=4 H=32, two runs on
+# the H100, outputs checked; docs/design/fp8.md): +1-5% on all 10 rows (N 2K / 8K: 457 -> 462, 516 -> 526, causal
+# 369 -> 381, 474 -> 491; N 1K / 4K / 16K: 396 -> 400, 484 -> 489, 520 -> 528, causal 249 -> 262, 427 -> 442, 496 ->
+# 505 TFLOPS). D = 128 mixed (-6..+3%), and the flex fp8 rows (D = 128, `sweep.py flex-fwd --fp8`) 2-8% slower on
+# four of six mods: off there.
 SM90_FP8 = {
-    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, pingpong=True),
     128: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
     256: Sm90Config(block_m=64, block_n=64, stages=3, consumer_regs=240, q_slots=1),
 }
