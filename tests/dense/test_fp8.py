@@ -236,16 +236,23 @@ def test_fp8_descale_one_element_any_shape(device):
 
 def test_fp8_flex_one_element_descales(device):
     """flex_attention reads one-element descales as attention does: [1, 1], [1] and [] tensors are the value of
-    every (batch, kv head) (the portable path, which dequantizes to out_dtype first: float16 P)."""
+    every (batch, kv head): the same output bit for bit whichever shape each descale has, and the reference's
+    (on a Hopper GPU the Gluon kernel serves it, with P rounded to e4m3: the reference rounds P too)."""
+    from tileattn.ops.flex.reference import flex_ref
     q, k, v = (randn(2, 4, 40, 64, dtype=torch.float32, device=device) for _ in range(3))  # [B, H, S, D]
     q8, k8, v8 = ((t / 2.5).to(E4M3) for t in (q, k, v))
-    descales = [torch.full(shape, 2.5, device=device) for shape in ((1, 1), (1,), ())]
-    out, lse = tileattn.flex_attention(q8, k8, v8, return_lse=True, q_descale=descales[0], k_descale=descales[1],
-                                       v_descale=descales[2], out_dtype=torch.float16)
-    qf, kf, vf = (t.float().transpose(1, 2) * 2.5 for t in (q8, k8, v8))  # [B, S, H, D], exact in float16
-    ref, lse_ref = attention_ref(qf, kf, vf)
-    ref_lp, lse_lp = attention_ref(qf, kf, vf, dtype=torch.float16)
-    assert_close("out", out.transpose(1, 2), ref, ref_lp)
+    shapes = ((1, 1), (1,), ())
+    runs = [tileattn.flex_attention(q8, k8, v8, return_lse=True, out_dtype=torch.float16,
+                                    **{n: torch.full(shapes[(i + j) % 3], 2.5, device=device)
+                                       for j, n in enumerate(("q_descale", "k_descale", "v_descale"))})
+            for i in range(3)]
+    for out, lse in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])
+    out, lse = runs[0]
+    qf, kf, vf = (t.float() * 2.5 for t in (q8, k8, v8))  # exact in float16
+    ref, lse_ref = flex_ref(qf, kf, vf)
+    ref_lp, lse_lp = flex_ref(qf, kf, vf, dtype=torch.float16, quantize_p=E4M3)
+    assert_close("out", out, ref, ref_lp)
     assert_close("lse", lse, lse_ref, lse_lp)
 
 
