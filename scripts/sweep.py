@@ -8,7 +8,7 @@ timed; a config that fails the check, does not compile or is refused is reported
             [--tag T] [--warm]: the Hopper forward (dense.sm90) with the table's Sm90Config and with each variant's
             field overrides, vs cuDNN, B=4, H=32, outputs checked against cuDNN's: "FWD D=... N=...: cudnn: <TFLOPS> |
             ..."; --warm: compile only
-    flex-fwd [--n 8192] [--variants ...] [--tag T] [--fp8]: the flex forward (flex.sm90) on the flex bench's six
+    flex-fwd [--n 8192] [--d 128] [--variants ...] [--tag T] [--fp8]: the flex forward (flex.sm90) on the six
             mods, per Sm90Config variant, checked on one head against torch's eager flex (--fp8: e4m3 inputs with
             the fp8 table's config, checked as the flex bench's fp8 rows): "FLEXFWD <mod> N=... ms: ..."
     bwd     [--quick | --seqlens N,..] [--dims 64,128] [--causal 0,1] [--warm] [--only NAME,..] [--tag T]
@@ -251,7 +251,7 @@ def fwd(a):
 
 
 def flex_fwd(a):
-    """The flex bench's mods at one N (B=4, H=16, D=128, bf16): tileattn's flex forward per Sm90Config variant,
+    """The flex bench's mods at one N (B=4, H=16, D=128 or --d, bf16): tileattn's flex forward per Sm90Config variant,
     each output checked on (batch 0, head 0) against torch's eager flex_attention in float32; --fp8: e4m3 inputs
     and the fp8 table's config, checked as the flex bench's fp8 rows (bench.flex.fp8_case)."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -263,7 +263,7 @@ def flex_fwd(a):
     from tileattn.ops.flex import launch_sm90
     if a.force_tail:
         launch_sm90.flex_mode = lambda *seqlens: FLEX_TAIL
-    B, H, D, N = fx.B, fx.H, fx.D, a.n
+    B, H, D, N = fx.B, fx.H, a.d, a.n
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     variants = sm90_variants(a.variants, sm90_config(D, torch.float8_e4m3fn if a.fp8 else torch.bfloat16))
     for name, (score_mod, mask_mod) in fx.make_mods(N, q.device).items():
@@ -735,6 +735,7 @@ def main():
     p.set_defaults(func=fwd)
     p = sub.add_parser("flex-fwd", help="the flex forward (Hopper kernel) on the flex bench's mods, per variant")
     p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--d", type=int, default=128, help="head dim (the flex bench's: 128)")
     p.add_argument("--variants", default="", help="as fwd's")
     p.add_argument("--fp8", action="store_true", help="e4m3 inputs as the flex bench's fp8 rows (their table, check)")
     p.add_argument("--tag", default="", help="printed before each line")
