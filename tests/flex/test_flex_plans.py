@@ -171,6 +171,22 @@ def test_fp8_calls_are_planned(device):
         tileattn.flex_attention(q, k, v.float().to(torch.float8_e4m3fn).requires_grad_(), out_dtype=torch.float16)
 
 
+def test_flex_forward_config_without_pingpong():
+    """The flex Hopper forward runs the dense table's config with ping-pong off (fp8 at D=64 has it on for dense:
+    flex measured slower), unless a config is forced, which is run as given."""
+    import dataclasses
+
+    from tileattn.ops.common.configs import sm90_config
+    from tileattn.ops.flex.launch_sm90 import _table_config
+    e4m3 = torch.float8_e4m3fn
+    assert sm90_config(64, e4m3).pingpong and not _table_config(64, e4m3).pingpong
+    assert _table_config(64, e4m3) == dataclasses.replace(sm90_config(64, e4m3), pingpong=False)
+    assert _table_config(128, torch.bfloat16) == sm90_config(128, torch.bfloat16)
+    forced = dataclasses.replace(sm90_config(64, e4m3), pingpong=True)
+    with tileattn.force_backend("flex.sm90", config=forced):
+        assert _table_config(64, e4m3) is forced
+
+
 def test_gradients_through_a_plan(device):
     bm = _block_mask(device)
     grads = []

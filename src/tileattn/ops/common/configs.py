@@ -100,8 +100,8 @@ SM90 = {
 # pingpong at D = 64 (2026-11-25, `scripts/sweep.py fwd --dtype e4m3 --variants pingpong=1`, B=4 H=32, two runs on
 # the H100, outputs checked; docs/design/fp8.md): +1-5% on all 10 rows (N 2K / 8K: 457 -> 462, 516 -> 526, causal
 # 369 -> 381, 474 -> 491; N 1K / 4K / 16K: 396 -> 400, 484 -> 489, 520 -> 528, causal 249 -> 262, 427 -> 442, 496 ->
-# 505 TFLOPS). D = 128 mixed (-6..+3%), and the flex fp8 rows (D = 128, `sweep.py flex-fwd --fp8`) 2-8% slower on
-# four of six mods: off there.
+# 505 TFLOPS). D = 128 mixed (-6..+3%): off there. The flex kernel runs without it (flex/launch_sm90._table_config:
+# its fp8 rows measured slower with it at D = 64 and D = 128).
 SM90_FP8 = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, pingpong=True),
     128: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),

@@ -13,8 +13,8 @@ import triton
 
 from ...launcher import launch_built
 from ..common import launch_sm90 as pipeline
-from ..common.backend import Backend
-from ..common.configs import sm90_config
+from ..common.backend import Backend, forced_config
+from ..common.configs import Sm90Config, sm90_config
 from ..common.fp8 import P_SHIFT, Fp8V, descale_strides, fp8_v_layout, split_descales
 from ..common.masking import FLEX_TAIL, FLEX_WHOLE
 from ..common.tma import gluon_desc
@@ -49,6 +49,18 @@ def flex_mode(*seqlens):
     block that ends past one of them (the forward passes Sk: its padding rows are never stored; the backward
     passes Sq and Sk)."""
     return FLEX_TAIL if any(n % BLOCK for n in seqlens) else FLEX_WHOLE
+
+
+def _table_config(d, dtype):
+    """The Sm90Config the flex kernel runs (a forced one as given): the dense table's, with the consumers' wgmmas
+    not in strict turns. The fp8 table takes ping-pong at D=64 for dense problems, but on the flex bench's six mods
+    (B=4 H=16 N=8192, e4m3, 2026-11-25, `scripts/sweep.py flex-fwd --fp8 --d 64 --variants pingpong=0`) it measured
+    slower on all six: causal 1.174 vs 1.169 ms, sliding window 0.401 vs 0.375, documents 0.748 vs 0.710, prefix-LM
+    1.191 vs 1.180, ALiBi 1.391 vs 1.291, softcap 2.407 vs 2.388 (and 2-8% slower on four of six at D=128)."""
+    cfg = sm90_config(d, dtype)
+    if cfg.pingpong and forced_config(Sm90Config) is None:
+        cfg = dataclasses.replace(cfg, pingpong=False)
+    return cfg
 
 
 def _grid_config(cfg):
@@ -105,7 +117,7 @@ class Sm90Backend(Backend):
         tensors = [c.query, c.key, v, c.out, lse, *[d if d is not None else lse for d in descales[2]], *lists,
                    *(t for caps in captures for t in caps)]
         def build():
-            cfg = sm90_config(p.head_dim, p.dtype)
+            cfg = _table_config(p.head_dim, p.dtype)
             grid = pipeline.grid(_grid_config(cfg), Sq, B * H, c.query.device)
             return (flex_fwd_sm90_kernel, grid, *_arguments(p, c, cfg, v, lists, captures, descales))
         if kept is None:
