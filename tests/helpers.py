@@ -27,6 +27,13 @@ def assert_close(name, out, ref, ref_lp):
                                       f"error) + {atol:.3e}")
 
 
+def same_tensors(a, b):
+    """a and b (tensors, or tuples of them) have the same shapes, strides and bits."""
+    if isinstance(a, tuple):
+        return all(same_tensors(x, y) for x, y in zip(a, b))
+    return a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+
+
 def randn(*shape, dtype, device):
     return torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)
 

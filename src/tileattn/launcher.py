@@ -30,6 +30,7 @@ Not replayed: Triton's per-call check that global variables used by the kernel h
 knobs changed after the first call (debug, instrumentation). Under TRITON_INTERPRET=1, on another backend,
 or with TILEATTN_DIRECT_LAUNCH=0, every call takes the normal path.
 """
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -338,6 +339,23 @@ def launch_cached(kernel, grid, args, kwargs):
 
 
 _PLAIN = (int, float, bool, type(None), str)
+
+
+class PlanCache:
+    """The on / off switch of a module's launch plans (ops/dense/plans.py, ops/flex/plans.py): `on` while calls
+    keep and replay their plans; `uncached()` turns it off within a block, where every call makes a fresh plan,
+    keeps none and launches through Triton's normal path (tests compare it with the replayed launches)."""
+
+    def __init__(self):
+        self.on = True
+
+    @contextlib.contextmanager
+    def uncached(self):
+        self.on = False
+        try:
+            yield
+        finally:
+            self.on = True
 
 
 def launch_kept(kept, name, grid, tensors, build):

@@ -23,7 +23,7 @@ from tileattn.ops.dense import plans
 from tileattn.ops.dense.configs import AttnConfig
 
 from tests.dense.test_api import BAD
-from tests.helpers import randn
+from tests.helpers import randn, same_tensors
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,12 +46,6 @@ def _uncached(q, k, v, **opts):
         return tileattn.attention(q, k, v, **opts)
 
 
-def _equal(a, b):
-    if isinstance(a, tuple):
-        return all(_equal(x, y) for x, y in zip(a, b))
-    return a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
-
-
 def _n_plans():
     return plans.count_plans()
 
@@ -71,14 +65,14 @@ def test_repeated_calls_match_uncached(opts, cfg, device):
         q2, k2, v2 = _qkv(device)  # new tensors (addresses, values) on the same plan
         other = tileattn.attention(q2, k2, v2, **opts)
         assert _n_plans() == 1
-        assert _equal(first, _uncached(q, k, v, **opts)) and _equal(again, first)
-        assert _equal(other, _uncached(q2, k2, v2, **opts))
+        assert same_tensors(first, _uncached(q, k, v, **opts)) and same_tensors(again, first)
+        assert same_tensors(other, _uncached(q2, k2, v2, **opts))
 
 
 def test_scale_and_softcap_vary_within_a_plan(device):
     q, k, v = _qkv(device)
     for kw in (dict(scale=0.1), dict(scale=0.3), dict(scale=0.3, softcap=4.0), dict(scale=0.1, softcap=9.0)):
-        assert _equal(tileattn.attention(q, k, v, **kw), _uncached(q, k, v, **kw))
+        assert same_tensors(tileattn.attention(q, k, v, **kw), _uncached(q, k, v, **kw))
     assert _n_plans() == 2  # softcap on / off are two plans; the values are per call
 
 
@@ -101,10 +95,10 @@ def test_changes_get_their_own_plan(device):
         ((q, k, v), {}),
     ]
     for (a, b, c), kw in calls:
-        assert _equal(tileattn.attention(a, b, c, **kw), _uncached(a, b, c, **kw)), (a.shape, a.stride(), kw)
+        assert same_tensors(tileattn.attention(a, b, c, **kw), _uncached(a, b, c, **kw)), (a.shape, a.stride(), kw)
     assert _n_plans() == len(calls) - 1  # the last call reused the first plan
     with force_backend(config=AttnConfig(16, 16, 4, 1)):
-        assert _equal(tileattn.attention(q, k, v), _uncached(q, k, v))
+        assert same_tensors(tileattn.attention(q, k, v), _uncached(q, k, v))
     assert _n_plans() == len(calls)
 
 
@@ -116,7 +110,7 @@ def test_sdpa_and_varlen_repeated(device):
             ref = tileattn.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         for _ in range(2):
             out = tileattn.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
-            assert _equal(out, ref) and out.is_contiguous() == contiguous
+            assert same_tensors(out, ref) and out.is_contiguous() == contiguous
     with pytest.raises(ValueError, match="enable_gqa"):  # the same tensors, now without enable_gqa
         tileattn.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
     q = randn(45, 4, 64, dtype=torch.float16, device=device)
@@ -129,7 +123,7 @@ def test_sdpa_and_varlen_repeated(device):
             results.append(tileattn.varlen_attention(q, k, v, cq, ck, 40, 40, causal=True, return_lse=True))
         with plans.uncached():
             out, lse = tileattn.varlen_attention(q, k, v, cq, ck, 40, 40, causal=True, return_lse=True)
-        assert _equal(results[-1], (out, lse)) and _equal(results[-2], (out, lse))
+        assert same_tensors(results[-1], (out, lse)) and same_tensors(results[-2], (out, lse))
     with pytest.raises(ValueError, match="non-decreasing"):  # the values are still checked on a cached plan
         bad = torch.tensor([0, 30, 20, 45], dtype=torch.int32, device=device)
         tileattn.varlen_attention(q, k, v, bad, ck, 40, 40, causal=True, return_lse=True)
@@ -378,4 +372,4 @@ def test_gpu_sm90_plan_matches_normal_launch(opts, device):
         with force_backend("dense.sm90"):
             got = tileattn.attention(q, k, v, **opts)
             assert _n_plans() == 1
-            assert _equal(got, _uncached(q, k, v, **opts))
+            assert same_tensors(got, _uncached(q, k, v, **opts))

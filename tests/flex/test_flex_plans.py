@@ -20,7 +20,7 @@ import triton
 import tileattn
 from tileattn.ops.flex import plans
 
-from tests.helpers import randn
+from tests.helpers import randn, same_tensors
 
 flex_mod = pytest.importorskip("torch.nn.attention.flex_attention")
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
@@ -48,12 +48,6 @@ def _block_mask(device, Sq=80, Sk=96, mask=_causal, H=None, block=(32, 32)):
     return flex_mod.create_block_mask(mask, None, H, Sq, Sk, device=device, BLOCK_SIZE=block)
 
 
-def _equal(a, b):
-    if isinstance(a, tuple):
-        return all(_equal(x, y) for x, y in zip(a, b))
-    return a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
-
-
 def _uncached(*args, **kw):
     with plans.uncached():
         return tileattn.flex_attention(*args, **kw)
@@ -71,7 +65,7 @@ def test_repeated_calls_match_uncached(device):
         for _trial in range(3):  # first call: planned (normal launch); then replayed, on new tensors
             q, k, v = _qkv(device)
             got = tileattn.flex_attention(q, k, v, **kw)
-            assert _equal(got, _uncached(q, k, v, **kw))
+            assert same_tensors(got, _uncached(q, k, v, **kw))
     assert plans.count_plans() == len(cases)
 
 
@@ -93,11 +87,11 @@ def test_changes_get_their_own_plan(device):
     slope[0] = -0.25  # a number in the closure: traced again, its own plan
     out2 = tileattn.flex_attention(q, k, v, block_mask=bm, score_mod=bias)
     assert plans.count_plans() == len(calls) + 1 and not torch.equal(out, out2)
-    assert _equal(out2, _uncached(q, k, v, block_mask=bm, score_mod=bias))
+    assert same_tensors(out2, _uncached(q, k, v, block_mask=bm, score_mod=bias))
     q2 = randn(1, 2, 80, 32, dtype=torch.float16, device=device).transpose(1, 2).contiguous().transpose(1, 2)
-    assert _equal(tileattn.flex_attention(q2, k, v, block_mask=bm), _uncached(q2, k, v, block_mask=bm))  # strides
+    assert same_tensors(tileattn.flex_attention(q2, k, v, block_mask=bm), _uncached(q2, k, v, block_mask=bm))  # strides
     hq = randn(1, 4, 80, 32, dtype=torch.float16, device=device)  # GQA
-    assert _equal(tileattn.flex_attention(hq, k, v, enable_gqa=True), _uncached(hq, k, v, enable_gqa=True))
+    assert same_tensors(tileattn.flex_attention(hq, k, v, enable_gqa=True), _uncached(hq, k, v, enable_gqa=True))
     assert plans.count_plans() == len(calls) + 3
 
 
@@ -111,7 +105,7 @@ def test_captured_tensor_values_are_read(device):
     bias[40:] = -1e4  # in place: the same plan, the new values
     second = tileattn.flex_attention(q, k, v, score_mod=key_bias)
     assert plans.count_plans() == 1 and not torch.equal(first, second)
-    assert _equal(second, _uncached(q, k, v, score_mod=key_bias))
+    assert same_tensors(second, _uncached(q, k, v, score_mod=key_bias))
 
 
 @pytest.mark.parametrize("case", ["scale", "dtype", "heads", "not a block mask", "lengths", "device"])
@@ -159,11 +153,11 @@ def test_fp8_calls_are_planned(device):
         kw.setdefault("out_dtype", torch.float16)
     for kw in calls:
         for _trial in range(2):
-            assert _equal(tileattn.flex_attention(q, k, v, **kw), _uncached(q, k, v, **kw))
+            assert same_tensors(tileattn.flex_attention(q, k, v, **kw), _uncached(q, k, v, **kw))
     assert plans.count_plans() == len(calls)
     other = per_head * 2  # a new descale tensor of the same layout: the same plan, its values read
     kw = dict(k_descale=other, out_dtype=torch.float16)
-    assert _equal(tileattn.flex_attention(q, k, v, **kw), _uncached(q, k, v, **kw))
+    assert same_tensors(tileattn.flex_attention(q, k, v, **kw), _uncached(q, k, v, **kw))
     assert plans.count_plans() == len(calls)
     with pytest.raises(ValueError, match="q_descale"):
         tileattn.flex_attention(q, k, v, q_descale=-1.0, out_dtype=torch.float16)
@@ -196,7 +190,7 @@ def test_gradients_through_a_plan(device):
         out, lse = tileattn.flex_attention(q, k, v, block_mask=bm, return_lse=True)
         grads.append(torch.autograd.grad((out.float().sum() + lse.sum()), (q, k, v)))
     assert plans.count_plans() == 1
-    assert _equal(grads[0], grads[1])
+    assert same_tensors(grads[0], grads[1])
     with torch.no_grad():  # no gradient tracked: another plan (no transposed lists)
         tileattn.flex_attention(q, k, v, block_mask=bm)
     assert plans.count_plans() == 2
@@ -296,7 +290,7 @@ def test_gpu_sm90_plans_match_normal_launch(S, device, sm90_fwd):
             q = randn(2, 4, S, 128, dtype=torch.bfloat16, device=device)
             k, v = (randn(2, 2, S, 128, dtype=torch.bfloat16, device=device) for _ in range(2))
             got = tileattn.flex_attention(q, k, v, enable_gqa=True, **kw)
-            assert _equal(got, _uncached(q, k, v, enable_gqa=True, **kw))
+            assert same_tensors(got, _uncached(q, k, v, enable_gqa=True, **kw))
     assert plans.count_plans() == 3 and sm90_fwd
     grads = []
     for _trial in range(2):
@@ -304,4 +298,4 @@ def test_gpu_sm90_plans_match_normal_launch(S, device, sm90_fwd):
         q, k, v = _qkv(device, B=2, H=4, Hkv=2, Sq=S, Sk=S, D=128, dtype=torch.bfloat16, grad=True)
         out = tileattn.flex_attention(q, k, v, block_mask=bm, score_mod=alibi, enable_gqa=True)
         grads.append(torch.autograd.grad(out.float().square().sum(), (q, k, v)))
-    assert _equal(grads[0], grads[1])
+    assert same_tensors(grads[0], grads[1])

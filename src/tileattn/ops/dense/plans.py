@@ -11,11 +11,10 @@ and scale are positive, alignment, lse, forced backend or config, varlen maxima)
 output factor are per-call values. Environment switches (knobs.py) are read when a plan is made:
 clear_plans() makes later calls see new values.
 """
-import contextlib
-
 import torch
 
 from ... import knobs
+from ...launcher import PlanCache
 from ..common.backend import forced_key
 from ..common.fp8 import is_fp8
 from . import bwd, dispatch
@@ -35,7 +34,7 @@ from .problem import (
 
 _MAX_ENTRIES = 1024  # distinct tensor keys kept; the cache is emptied beyond (many shapes, e.g. varlen)
 _entries = {}
-_caching = [True]
+_caching = PlanCache()
 
 
 def clear_plans():
@@ -44,15 +43,7 @@ def clear_plans():
     bwd.clear_plans()
 
 
-@contextlib.contextmanager
-def uncached():
-    """Within the block, every call makes a fresh plan and keeps none: its launch takes Triton's normal path
-    (tests compare it with the replayed launches of cached plans)."""
-    _caching[0] = False
-    try:
-        yield
-    finally:
-        _caching[0] = True
+uncached = _caching.uncached  # (a context manager: no plan kept or replayed within it)
 
 
 def count_plans():
@@ -217,7 +208,7 @@ def _forward(entry, okey, c, opts):
             opts = AttnOptions(scale=c.scale, window=(okey[0], okey[1]), softcap=c.softcap, bottom_right=okey[4],
                                return_lse=okey[5])
         plan = _new_plan(entry, c, opts)
-        if _caching[0]:
+        if _caching.on:
             entry.plans[okey] = plan
     if plan.fill:
         c.out.fill_(float("nan"))

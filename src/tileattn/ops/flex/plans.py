@@ -16,11 +16,10 @@ fp8 inputs are planned too (their descale numbers and out_dtype key the plan, de
 that tracks a gradient of fp8 inputs, or passes descales with 16-bit ones, takes the unplanned path (api.py),
 which reports it.
 """
-import contextlib
-
 import torch
 
 from ... import hw
+from ...launcher import PlanCache
 from ..common.backend import forced_key
 from ..common.fp8 import Fp8V, check_fp8_options
 from . import dispatch
@@ -37,7 +36,7 @@ from .trace import compile_mod
 
 _MAX_ENTRIES = 1024  # distinct tensor keys kept; the cache is emptied beyond (many shapes)
 _entries = {}  # tensor key -> {plan key: Plan}
-_caching = [True]
+_caching = PlanCache()
 _LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
 _TLISTS = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
@@ -52,15 +51,7 @@ def count_plans():
     return sum(len(e) for e in _entries.values())
 
 
-@contextlib.contextmanager
-def uncached():
-    """Within the block, every call makes a fresh plan and keeps none: its launch takes Triton's normal path
-    (tests compare it with the replayed launches of kept plans)."""
-    _caching[0] = False
-    try:
-        yield
-    finally:
-        _caching[0] = True
+uncached = _caching.uncached  # (a context manager: no plan kept or replayed within it)
 
 
 class Plan:
@@ -158,7 +149,7 @@ def lookup(qkv, score_mod, block_mask, scale, enable_gqa, return_lse, grad, fp8=
     if plan is None:
         p, c = _describe(qkv, smod, block_mask, scale, out_dtype, return_lse, grad)
         plan = Plan(p, dispatch.select(p)[0], any(t is not None and t.stride(-1) != 1 for t in lists[1::2]))
-        if okey is not None and _caching[0]:
+        if okey is not None and _caching.on:
             entry[okey] = plan
         else:
             plan.kept = None  # Triton's normal launch
