@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [sanitize-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -232,6 +232,14 @@ for s in $steps; do
       # each kernel's GPU time in the split backward (SPLIT_ARGS: `profile_kernels.py split` options)
       timeout 300 python3 scripts/profile_kernels.py split ${SPLIT_ARGS:-} > "$OUT/profile_split.log" 2>&1; rc=$?
       summary+=("profile-split rc=$rc"); grep "^SPLIT" "$OUT/profile_split.log" | cut -c1-160 ;;
+    swing)
+      # the split backward's call-to-call swing, with the GPU's clocks, power and throttle reasons logged beside
+      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+        --format=csv -lms 200 > "$OUT/swing_smi.csv" 2>&1 & smi=$!
+      timeout 300 python3 scripts/profile_kernels.py swing ${SWING_ARGS:-} > "$OUT/swing.log" 2>&1; rc=$?
+      kill $smi 2>/dev/null
+      summary+=("swing rc=$rc"); grep "^SWING" "$OUT/swing.log" | cut -c1-400
+      awk -F, 'NR>1 {print $2, $4, $6}' "$OUT/swing_smi.csv" | sort | uniq -c | sort -rn | head -12 ;;
     profile-bwd)
       timeout 300 python3 scripts/profile_kernels.py bwd > "$OUT/profile_bwd.log" 2>&1; rc=$?
       summary+=("profile-bwd rc=$rc"); grep "^PROF" "$OUT/profile_bwd.log" ;;

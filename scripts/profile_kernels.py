@@ -29,6 +29,10 @@
         synchronizing operations (torch's sync debug mode) and cProfile's top entries of 50 calls.
     profile_kernels.py split [--B 1] [--H 16] [--N 4096] [--D 256,512]
         per-kernel GPU time of the split backward (launch_bwd_large_d.py), causal and not: "SPLIT ..." lines.
+    profile_kernels.py swing [--N 4096] [--D 256] [--reps 30]
+        the split backward's call-to-call swing (B=4, H=32, causal; fp16 then bf16): "SWING ..." lines with each
+        call's event-timed ms, ours and cuDNN's alternated, then per-kernel GPU time of a few calls profiled one
+        by one (which kernel differs between a fast and a slow call).
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -364,6 +368,57 @@ def split(a):
                 print(f"SPLIT D={D} causal={causal}: {ms:.3f} ms {kname}", flush=True)
 
 
+def swing(a):
+    """The split backward's call-to-call swing, "SWING ..." lines (docstring above)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import tileattn
+    from tileattn.bench.dense import sdpa
+    for dt in (torch.float16, torch.bfloat16):
+        _swing_one(a, dt, tileattn, sdpa, profile, ProfilerActivity)
+        torch.cuda.empty_cache()
+
+
+def _swing_one(a, dt, tileattn, sdpa, profile, ProfilerActivity):  # noqa: N803
+    """One dtype's calls (its tensors freed on return)."""
+    q, k, v = (torch.randn(4, a.N, 32, a.D, device="cuda", dtype=dt).requires_grad_() for _ in range(3))
+    dout = torch.randn_like(q)
+    o = tileattn.attention(q, k, v, causal=True)
+    qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    oh = sdpa("cudnn")(qh, kh, vh, True)
+    ours = lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)  # noqa: E731
+    theirs = lambda: torch.autograd.grad(oh, (qh, kh, vh), dout.transpose(1, 2), retain_graph=True)  # noqa: E731
+    ours(), theirs()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    times = {"ours": [], "cudnn": []}
+    for _ in range(a.reps):
+        for name, fn in (("ours", ours), ("cudnn", theirs)):
+            torch.cuda.synchronize()
+            ev[0].record()
+            fn()
+            ev[1].record()
+            torch.cuda.synchronize()
+            times[name].append(ev[0].elapsed_time(ev[1]))
+    tag = f"SWING {str(dt).split('.')[-1]} D={a.D} N={a.N}"
+    for name, ts in times.items():
+        print(f"{tag} {name}: " + " ".join(f"{t:.2f}" for t in ts), flush=True)
+    for i in range(a.profiled):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            ours()
+            torch.cuda.synchronize()
+        per = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                key = re.sub(r"\s+", " ", e.name)[:60]
+                c, t = per.get(key, (0, 0.0))
+                per[key] = (c + 1, t + e.device_time_total / 1e3)
+        total = sum(t for _, t in per.values())
+        rows = sorted(per.items(), key=lambda kv: -kv[1][1])[:8]
+        print(f"{tag} profiled call {i}: kernels {total:.2f} ms; " +
+              "; ".join(f"{t:.2f} ms x{c} {k}" for k, (c, t) in rows), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -398,6 +453,12 @@ def main():
     p = sub.add_parser("flex-small", help="timed vs kernel vs host time of the flex bench's rows at a short N")
     p.add_argument("--N", type=int, default=2048)
     p.set_defaults(func=flex_small)
+    p = sub.add_parser("swing", help="the split backward's call-to-call swing (D=256 causal)")
+    p.add_argument("--N", type=int, default=4096)
+    p.add_argument("--D", type=int, default=256)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--profiled", type=int, default=8)
+    p.set_defaults(func=swing)
     p = sub.add_parser("split", help="per-kernel GPU time of the split backward (D > 128, torch.profiler)")
     p.add_argument("--B", type=int, default=1)
     p.add_argument("--H", type=int, default=16)
