@@ -29,10 +29,11 @@
         synchronizing operations (torch's sync debug mode) and cProfile's top entries of 50 calls.
     profile_kernels.py split [--B 1] [--H 16] [--N 4096] [--D 256,512]
         per-kernel GPU time of the split backward (launch_bwd_large_d.py), causal and not: "SPLIT ..." lines.
-    profile_kernels.py swing [--N 4096] [--D 256] [--reps 30]
-        the split backward's call-to-call swing (B=4, H=32, causal; fp16 then bf16): "SWING ..." lines with each
-        call's event-timed ms, ours and cuDNN's alternated, then per-kernel GPU time of a few calls profiled one
-        by one (which kernel differs between a fast and a slow call).
+    profile_kernels.py swing [--N 4096] [--D 256] [--reps 30] [--workspace-mib 1024,2048]
+        the split backward's call-to-call swing (B=4, H=32, causal; fp16 then bf16; per workspace size): "SWING ..."
+        lines with each call's event-timed ms, ours and cuDNN's alternated, the host's issue time per call, then
+        per-kernel GPU time of a few calls profiled one by one (which kernel differs between a fast and a slow
+        call).
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -370,17 +371,22 @@ def split(a):
 
 def swing(a):
     """The split backward's call-to-call swing, "SWING ..." lines (docstring above)."""
+    from tileattn.ops.dense import launch_bwd_large_d as split
+    default = split.WORKSPACE_BYTES
+    for dt in (torch.float16, torch.bfloat16):
+        for mib in a.workspace_mib:
+            split.WORKSPACE_BYTES = mib << 20
+            _swing_one(a, dt, f"SWING {str(dt).split('.')[-1]} D={a.D} N={a.N} ws={mib}M")
+            torch.cuda.empty_cache()
+    split.WORKSPACE_BYTES = default
+
+
+def _swing_one(a, dt, tag):
+    """One dtype's calls (its tensors freed on return)."""
     from torch.profiler import ProfilerActivity, profile
 
     import tileattn
     from tileattn.bench.dense import sdpa
-    for dt in (torch.float16, torch.bfloat16):
-        _swing_one(a, dt, tileattn, sdpa, profile, ProfilerActivity)
-        torch.cuda.empty_cache()
-
-
-def _swing_one(a, dt, tileattn, sdpa, profile, ProfilerActivity):  # noqa: N803
-    """One dtype's calls (its tensors freed on return)."""
     q, k, v = (torch.randn(4, a.N, 32, a.D, device="cuda", dtype=dt).requires_grad_() for _ in range(3))
     dout = torch.randn_like(q)
     o = tileattn.attention(q, k, v, causal=True)
@@ -400,9 +406,12 @@ def _swing_one(a, dt, tileattn, sdpa, profile, ProfilerActivity):  # noqa: N803
             ev[1].record()
             torch.cuda.synchronize()
             times[name].append(ev[0].elapsed_time(ev[1]))
-    tag = f"SWING {str(dt).split('.')[-1]} D={a.D} N={a.N}"
     for name, ts in times.items():
-        print(f"{tag} {name}: " + " ".join(f"{t:.2f}" for t in ts), flush=True)
+        print(f"{tag} {name}: median {sorted(ts)[len(ts) // 2]:.2f}: " + " ".join(f"{t:.2f}" for t in ts), flush=True)
+    busy = torch.randn(16384, 16384, device="cuda", dtype=torch.float16)
+    print(f"{tag} host issue ms per call (GPU behind): ours "
+          + " ".join(f"{issue_us(ours, busy, n=8) / 1e3:.2f}" for _ in range(3))
+          + ", cudnn " + " ".join(f"{issue_us(theirs, busy, n=8) / 1e3:.2f}" for _ in range(3)), flush=True)
     for i in range(a.profiled):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             ours()
@@ -417,7 +426,6 @@ def _swing_one(a, dt, tileattn, sdpa, profile, ProfilerActivity):  # noqa: N803
         rows = sorted(per.items(), key=lambda kv: -kv[1][1])[:8]
         print(f"{tag} profiled call {i}: kernels {total:.2f} ms; " +
               "; ".join(f"{t:.2f} ms x{c} {k}" for k, (c, t) in rows), flush=True)
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -457,7 +465,9 @@ def main():
     p.add_argument("--N", type=int, default=4096)
     p.add_argument("--D", type=int, default=256)
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--profiled", type=int, default=8)
+    p.add_argument("--profiled", type=int, default=2)
+    p.add_argument("--workspace-mib", type=lambda x: [int(v) for v in x.split(",")], default="1024",
+                   help="the split backward's WORKSPACE_BYTES values, MiB")
     p.set_defaults(func=swing)
     p = sub.add_parser("split", help="per-kernel GPU time of the split backward (D > 128, torch.profiler)")
     p.add_argument("--B", type=int, default=1)
