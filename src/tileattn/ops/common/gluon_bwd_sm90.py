@@ -21,7 +21,8 @@ Partitions:
         dV += P^T dO,  dK += dS^T Q  (P^T, dS^T from registers),
     then both write dS^T into shared memory, and each computes half of dQ = dS K from it (wgmma with both
     operands in shared memory: half the head dim, or with BLOCK_M = 128 half the rows), staged as float32 for
-    the writer (without a right bound, dense: dQ goes before dK and is staged while dK runs);
+    the writer (dense, except under a right bound with 128-row steps: dQ goes before dK and is staged while dK
+    runs);
   - two dQ writers (1 warp each, even and odd steps): add each step's dQ tile to the query block's float32 sum in
     global memory, in descending key-block order: a counter per (query head, query block) (zeroed by the backward's
     preprocess, launch_bwd_sm90.zero_args) says how many higher key blocks have added; the writer spins until it is
@@ -252,10 +253,11 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
         dst = dst * (1.0 - th * th)
     if SCORE_GRAD is not None:
         dst = dst * dz
-    # Dense problems without a right bound (the dQ turn chain has no slack) issue dQ before dK and stage the dQ
-    # part while dK runs (FlashAttention-3's order): +2-4% there, but 2-4% slower under causal rules, which keep
-    # dK before the dS barrier (H100, docs/design/backward.md)
-    DQ_UNDER_DK: gl.constexpr = not (HAS_RIGHT or FLEX)
+    # Dense problems issue dQ before dK and stage the dQ part while dK runs (FlashAttention-3's order): without a
+    # right bound (the dQ turn chain has no slack) +2-4%; under causal rules at D=128 (64-row steps) +1-4% at N
+    # 1K-16K, while D=64 (128-row steps) measured 2-4% slower there and keeps dK before the dS barrier (H100,
+    # docs/design/backward.md, the eleventh round)
+    DQ_UNDER_DK: gl.constexpr = not FLEX and (not HAS_RIGHT or BLOCK_M == 64)
     pt16 = gl.convert_layout(pt.to(dtype), gl.DotOperandLayout(operand_index=0, parent=v_layout, k_width=2))
     dv = warpgroup_mma(pt16, do_smem, dv, is_async=True)
     ds16 = dst.to(dtype)

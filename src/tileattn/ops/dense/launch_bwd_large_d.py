@@ -24,9 +24,13 @@ from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
 from .kernels_bwd_large_d import bwd_scores_kernel
 from .launch_triton import MAX_GRID_Y
 
-# Both workspaces of one chunk together (P and dZ', q's dtype): 1 GiB holds a (batch, kv head) unit's whole
-# square up to Sq = Sk = 16K with one query head per kv head.
-WORKSPACE_BYTES = 1 << 30
+# Both workspaces of one chunk together (P and dZ', q's dtype): 2 GiB holds a (batch, kv head) unit's whole
+# square up to Sq = Sk = 16K with one query head per kv head, and all 32 heads of a batch at N = 4K. Each chunk
+# costs the host ~20 torch calls per GEMM piece, so fewer chunks keep the GPU ahead of it. H100 (2026-11-26,
+# `profile_kernels.py swing`, B=4 H=32 N=4K D=256 causal): at 1 GiB (8 chunks) issuing one backward took the
+# host 7.6-10.7 ms against 7.4 ms of kernels, and calls swung 8.0-39 ms; at 2 GiB (4 chunks) 3.8-5.6 ms, calls
+# 8.1-8.4 ms (cuDNN 7.6-8.4 in the same runs).
+WORKSPACE_BYTES = 2 << 30
 # One query head per kv head: a chunk per batch (GEMMs on views of the tensors, no copies: -1.1 of 14.8 ms at
 # D=256 B=4 H=32 N=4K) where one batch's work, Hkv * Sq * Sk * D, is at least this; below it several batches per
 # chunk (copies, fewer chunks, each ~12 torch calls of host time). H100, D=256 non-causal fp16, ms, copies /
@@ -261,6 +265,7 @@ def _chunk_grads(p, c, do, delta, ch, grads, tail, launch):
         else:
             dq_out[:, r].zero_()
     dk_out, dv_out = (None, None) if sums is not None else (ch.keys_out(dk), ch.keys_out(dv))
+    ws_ds_t, ws_p_t = ws_ds.transpose(1, 2), ws_p.transpose(1, 2)  # (once: each torch call costs host time)
     for a in range(ch.lo, ch.hi, ch.key_piece):  # dK, dV by keys
         e = min(a + ch.key_piece, ch.hi)
         lo, hi = _row_span(a, e, p.seqlen_q, off, left, right)
@@ -272,7 +277,7 @@ def _chunk_grads(p, c, do, delta, ch, grads, tail, launch):
                 dv_out[:, kr].zero_()
             continue
         r = slice(lo * g, hi * g)
-        ds_t, p_t = ws_ds[:, r, kr].transpose(1, 2), ws_p[:, r, kr].transpose(1, 2)
+        ds_t, p_t = ws_ds_t[:, kr, r], ws_p_t[:, kr, r]
         if sums is not None:
             sums[0][:, a:e] += _bmm_acc(ds_t, qc[:, r])
             sums[1][:, a:e] += _bmm_acc(p_t, doc[:, r])
