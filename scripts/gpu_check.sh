@@ -234,12 +234,13 @@ for s in $steps; do
       summary+=("profile-split rc=$rc"); grep "^SPLIT" "$OUT/profile_split.log" | cut -c1-160 ;;
     swing)
       # the split backward's call-to-call swing, with the GPU's clocks, power and throttle reasons logged beside
-      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+      timeout 330 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
         --format=csv -lms 200 > "$OUT/swing_smi.csv" 2>&1 & smi=$!
       timeout 300 python3 scripts/profile_kernels.py swing ${SWING_ARGS:-} > "$OUT/swing.log" 2>&1; rc=$?
-      kill $smi 2>/dev/null
+      kill $smi 2>/dev/null; wait $smi 2>/dev/null
       summary+=("swing rc=$rc"); grep "^SWING" "$OUT/swing.log" | cut -c1-400
-      awk -F, 'NR>1 {print $2, $4, $6}' "$OUT/swing_smi.csv" | sort | uniq -c | sort -rn | head -12 ;;
+      # samples per (SM clock, throttle reasons: 0x1 idle, 0x4 software power cap)
+      awk -F, 'NR>1 {print $2, $6}' "$OUT/swing_smi.csv" | sort | uniq -c | sort -rn | head -8 ;;
     profile-bwd)
       timeout 300 python3 scripts/profile_kernels.py bwd > "$OUT/profile_bwd.log" 2>&1; rc=$?
       summary+=("profile-bwd rc=$rc"); grep "^PROF" "$OUT/profile_bwd.log" ;;

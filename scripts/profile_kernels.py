@@ -32,8 +32,7 @@
     profile_kernels.py swing [--N 4096] [--D 256] [--reps 30] [--workspace-mib 1024,2048]
         the split backward's call-to-call swing (B=4, H=32, causal; fp16 then bf16; per workspace size): "SWING ..."
         lines with each call's event-timed ms, ours and cuDNN's alternated, the host's issue time per call, then
-        per-kernel GPU time of a few calls profiled one by one (which kernel differs between a fast and a slow
-        call).
+        (after every timing) per-kernel GPU time of a few calls profiled one by one.
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -370,19 +369,21 @@ def split(a):
 
 
 def swing(a):
-    """The split backward's call-to-call swing, "SWING ..." lines (docstring above)."""
+    """The split backward's call-to-call swing, "SWING ..." lines (docstring above). Every timing runs before the
+    profiled calls: torch.profiler may leave launch hooks installed, which would slow the host's issue."""
     from tileattn.ops.dense import launch_bwd_large_d as split
     default = split.WORKSPACE_BYTES
-    for dt in (torch.float16, torch.bfloat16):
-        for mib in a.workspace_mib:
+    configs = [(dt, mib) for dt in (torch.float16, torch.bfloat16) for mib in (a.workspace_mib or [default >> 20])]
+    for profiled in (False, True)[:1 + (a.profiled > 0)]:
+        for dt, mib in configs:
             split.WORKSPACE_BYTES = mib << 20
-            _swing_one(a, dt, f"SWING {str(dt).split('.')[-1]} D={a.D} N={a.N} ws={mib}M")
+            _swing_one(a, dt, f"SWING {str(dt).split('.')[-1]} D={a.D} N={a.N} ws={mib}M", profiled)
             torch.cuda.empty_cache()
     split.WORKSPACE_BYTES = default
 
 
-def _swing_one(a, dt, tag):
-    """One dtype's calls (its tensors freed on return)."""
+def _swing_one(a, dt, tag, profiled):
+    """One dtype's calls, timed or (profiled) under the profiler; its tensors are freed on return."""
     from torch.profiler import ProfilerActivity, profile
 
     import tileattn
@@ -396,6 +397,9 @@ def _swing_one(a, dt, tag):
     theirs = lambda: torch.autograd.grad(oh, (qh, kh, vh), dout.transpose(1, 2), retain_graph=True)  # noqa: E731
     ours(), theirs()
     torch.cuda.synchronize()
+    if profiled:
+        _swing_profiled(a, tag, ours, profile, ProfilerActivity)
+        return
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     times = {"ours": [], "cudnn": []}
     for _ in range(a.reps):
@@ -412,6 +416,10 @@ def _swing_one(a, dt, tag):
     print(f"{tag} host issue ms per call (GPU behind): ours "
           + " ".join(f"{issue_us(ours, busy, n=8) / 1e3:.2f}" for _ in range(3))
           + ", cudnn " + " ".join(f"{issue_us(theirs, busy, n=8) / 1e3:.2f}" for _ in range(3)), flush=True)
+
+
+def _swing_profiled(a, tag, ours, profile, ProfilerActivity):  # noqa: N803
+    """a.profiled calls of `ours`, each under its own profiler: the kernels' GPU time by name."""
     for i in range(a.profiled):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             ours()
@@ -466,8 +474,8 @@ def main():
     p.add_argument("--D", type=int, default=256)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--profiled", type=int, default=2)
-    p.add_argument("--workspace-mib", type=lambda x: [int(v) for v in x.split(",")], default="1024",
-                   help="the split backward's WORKSPACE_BYTES values, MiB")
+    p.add_argument("--workspace-mib", type=lambda x: [int(v) for v in x.split(",")], default=None,
+                   help="the split backward's WORKSPACE_BYTES values, MiB (default: the module's)")
     p.set_defaults(func=swing)
     p = sub.add_parser("split", help="per-kernel GPU time of the split backward (D > 128, torch.profiler)")
     p.add_argument("--B", type=int, default=1)

@@ -19,7 +19,7 @@ timed; a config that fails the check, does not compile or is refused is reported
             last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
     bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math] [--whole]
-            [--pieces 4] [--bh 1,16] [--workspace-mib 1024] [--no-sm90]:
+            [--pieces 4] [--bh 1,16] [--workspace-mib 2048] [--no-sm90]:
             the split large-D backward per score-tile candidate (SCORE_TILES), and with the Hopper score kernel
             where it serves D ("sm90 scores"), gradients checked, against SDPA's backward, B=1, H=16:
             "BWDL D=... causal=... N=... ms: <peer>: <ms> | [tiles]: <ms> | ..."
@@ -479,12 +479,13 @@ def bwd_large_d(a):
         cfgs = SCORE_TILES if a.tiles is None else [SCORE_TILES[i] for i in a.tiles]
         # the Triton score kernel with each tile candidate, then the Hopper one where it serves D
         sm90 = [True] if D in split.SCORES_SM90_CONFIGS and not a.no_sm90 else []
-        for cfg, n, ws in itertools.product([*cfgs, *sm90], a.pieces if causal else a.pieces[:1], a.workspace_mib):
+        ws_values = a.workspace_mib or [table[2] >> 20]
+        for cfg, n, ws in itertools.product([*cfgs, *sm90], a.pieces if causal else a.pieces[:1], ws_values):
             split.SCORES_SM90 = cfg is True
             split.SCORE_TILES = table[0] if cfg is True else cfg
             split.PIECES_MASKED, split.WORKSPACE_BYTES = n, ws << 20
             timed(("sm90 scores" if cfg is True else f"{list(cfg)}") + (f" pieces={n}" if causal else "")
-                  + (f" ws={ws}M" if ws != 1024 else ""))
+                  + (f" ws={ws}M" if ws != table[2] >> 20 else ""))
         split.SCORE_TILES, split.PIECES_MASKED, split.WORKSPACE_BYTES, split.SCORES_SM90 = table[:3] + (table[4], )
         if a.whole and D <= dense_bwd.MAX_WHOLE_HEAD_DIM:  # the whole-row Triton kernels instead of the split one
             dense_bwd.SPLIT_ABOVE_HEAD_DIM = dense_bwd.MAX_WHOLE_HEAD_DIM
@@ -771,7 +772,8 @@ def main():
     p.add_argument("--whole", action="store_true", help="also the whole-row Triton kernels (D <= 256)")
     p.add_argument("--pieces", type=ints, default="4", help="PIECES_MASKED values (causal rows)")
     p.add_argument("--bh", type=ints, default="1,16", help="batch, heads")
-    p.add_argument("--workspace-mib", type=ints, default="1024", help="WORKSPACE_BYTES values, MiB")
+    p.add_argument("--workspace-mib", type=ints, default=None,
+                   help="WORKSPACE_BYTES values, MiB (default: the module's)")
     p.add_argument("--no-sm90", action="store_true", help="not the Hopper score kernel (SCORES_SM90_CONFIGS dims)")
     p.set_defaults(func=bwd_large_d)
     p = sub.add_parser("large-d", help="large-D Triton kernel configs against SDPA EFFICIENT")

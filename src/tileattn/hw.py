@@ -41,6 +41,7 @@ class DeviceInfo:
     arch: int  # compute capability as major * 10 + minor (0 for the interpreter)
     num_sms: int
     smem_per_block: int  # bytes, after any override
+    memory: int = 0  # bytes of device memory (0: not known, as under the interpreter)
 
 
 def _smem_override():
@@ -66,9 +67,9 @@ def _device_info(device_index, override):
         props = torch.cuda.get_device_properties(device_index)
         smem = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
         info = DeviceInfo(arch=props.major * 10 + props.minor, num_sms=props.multi_processor_count,
-                          smem_per_block=smem)
+                          smem_per_block=smem, memory=props.total_memory)
     if override is not None:
-        info = DeviceInfo(info.arch, info.num_sms, min(info.smem_per_block, override))
+        info = DeviceInfo(info.arch, info.num_sms, min(info.smem_per_block, override), info.memory)
     return info
 
 

@@ -438,7 +438,7 @@ SM90_CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, lse in the lo
     (1, 200, 517, 2, 1, 128, False, (90, 30), 0.0, True),     # both window bounds, bottom-right with Sq < Sk
     (1, 517, 300, 2, 2, 64, True, (70, -1), 0.0, False),      # causal + left bound, Sq > Sk
     (2, 700, 700, 4, 2, 64, False, (-1, -1), 0.0, False),     # D=64 (128-row steps): many key and query blocks
-    (1, 400, 460, 2, 2, 128, False, (100, -1), 0.0, False),   # left bound only (dQ staged under dK, as no rule)
+    (1, 400, 460, 2, 2, 128, False, (100, -1), 0.0, False),   # left bound only (no right bound: no slack)
     (1, 256, 640, 2, 2, 128, False, (-1, -1), 0.0, True),     # rotated walks (persistent), fewer query blocks than
     (1, 768, 256, 4, 2, 64, False, (-1, -1), 0.0, False),     # key blocks, then more (ties and gaps in the starts)
 ]

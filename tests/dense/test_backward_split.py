@@ -90,3 +90,12 @@ def test_gpu_split_scores_sm90_matches_triton(device, monkeypatch):
     assert chunks == [False, True]
     for a, b in zip(got[False], got[True]):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2 * b.float().abs().max().item())
+
+
+@pytest.mark.parametrize("memory,expected", [(80 << 30, 2 << 30), (16 << 30, 1 << 30), (0, 2 << 30)])
+def test_workspace_budget(memory, expected, monkeypatch):
+    """The chunks' workspace: WORKSPACE_BYTES, at most a sixteenth of the device's memory (0: not known)."""
+    from tileattn import hw
+    monkeypatch.setattr(launch_bwd_large_d, "WORKSPACE_BYTES", 2 << 30)
+    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(90, 132, 232448, memory))
+    assert launch_bwd_large_d.workspace_bytes(torch.device("cpu")) == expected

@@ -254,9 +254,10 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
     if SCORE_GRAD is not None:
         dst = dst * dz
     # Dense problems issue dQ before dK and stage the dQ part while dK runs (FlashAttention-3's order): without a
-    # right bound (the dQ turn chain has no slack) +2-4%; under causal rules at D=128 (64-row steps) +1-4% at N
-    # 1K-16K, while D=64 (128-row steps) measured 2-4% slower there and keeps dK before the dS barrier (H100,
-    # docs/design/backward.md, the eleventh round)
+    # right bound (the dQ turn chain has no slack) +2-4%; under causal rules at D=128 (64-row steps) +0.5-4.6% at
+    # N 1K-16K, most at 16K (windows with a right bound take the same order, not measured apart), while D=64
+    # (128-row steps) measured 2-4% slower there and keeps dK before the dS barrier (H100, docs/design/backward.md,
+    # the eleventh round)
     DQ_UNDER_DK: gl.constexpr = not FLEX and (not HAS_RIGHT or BLOCK_M == 64)
     pt16 = gl.convert_layout(pt.to(dtype), gl.DotOperandLayout(operand_index=0, parent=v_layout, k_width=2))
     dv = warpgroup_mma(pt16, do_smem, dv, is_async=True)

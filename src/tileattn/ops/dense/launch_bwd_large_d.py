@@ -9,7 +9,7 @@ and recompute S and dP per slice instead: 2-4x the FLOPs). The split backward co
   2. batched GEMMs (torch.bmm: cuBLAS) finish the chunk: dQ = dZ' K, dK = dZ'^T Q, dV = P^T dO, a kv head's
      query heads stacked along the rows (GQA: dK and dV summed over the group by the GEMM itself).
 P and dZ' are rounded to q's dtype before their products, as in the fused kernels (and FlashAttention's).
-Chunks: the whole squares of as many units as fit WORKSPACE_BYTES, else row chunks of one unit whose dK and dV
+Chunks: the whole squares of as many units as fit workspace_bytes(), else row chunks of one unit whose dK and dV
 are summed in float32 (GEMMs with a float32 output). Under a mask rule the GEMMs are cut into PIECES_MASKED
 pieces (dQ by rows, dK and dV by keys), each covering only the keys (rows) its rows (keys) see.
 Deterministic: no atomics, and cuBLAS GEMMs on one stream are run-to-run identical.
@@ -24,12 +24,13 @@ from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
 from .kernels_bwd_large_d import bwd_scores_kernel
 from .launch_triton import MAX_GRID_Y
 
-# Both workspaces of one chunk together (P and dZ', q's dtype): 2 GiB holds a (batch, kv head) unit's whole
-# square up to Sq = Sk = 16K with one query head per kv head, and all 32 heads of a batch at N = 4K. Each chunk
-# costs the host ~20 torch calls per GEMM piece, so fewer chunks keep the GPU ahead of it. H100 (2026-11-26,
-# `profile_kernels.py swing`, B=4 H=32 N=4K D=256 causal): at 1 GiB (8 chunks) issuing one backward took the
-# host 7.6-10.7 ms against 7.4 ms of kernels, and calls swung 8.0-39 ms; at 2 GiB (4 chunks) 3.8-5.6 ms, calls
-# 8.1-8.4 ms (cuDNN 7.6-8.4 in the same runs).
+# Both workspaces of one chunk together (P and dZ', q's dtype), at most a sixteenth of the device's memory
+# (workspace_bytes): 2 GiB holds a (batch, kv head) unit's whole square up to Sq * Sk = 2^29 with one query head
+# per kv head, and all 32 heads of a batch at N = 4K. Each chunk costs the host ~70 torch calls (12 GEMMs over
+# views under a mask rule), so fewer chunks keep the GPU ahead of it. H100 (2026-11-25, `profile_kernels.py swing`,
+# B=4 H=32 N=4K D=256 causal, docs/design/backward.md, eleventh round): at 1 GiB (8 chunks) issuing one backward
+# took the host 7.6-10.7 ms against 7.4-7.6 ms of kernels, and calls swung from 8.0 to 39 ms; at 2 GiB (4 chunks)
+# 3.8-5.6 ms, call medians 8.2-8.3 ms (cuDNN 7.9-8.3), though a host stall can still stretch a call.
 WORKSPACE_BYTES = 2 << 30
 # One query head per kv head: a chunk per batch (GEMMs on views of the tensors, no copies: -1.1 of 14.8 ms at
 # D=256 B=4 H=32 N=4K) where one batch's work, Hkv * Sq * Sk * D, is at least this; below it several batches per
@@ -96,14 +97,20 @@ def _piece(lo, hi, n):
     return max(triton.cdiv(triton.cdiv(hi - lo, n), 128) * 128, 128)
 
 
-def _chunks(p, g):
-    """(batches per chunk, kv heads per chunk, rows per chunk) within WORKSPACE_BYTES: whole squares of as many
-    (batch, kv head) units as fit, else row chunks of one unit (multiples of 128 rows)."""
+def workspace_bytes(device):
+    """The chunks' workspace budget on `device`: WORKSPACE_BYTES, at most a sixteenth of its memory."""
+    memory = hw.device_info(device).memory
+    return min(WORKSPACE_BYTES, memory // 16) if memory else WORKSPACE_BYTES
+
+
+def _chunks(p, g, budget):
+    """(batches per chunk, kv heads per chunk, rows per chunk) within `budget` bytes of workspace: whole squares
+    of as many (batch, kv head) units as fit, else row chunks of one unit (multiples of 128 rows)."""
     # both workspaces, one row of every query head of a kv head (rows padded to 8 keys: the Hopper kernel's pitch)
     per_row = 2 * triton.cdiv(p.seqlen_k, 8) * 8 * p.dtype.itemsize * g
-    units = WORKSPACE_BYTES // (per_row * p.seqlen_q)
+    units = budget // (per_row * p.seqlen_q)
     if units == 0:
-        return 1, 1, max(WORKSPACE_BYTES // per_row // 128 * 128, 128)
+        return 1, 1, max(budget // per_row // 128 * 128, 128)
     heads = min(units, p.heads_kv)
     if g == 1 and p.heads_kv * p.seqlen_q * p.seqlen_k * max(p.head_dim, p.head_dim_v) >= DIRECT_MIN_WORK:
         return 1, heads, p.seqlen_q  # one batch per chunk: the GEMMs use views of the tensors (_Chunk.direct)
@@ -297,7 +304,7 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
     sq, sk, g = p.seqlen_q, p.seqlen_k, p.heads_q // p.heads_kv
     off = sk - sq if p.opts.bottom_right else 0
     n_pieces = PIECES_MASKED if left >= 0 or right >= 0 else 1
-    nb, nh, mc = _chunks(p, g)
+    nb, nh, mc = _chunks(p, g, workspace_bytes(q.device))
     operands = None if scores_sm90_reason(p, q, c.k, c.v, do) else _sm90_operands(p, q, c.k, c.v, do)
     min_ctas = SCORES_SM90_MIN_WAVES * hw.device_info(q.device).num_sms if operands else 0
     launch.not_replayable()  # the GEMMs and copies below are torch calls, not kernels a plan replays
