@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [host-ab] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [host-ab] [bwd-row] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -219,6 +219,10 @@ for s in $steps; do
         sed "s#^#$tree #" "$OUT/host_ab_tmp.log" >> "$OUT/host_ab.log"
       done; done
       summary+=("host-ab rc=$rc"); grep "HOST N=" "$OUT/host_ab.log" ;;
+    bwd-row)
+      # the bwd bench's D=64 causal 1K row repeated, fp16 and bf16 (ROW_ARGS: `profile_kernels.py rows` options)
+      timeout 400 python3 scripts/profile_kernels.py rows ${ROW_ARGS:-} > "$OUT/bwd_row.log" 2>&1; rc=$?
+      summary+=("bwd-row rc=$rc"); grep -E "^ROW|FAILED" "$OUT/bwd_row.log" ;;
     profile-small)
       # timed / kernel / host time of the short rows, each kernel's GPU time (SMALL_ARGS: `profile_kernels.py small` options)
       timeout 300 python3 scripts/profile_kernels.py small --breakdown ${SMALL_ARGS:-} > "$OUT/profile_small.log" 2>&1; rc=$?

@@ -185,7 +185,49 @@ def run_check():
         maps = sum(isinstance(x, tuple) and x[:1] == ("tmap",) for x in raw_direct)
         print(f"ok  {kind}{' (forced TMA config)' if cfg else ''}: {len(raw_direct)} launch arguments, "
               f"{maps} tensor maps")
+    check_backward(launches)
     print("CHECK OK")
+
+
+def check_backward(launches):
+    """The Hopper backward's replayed plan (bwd.attn_bwd_planned: three launches, delta, the dQ sums and the
+    counters as addresses in one allocation) passes the C launcher what its first call passed through Triton's
+    normal path: the same arguments, the gradients' addresses where the first call had its own, and the
+    workspace's pieces at the same offsets from its (other) base."""
+    import torch
+
+    import tileattn
+    from tileattn import launcher
+    from tileattn.ops.common import launch_bwd_sm90
+
+    launcher.DIRECT = True
+    launch_bwd_sm90.gluon_sm90_reason = lambda device: ""  # the stand-in is an H100
+
+    def flat(call):
+        out = []
+        for a in call[13:]:
+            out += list(a[1:]) if isinstance(a, tuple) and a[:1] == ("tmap",) else [a]  # a map's fields
+        return [a.data_ptr() if hasattr(a, "data_ptr") else a for a in out]
+
+    for d, window in ((64, (-1, 0)), (128, (-1, 0)), (128, (200, 0)), (64, (-1, -1))):
+        q, k, v = (torch.randn(1, 1024, 2, d, dtype=torch.float16).requires_grad_() for _ in range(3))
+        out = tileattn.attention(q, k, v, window=window)
+        dout = torch.randn_like(out)
+        calls = []
+        for _ in range(2):  # the first call makes the plan (normal path), the second replays it
+            launches.clear()
+            grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            names = {t.data_ptr(): f"d{i}" for i, t in enumerate(grads)}
+            calls.append(([[names.get(a, a) for a in flat(c)] for c in launches], launches[1][11]))
+        (first, meta1), (again, meta2) = calls
+        assert meta1 is not None and meta2 is None, "the second backward should replay its plan"
+        assert len(first) == len(again) == 3, (len(first), len(again))
+        shift = set()  # the workspace's base moved by one offset for every piece
+        for a1, a2 in zip(first, again):
+            assert len(a1) == len(a2)
+            shift.update(y - x for x, y in zip(a1, a2) if x != y)
+        assert len(shift) <= 1, f"D={d} window={window}: replayed arguments differ beyond the workspace: {shift}"
+        print(f"ok  backward D={d} window={window}: 3 launches replayed, workspace moved by {shift or 0}")
 
 
 def run_gpu(n):

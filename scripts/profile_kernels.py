@@ -33,6 +33,9 @@
         the split backward's call-to-call swing (B=4, H=32, causal; fp16 then bf16; per workspace size): "SWING ..."
         lines with each call's event-timed ms, ours and cuDNN's alternated, the host's issue time per call, then
         (after every timing) per-kernel GPU time of a few calls profiled one by one.
+    profile_kernels.py rows [--N 1024] [--D 64] [--no-causal] [--reps 4] [--dtypes fp16,bf16]
+        the bwd bench's row (B=4, H=32; causal unless --no-causal) repeated: "ROW ..." lines with each repeat's
+        backward us, ours, cuDNN's and FA2's, and the ratios (the row swings with the host's issue time).
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -435,6 +438,22 @@ def _swing_profiled(a, tag, ours, profile, ProfilerActivity):  # noqa: N803
         print(f"{tag} profiled call {i}: kernels {total:.2f} ms; " +
               "; ".join(f"{t:.2f} ms x{c} {k}" for k, (c, t) in rows), flush=True)
 
+def rows(a):
+    """The bwd bench's row (bench.bwd._case_rows: tileattn's gradients checked, then tileattn, cuDNN and FA2 timed
+    in interleaved rounds, as the bench does) repeated: how often the row lands where."""
+    from tileattn.bench import bwd as bench
+    from tileattn.bench.common import warm_up_gpu
+    for dtype in a.dtypes.split(","):
+        dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        warm_up_gpu(dt)
+        for rep in range(a.reps):
+            ms, ok = bench._case_rows((4, 32, a.N, a.D, a.causal), dt, ("cudnn", "fa2"), [], print)
+            ours = ms.get("tileattn", float("nan"))
+            print(f"ROW {dtype} N={a.N} D={a.D} causal={int(a.causal)} #{rep}: tileattn {ours * 1e3:6.1f} us, cuDNN "
+                  f"{ms['cudnn'] * 1e3:6.1f}, FA2 {ms['fa2'] * 1e3:6.1f}; vs cuDNN {ms['cudnn'] / ours:.3f}, vs FA2 "
+                  f"{ms['fa2'] / ours:.3f}; check {'ok' if ok else 'FAILED'}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -483,6 +502,13 @@ def main():
     p.add_argument("--N", type=int, default=4096)
     p.add_argument("--D", default="256,512")
     p.set_defaults(func=split)
+    p = sub.add_parser("rows", help="the bwd bench's row repeated (checked, timed against cuDNN and FA2)")
+    p.add_argument("--N", type=int, default=1024)
+    p.add_argument("--D", type=int, default=64)
+    p.add_argument("--no-causal", dest="causal", action="store_false")
+    p.add_argument("--reps", type=int, default=4)
+    p.add_argument("--dtypes", default="fp16,bf16")
+    p.set_defaults(func=rows)
     p = sub.add_parser("bwd", help="per-kernel GPU time of the flex and dense backward (torch.profiler)")
     p.set_defaults(func=bwd)
     a = ap.parse_args()

@@ -209,7 +209,10 @@ def test_backward_route(mode, n, taken, h100, monkeypatch):
     monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
     p = dataclasses.replace(_dense(128, causal=True), seqlen_q=n, seqlen_k=n)
     t = torch.empty(1, 8, 8, 128, dtype=torch.float16)
-    why = launch_bwd_sm90.reason(p, t, t, t, t)
+    lse = torch.empty(1, 8, n)
+    why = launch_bwd_sm90.reason(p, t, t, t, t, lse)
     assert (why == "") == taken, why
     if not taken:
         assert ("TILEATTN_SM90_BWD=0" if mode == "0" else "shorter than 1024") in why
+    if taken:  # delta takes lse's strides in the kernel's allocation: a transposed lse goes to the Triton kernels
+        assert "non-contiguous lse" in launch_bwd_sm90.reason(p, t, t, t, t, lse.transpose(1, 2))

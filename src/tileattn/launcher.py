@@ -76,7 +76,7 @@ def _hooks_installed():
 class _Direct:
     """What a direct launch needs: the C launch entry, handles, and the argument template."""
     __slots__ = ("raw", "function", "packed", "coop", "pdl", "device", "get_device", "get_stream", "template",
-                 "positions", "masks", "tmaps")
+                 "positions", "masks", "tmaps", "replay")
 
 
 class KernelLauncher:
@@ -120,33 +120,22 @@ class KernelLauncher:
             raise ValueError(f"KernelLauncher: {len(values)} values for {len(self._varying)} varying parameters")
         if d is None or d.get_device() != d.device or _hooks_installed():
             return self._normal(grid, values)
-        args = d.template.copy()
-        leaves = None  # tuple arguments being rebuilt: position -> list of its elements
-        for pos, mask, tmaps, val in zip(d.positions, d.masks, d.tmaps, values):
-            if mask < 0:  # a scalar
-                args[pos] = val
-                continue
-            ptr = val.data_ptr()
-            if ptr & mask:  # the kernel assumed 16-byte alignment: let Triton specialize again
-                return self._normal(grid, values)
-            if tmaps is not None:
-                tmap = tmaps.get(ptr)
-                args[pos] = tmap if tmap is not None else self._encode(tmaps, val, ptr)
-            elif type(pos) is int:
-                args[pos] = ptr
-            else:  # a pointer in a tuple argument
-                if leaves is None:
-                    leaves = {}
-                items = leaves.get(pos[0])
-                if items is None:
-                    items = leaves[pos[0]] = list(args[pos[0]])
-                items[pos[1]] = ptr
-        if leaves:
-            for pos, items in leaves.items():
-                args[pos] = tuple(items)
         n = len(grid)
-        d.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, d.get_stream(d.device), d.function,
-              d.coop, d.pdl, None, None, d.packed, None, None, None, *args)
+        if not d.replay(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, *values):
+            self._normal(grid, values)  # a pointer lost the 16-byte alignment the kernel assumed
+        return None
+
+    def direct(self):
+        """Whether calls take the direct path now (compiled, on its device, no launch hook installed): a caller
+        that checked this may launch a batch of these launchers through replay()."""
+        d = self._direct
+        return d is not None and d.get_device() == d.device and not _hooks_installed()
+
+    def replay(self, grid3, *values):
+        """__call__ for a caller that checked direct() (just before, for this device) and passes the grid as
+        (x, y, z) and exactly the varying values: no checks but the pointers' alignment."""
+        if not self._direct.replay(*grid3, *values):
+            self._normal(grid3, values)
 
     def compile(self, grid, *values):
         """Compile (or find in Triton's cache) the kernel for these values of the varying parameters, without
@@ -266,6 +255,7 @@ class KernelLauncher:
         d.get_stream = active.get_current_stream
         d.device = d.get_device()
         d.template, d.positions, d.masks, d.tmaps = template, tuple(positions), tuple(masks), tuple(tmaps)
+        d.replay = _replay_function(d, self._encode)
         return d
 
     @staticmethod
@@ -277,6 +267,47 @@ class KernelLauncher:
             tmaps.clear()
         tmap = tmaps[ptr] = nvd.make_tensordesc_arg(dataclasses.replace(tmaps.desc, base=base), tmaps.meta)[0]
         return tmap
+
+
+def _replay_function(d, encode):
+    """replay(x, y, z, *values) -> bool: the C launch of `d` (a _Direct) with these values of the varying
+    parameters, generated as straight-line code (one statement per value, the frozen arguments as constants; a loop
+    over the template cost ~2x the host time, scripts/host_overhead.py --cpu). False, with nothing launched, when
+    a pointer lost the 16-byte alignment the kernel assumed."""
+    env = {"raw": d.raw, "function": d.function, "packed": d.packed, "coop": d.coop, "pdl": d.pdl,
+           "device": d.device, "get_stream": d.get_stream, "encode": encode}
+    exprs, body = [], []
+    for i, x in enumerate(d.template):  # frozen arguments (tuples element by element: their pointers vary)
+        if type(x) is tuple:
+            exprs.append([])
+            for k, y in enumerate(x):
+                env[f"c{i}_{k}"] = y
+                exprs[-1].append(f"c{i}_{k}")
+        else:
+            env[f"c{i}"] = x
+            exprs.append(f"c{i}")
+    for j, (pos, mask, tmaps) in enumerate(zip(d.positions, d.masks, d.tmaps)):
+        value = f"v{j}"
+        if mask >= 0:  # a pointer or a descriptor's base
+            body.append(f"p{j} = v{j}.data_ptr()")
+            if mask:
+                body.append(f"if p{j} & {mask}: return False")
+            value = f"p{j}"
+            if tmaps is not None:
+                env[f"tm{j}"] = tmaps
+                body += [f"t{j} = tm{j}.get(p{j})", f"if t{j} is None: t{j} = encode(tm{j}, v{j}, p{j})"]
+                value = f"t{j}"
+        if type(pos) is int:
+            exprs[pos] = value
+        else:
+            exprs[pos[0]][pos[1]] = value
+    args = ", ".join((f"({', '.join(e)},)" if e else "()") if type(e) is list else e for e in exprs)
+    values = "".join(f", v{j}" for j in range(len(d.positions)))
+    src = "\n    ".join([f"def replay(gx, gy, gz{values}):", *body,
+                         "raw(gx, gy, gz, get_stream(device), function, coop, pdl, None, None, packed, None, None, "
+                         f"None{', ' if args else ''}{args})", "return True"])
+    exec(compile(src, "<tileattn.launcher replay>", "exec"), env)  # noqa: S102 - code built from this function's strings
+    return env["replay"]
 
 
 class _TensorMaps(dict):
@@ -339,6 +370,20 @@ def launch_cached(kernel, grid, args, kwargs):
 
 
 _PLAIN = (int, float, bool, type(None), str)
+
+
+class Address:
+    """A pointer into an allocation, passed where a kernel takes a tensor (Triton's launchers read data_ptr() and
+    dtype): a plan's buffers carved from one allocation cost no view each (a slice and a view cost as much host
+    time as an allocation, ~5 us on the H100 machines' host, docs/design/backward.md, the eighth round). The
+    caller keeps the allocation alive until the launches are queued."""
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr, dtype):
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self):
+        return self.ptr
 
 
 class PlanCache:

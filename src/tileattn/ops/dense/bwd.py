@@ -41,9 +41,9 @@ class Launches:
     """How attn_bwd launches its kernels: straight through launch_cached. A _Recorder (below) also keeps
     what a launch plan replays."""
 
-    def buffers(self, tensors, alloc_sums=None):
-        """Buffers the call allocated, reported before a launch uses them: dq, dk, dv and delta, then on the
-        Hopper path the dQ sums and the counters, which alloc_sums() allocates again."""
+    def buffers(self, tensors, workspace=None):
+        """Buffers the call allocated, reported before a launch uses them: dq, dk, dv and delta, and on the
+        Hopper path the dQ sums and the counters, views of `workspace`'s allocation (launch_bwd_sm90.Workspace)."""
 
     def __call__(self, kernel, grid, args, kwargs):
         launch_cached(kernel, grid, args, kwargs)
@@ -111,8 +111,6 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
     # float64 (the CPU suite's gradcheck calls attn_bwd directly; the public API takes 16-bit inputs):
     # float64 accumulation and delta
     acc = tl.float64 if q.dtype == torch.float64 else tl.float32
-    delta = _alloc_delta(lse, q)
-    launch.buffers((dq, dk, dvv, delta))
     ls = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     gls = ((0, dlse.stride(0)) if varlen else (dlse.stride(0), dlse.stride(1))) if dlse is not None else (0, 0)
     cu_k_arg = c.cu_k if varlen else lse
@@ -122,12 +120,15 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
     (km, kn, kw, ks), (qm, qn, qw, qs) = cfg.dkdv, cfg.dq
     pm = 64 if bdv <= 128 else 32
     pre_grid = _grid(triton.cdiv(sq, pm), batch * hq)
-    sm90 = not launch_bwd_sm90.reason(p, q, k, v, do)
+    sm90 = not launch_bwd_sm90.reason(p, q, k, v, do, lse)
     sums = None
-    if sm90:  # the Hopper kernel's dQ sums and counters, the counters zeroed by the preprocess
-        alloc_sums = launch_bwd_sm90.sums_allocator(p, left, right, q.device)
-        sums = alloc_sums()
-        launch.buffers(sums, alloc_sums)
+    if sm90:  # delta, the Hopper kernel's dQ sums and counters in one allocation, the counters zeroed by the preprocess
+        workspace = launch_bwd_sm90.Workspace(p, left, right, lse)
+        delta, *sums = workspace.views(workspace.alloc())
+        launch.buffers((dq, dk, dvv, delta, *sums), workspace)
+    else:
+        delta = _alloc_delta(lse, q)
+        launch.buffers((dq, dk, dvv, delta))
     zero, zero_kw = zero_args(sums[1] if sums else None, pre_grid[0] * batch * hq, delta)
     launch(bwd_preprocess_kernel, pre_grid, (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
@@ -190,8 +191,14 @@ _plans = {}
 
 
 def clear_plans():
-    """Forget every backward launch plan (plans.clear_plans calls this too)."""
+    """Forget the backward launch plans of this module's table (plans.clear_plans calls this, and forgets those
+    kept in the forward's entries)."""
     _plans.clear()
+
+
+def count_plans():
+    """Plans in this module's table (plans.count_bwd_plans counts those in the forward's entries too)."""
+    return len(_plans)
 
 
 class _Recorder(Launches):
@@ -200,12 +207,11 @@ class _Recorder(Launches):
     them (a copy attn_bwd made) makes the call unplannable."""
 
     def __init__(self, tensors):
-        self.tensors, self.launches, self.alloc_sums, self.ok = list(tensors), [], None, True
+        self.tensors, self.launches, self.workspace, self.ok = list(tensors), [], None, True
 
-    def buffers(self, tensors, alloc_sums=None):
+    def buffers(self, tensors, workspace=None):
         self.tensors.extend(tensors)
-        if alloc_sums is not None:
-            self.alloc_sums = alloc_sums
+        self.workspace = workspace
 
     def not_replayable(self):
         self.ok = False
@@ -222,18 +228,32 @@ class _Recorder(Launches):
 
 
 class _Plan:
-    __slots__ = ("launches", "alloc_sums")
+    """A backward's launches (launcher, grid, the slots of their tensors in the call's list: q, k, v, out, lse,
+    do, dlse, then the buffers: dq, dk, dv, delta, and on the Hopper path the dQ sums and the counters) and how to
+    allocate the buffers again."""
+    __slots__ = ("launches", "workspace", "delta_dtype")
 
     def __init__(self, recorder):
-        self.launches, self.alloc_sums = tuple(recorder.launches), recorder.alloc_sums
+        self.launches = tuple((launcher, tuple(grid) + (1,) * (3 - len(grid)), slots)
+                              for launcher, grid, slots in recorder.launches)
+        self.workspace = recorder.workspace
+        self.delta_dtype = recorder.tensors[10].dtype
 
     def run(self, q, k, v, out, lse, do, dlse):
-        dq, dk, dv = _alloc_grads(False, q, k, v)
-        t = [q, k, v, out, lse, do, dlse, dq, dk, dv, _alloc_delta(lse, q)]
-        if self.alloc_sums is not None:
-            t.extend(self.alloc_sums())
-        for launcher, grid, slots in self.launches:
-            launcher(grid, *[t[i] for i in slots])
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        workspace = self.workspace
+        if workspace is None:
+            t = [q, k, v, out, lse, do, dlse, dq, dk, dv, torch.empty_like(lse, dtype=self.delta_dtype)]
+        else:  # (ws: held until the launches are queued)
+            ws = workspace.alloc()
+            t = [q, k, v, out, lse, do, dlse, dq, dk, dv, *workspace.addresses(ws)]
+        launches = self.launches
+        if launches[0][0].direct():  # (one device, one check for the call's launches)
+            for launcher, grid, slots in launches:
+                launcher.replay(grid, *[t[i] for i in slots])
+        else:
+            for launcher, grid, slots in launches:
+                launcher(grid, *[t[i] for i in slots])
         return dq, dk, dv
 
 
@@ -246,18 +266,24 @@ def _aliasing(tensors):
     return tuple(next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors))
 
 
-def attn_bwd_planned(q, k, v, out, lse, do, dlse, options):
+def attn_bwd_planned(q, k, v, out, lse, do, dlse, options, kept=None):
     """attn_bwd of a batched forward call (the registered op's saved q, k, v, out, lse and its encoded
     options; do with a contiguous last dim) through a launch plan kept per key: the options, every tensor's
     shape, strides, dtype and 16-byte alignment, the device, which of them are one tensor (_aliasing), and
-    the switches the routing reads."""
+    the switches the routing reads. kept: the plans of the forward's layouts (plans.attn_fwd_tracked: its
+    entry fixes q, k, v, out and lse, so the key there holds the rest), or None."""
     if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
         dlse = dlse.contiguous()
     tensors = (q, k, v, out, lse, do, dlse)
-    key = (options, q.device, *[None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
-                                for t in tensors], _aliasing(tensors), knobs.sm90_bwd(), forced_key(),
-           hw.interpreter_enabled())
-    plan = _plans.get(key)
+    switches = (_aliasing(tensors), knobs.sm90_bwd(), forced_key(), hw.interpreter_enabled())
+    if kept is None:
+        kept = _plans
+        key = (options, q.device, *[None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
+                                    for t in tensors], *switches)
+    else:
+        key = (options, do.shape, do.stride(), do.dtype, do.data_ptr() % 16,
+               None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype), *switches)
+    plan = kept.get(key)
     if plan is not None:
         return plan.run(*tensors)
     opts = AttnOptions.decode(options)
@@ -265,7 +291,7 @@ def attn_bwd_planned(q, k, v, out, lse, do, dlse, options):
     rec = _Recorder(tensors)
     grads = attn_bwd(AttnProblem.of(c, opts), c, do, dlse, rec)
     if rec.ok and rec.launches:  # (an empty problem launches nothing: its zero gradients are made per call)
-        if len(_plans) >= _MAX_PLANS:
-            _plans.clear()
-        _plans[key] = _Plan(rec)
+        if len(kept) >= _MAX_PLANS:
+            kept.clear()
+        kept[key] = _Plan(rec)
     return grads

@@ -8,6 +8,7 @@ bwd.py sends the rest to the Triton kernels. The config table is ops/common/laun
 import torch
 import triton
 
+from ...launcher import Address
 from ..common import launch_bwd_sm90 as pipeline
 from ..common.launch_bwd_sm90 import BLOCK_N, CONFIGS  # noqa: F401 - this op's names for them
 from ..common.tma import gluon_desc
@@ -20,38 +21,63 @@ from ..common.tma import gluon_desc
 MIN_SEQLEN = 1024
 
 
-def reason(p, q, k, v, do):
+def reason(p, q, k, v, do, lse):
     """Why the Hopper backward does not take problem p ("" when it does)."""
     if p.varlen:
         return "packed (varlen) inputs"
+    if not lse.is_contiguous():  # (delta takes lse's strides, a part of the Workspace allocation)
+        return "a non-contiguous lse"
     rows = p.batch * p.heads_q * triton.cdiv(p.seqlen_q, 128) * 128  # (the sums' rows for any block_m <= 128)
     items = triton.cdiv(p.seqlen_k, BLOCK_N) * p.batch * p.heads_kv
     return pipeline.reason(q.device, q.dtype, p.head_dim, p.head_dim_v, (q, k, v, do), (rows, items),
                            min(p.seqlen_q, p.seqlen_k), MIN_SEQLEN)
 
 
-def sums_allocator(p, left, right, device):
-    """A function () -> (acc, counters) that allocates the float32 dQ sums [B * Hq * query blocks * block_m, D] and
-    the int32 counter buffer (pipeline.counter_count; empty: the preprocess zeroes it, pipeline.zero_args) of
-    problem p (left, right: its window bounds as bwd.py clamps them); everything it needs is worked out here, once
-    per plan, not per call."""
-    bm = pipeline.block_m(p.head_dim)
-    mb = triton.cdiv(p.seqlen_q, bm)
-    # query blocks that no key block sees get no dQ part: their sums must start at zero
-    off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
-    alloc_acc = torch.zeros if left >= 0 or (right >= 0 and off + right < 0) else torch.empty
-    shape = (p.batch * p.heads_q * mb * bm, p.head_dim)
-    n = pipeline.counter_count(p.batch, p.heads_q, p.heads_kv, mb)[1]
-    f32, i32 = torch.float32, torch.int32
+class Workspace:
+    """The backward's float32 buffers on this pipeline, in one allocation (one allocation instead of three:
+    host time, the N = 1K rows' bottleneck): delta [B, Hq, Sq] (lse's layout), the dQ sums [B * Hq * query blocks *
+    block_m, D] and the int32 counter buffer (pipeline.counter_count; left unset: the preprocess zeroes it,
+    pipeline.zero_args). Everything is worked out here, once per plan, not per call (left, right: the window bounds
+    as bwd.py clamps them)."""
+    _ALIGN = 64  # float32 elements (256 bytes) between the pieces: TMA bases need 16 bytes
 
-    def alloc():
-        return alloc_acc(shape, dtype=f32, device=device), torch.empty(n, dtype=i32, device=device)
-    return alloc
+    def __init__(self, p, left, right, lse):
+        bm = pipeline.block_m(p.head_dim)
+        mb = triton.cdiv(p.seqlen_q, bm)
+        # query blocks that no key block sees get no dQ part: their sums must start at zero
+        off = p.seqlen_k - p.seqlen_q if p.opts.bottom_right else 0
+        self.zero = left >= 0 or (right >= 0 and off + right < 0)
+        self.delta_shape = lse.shape
+        self.acc_shape = (p.batch * p.heads_q * mb * bm, p.head_dim)
+        counters = pipeline.counter_count(p.batch, p.heads_q, p.heads_kv, mb)[1]
+        sizes = (lse.numel(), self.acc_shape[0] * self.acc_shape[1], counters)
+        self.offsets, end = [], 0
+        for n in sizes:
+            self.offsets.append(end)
+            end += triton.cdiv(n, self._ALIGN) * self._ALIGN
+        self.sizes, self.numel, self.device = sizes, end, lse.device
+
+    def alloc(self):
+        """The allocation (float32; zeroed where the sums must start at zero)."""
+        return (torch.zeros if self.zero else torch.empty)(self.numel, dtype=torch.float32, device=self.device)
+
+    def views(self, ws):
+        """(delta, acc, counters) tensors of allocation ws."""
+        (o0, o1, o2), (n0, n1, n2) = self.offsets, self.sizes
+        return (ws[o0:o0 + n0].view(self.delta_shape), ws[o1:o1 + n1].view(self.acc_shape),
+                ws[o2:o2 + n2].view(torch.int32))
+
+    def addresses(self, ws):
+        """(delta, acc, counters) of allocation ws as launcher.Address values (a plan's replay)."""
+        base = ws.data_ptr()
+        o0, o1, o2 = self.offsets
+        f32 = torch.float32
+        return Address(base + 4 * o0, f32), Address(base + 4 * o1, f32), Address(base + 4 * o2, torch.int32)
 
 
 def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
-    """Launches the kernel: gradients into grads = (dq, dk, dv), through sums = (acc, counters) of
-    sums_allocator(...), the counters zeroed by the preprocess (tail:
+    """Launches the kernel: gradients into grads = (dq, dk, dv), through sums = (acc, counters) of a
+    Workspace, the counters zeroed by the preprocess (tail:
     scale, qk_scale, softcap_scale, softcap_out, left, right as bwd.py computes them, the window bounds
     clamped; launch: bwd.Launches)."""
     from .gluon_bwd_sm90 import attn_bwd_sm90_kernel
