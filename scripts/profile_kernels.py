@@ -236,7 +236,7 @@ def host(a):
             threads.add(threading.current_thread().name)
             q, k, v, out, lse = ctx.saved_tensors
             if ctx.real:
-                return (*bwd.attn_bwd_planned(q, k, v, out, lse, g, None, opts), None)
+                return (*bwd.attn_bwd_planned((q, k, v, out, lse), g, None, opts), None)
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
     from tileattn.ops.dense import bwd

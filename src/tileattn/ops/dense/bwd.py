@@ -266,14 +266,15 @@ def _aliasing(tensors):
     return tuple(next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors))
 
 
-def attn_bwd_planned(q, k, v, out, lse, do, dlse, options, kept=None):
-    """attn_bwd of a batched forward call (the registered op's saved q, k, v, out, lse and its encoded
+def attn_bwd_planned(saved, do, dlse, options, kept=None):
+    """attn_bwd of a batched forward call (saved: the registered op's saved q, k, v, out, lse; options: its encoded
     options; do with a contiguous last dim) through a launch plan kept per key: the options, every tensor's
     shape, strides, dtype and 16-byte alignment, the device, which of them are one tensor (_aliasing), and
     the switches the routing reads. kept: the plans of the forward's layouts (plans.attn_fwd_tracked: its
     entry fixes q, k, v, out and lse, so the key there holds the rest), or None."""
     if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
         dlse = dlse.contiguous()
+    q, k, v, out, lse = saved
     tensors = (q, k, v, out, lse, do, dlse)
     switches = (_aliasing(tensors), knobs.sm90_bwd(), forced_key(), hw.interpreter_enabled())
     if kept is None:

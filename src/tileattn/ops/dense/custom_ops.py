@@ -62,9 +62,9 @@ def _attn_bwd(grad_out, grad_lse, saved, options, kept=None):
     """saved: the forward's q, k, v, out, lse (and cu_seqlens_q, cu_seqlens_k for varlen). Batched calls go
     through the backward's launch plans (bwd.attn_bwd_planned; kept: the forward's plans.attn_fwd_tracked
     dict, or None)."""
+    if len(saved) == 5 and grad_out.stride(-1) == 1:  # (varlen calls save cu_seqlens too)
+        return bwd.attn_bwd_planned(saved, grad_out, grad_lse, options, kept)
     q, k, v, out, lse, *cu = saved
-    if not cu and grad_out.stride(-1) == 1:
-        return bwd.attn_bwd_planned(q, k, v, out, lse, grad_out, grad_lse, options, kept)
     opts = AttnOptions.decode(options)
     c = Call(q, k, v, out, lse, cu[0] if cu else None, cu[1] if cu else None, None, opts.scale, opts.softcap, 1.0)
     return bwd.attn_bwd(AttnProblem.of(c, opts), c, grad_out, grad_lse)
