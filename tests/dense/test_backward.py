@@ -525,28 +525,25 @@ def test_gpu_backward_sm90_early_conversion(D, device, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
 def test_gpu_backward_sm90_poisoned_counters(D, causal, device, monkeypatch):
-    """The counters come from torch.empty and only the preprocess zeroes them: with the buffer filled with a
-    large count before every call (as memory the allocator hands back may hold), the gradients still equal the
-    Triton kernels' (a counter left at that value would let writers add out of turn and the conversion start
-    before its sums are complete)."""
+    """The counters come from torch.empty (a part of the backward's one workspace allocation, with delta and the dQ
+    sums) and only the preprocess zeroes them: with the whole workspace filled with a large count before every
+    call (as memory the allocator hands back may hold), the gradients still equal the Triton kernels' (a counter
+    left at that value would let writers add out of turn and the conversion start before its sums are
+    complete)."""
     from tileattn.ops.common.tma import gluon_sm90_reason
     from tileattn.ops.dense import launch_bwd_sm90, plans
     q = leaf(2, 2048, 8, D, dtype=torch.float16, device=device)
     k, v = (leaf(2, 2048, 4, D, dtype=torch.float16, device=device) for _ in range(2))
     if gluon_sm90_reason(q.device):
         pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
-    real = launch_bwd_sm90.sums_allocator
+    real = launch_bwd_sm90.Workspace.alloc
     poisoned = []
 
-    def allocator(*args):
-        alloc = real(*args)
-
-        def poison():
-            acc, counters = alloc()
-            poisoned.append(counters.fill_(1 << 20))
-            return acc, counters
-        return poison
-    monkeypatch.setattr(launch_bwd_sm90, "sums_allocator", allocator)
+    def poisoned_alloc(self):
+        ws = real(self)
+        poisoned.append(ws.view(torch.int32).fill_(1 << 20))
+        return ws
+    monkeypatch.setattr(launch_bwd_sm90.Workspace, "alloc", poisoned_alloc)
     w = torch.randn(2, 2048, 8, D, device=device)
 
     def grads(mode):
