@@ -18,9 +18,6 @@ timed; a config that fails the check, does not compile or is refused is reported
             "D=... causal=... N=...: <name>: <TFLOPS> | ..." (2.5x forward FLOPs, gradients checked, N=1K again
             last: a drift check); --flex: the flex
             backward on three mods of the flex grid, "FLEX <mod> N=8192 ms: torch <ms> | <tiles>: <ms> | ..."
-    bwd-pre [--dims 64,128] [--seqlens 1024,4096,16384] [--rows 64,128,256] [--warps 4,8]: the backward's
-            preprocess alone per rows per program, warps and grid order (qm: query blocks fastest, hm: heads
-            fastest), each delta checked against the first variant's: "PRE D=... N=...: rows/warps/order us | ..."
     bwd-large-d [--dims 320,512] [--causal 0,1] [--seqlens 4096] [--tiles I,J] [--peers efficient,math] [--whole]
             [--pieces 4] [--bh 1,16] [--workspace-mib 2048] [--no-sm90]:
             the split large-D backward per score-tile candidate (SCORE_TILES), and with the Hopper score kernel
@@ -438,48 +435,6 @@ SCORE_TILES = [(128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), 
                (128, 64, 128, 8, 2), (128, 64, 64, 8, 4)]
 
 
-def bwd_pre(a):
-    """The backward's preprocess alone (delta = rowsum(dO * O), the Hopper backward's counters zeroed), per (rows
-    per program, warps, grid order), B=4, H=32, fp16; every variant's delta checked against the first's."""
-    import triton
-
-    from tileattn.ops.common.bwd_kernels import bwd_preprocess_kernel
-    from tileattn.ops.common.launch_bwd_sm90 import counter_count, zero_args
-    from tileattn.ops.dense.launch_triton import MAX_GRID_Y
-    B, H = 4, 32
-    for D in a.dims:
-        for N in a.seqlens:
-            o, do = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16) for _ in range(2))
-            lse = torch.empty(B, H, N, device="cuda")
-            counters = torch.empty(counter_count(B, H, H, triton.cdiv(N, 64))[1], device="cuda", dtype=torch.int32)
-            line, ref = [], None
-            for bm in a.rows:
-                for warps in a.warps:
-                    for head_major in (False, True):
-                        blocks = triton.cdiv(N, bm)
-                        grid = ((B * H, min(blocks, MAX_GRID_Y), triton.cdiv(blocks, MAX_GRID_Y)) if head_major
-                                else (blocks, min(B * H, MAX_GRID_Y), triton.cdiv(B * H, MAX_GRID_Y)))
-                        delta = torch.full_like(lse, float("nan"))
-                        zero, zero_kw = zero_args(counters, blocks * B * H, delta)
-
-                        def run(grid=grid, delta=delta, zero=zero, zero_kw=zero_kw, bm=bm, warps=warps,
-                                head_major=head_major):
-                            bwd_preprocess_kernel[grid](
-                                o, do, lse, delta, *o.stride()[:3], *do.stride()[:3], lse.stride(0), lse.stride(1),
-                                0, 0, lse, N, H, B * H, *zero, DV=D, BLOCK_M=bm, BLOCK_DV=D, IS_VARLEN=False,
-                                HAS_DLSE=False, num_warps=warps, HEAD_MAJOR=head_major, **zero_kw)
-                        counters.fill_(7)
-                        run()
-                        ok = bool((counters == 0).all()) and bool(torch.isfinite(delta).all())
-                        if ref is None:
-                            ref = delta.clone()
-                        ok = ok and torch.allclose(delta, ref, rtol=1e-4, atol=1e-3)
-                        us = do_bench(run) * 1e3 if ok else float("nan")
-                        line.append(f"{bm}/{warps}/{'hm' if head_major else 'qm'} {us:6.1f}")
-            gbs = 2 * o.numel() * 2 / 1e3  # MB moved (O and dO read)
-            print(f"PRE D={D} N={N} ({gbs:.0f} MB): " + " | ".join(line), flush=True)
-
-
 def bwd_large_d(a):
     """The split large-D backward per score-tile candidate (and, causal, GEMM pieces) against SDPA backends
     (default the bench's LARGE_D_ROWS: EFFICIENT and MATH, B=1, H=16), gradients checked before timing:
@@ -808,12 +763,6 @@ def main():
     p.add_argument("--groups", default="1,2,4,8", help="head groups (the first is the reference for the bit check)")
     p.add_argument("--flex-mods", default="all", help="comma-separated flex bench mods, or all")
     p.set_defaults(func=bwd_order)
-    p = sub.add_parser("bwd-pre", help="the backward's preprocess alone per rows / warps / grid order")
-    p.add_argument("--dims", type=ints, default="64,128")
-    p.add_argument("--seqlens", type=ints, default="1024,4096,16384")
-    p.add_argument("--rows", type=ints, default="64,128,256")
-    p.add_argument("--warps", type=ints, default="4,8")
-    p.set_defaults(func=bwd_pre)
     p = sub.add_parser("bwd-large-d", help="large-D backward tiles against SDPA EFFICIENT / MATH")
     p.add_argument("--dims", type=ints, default="320,512")
     p.add_argument("--causal", type=ints, default="0,1")

@@ -25,24 +25,18 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
                           stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh, ZERO,
                           zero_count, chain, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
                           IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32,
-                          ZERO_CHUNK: tl.constexpr = 0, CHAIN: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False):
+                          ZERO_CHUNK: tl.constexpr = 0, CHAIN: tl.constexpr = False):
     """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
     layout (dlse contiguous along the sequence). ZERO_CHUNK > 0: the programs also zero the int32 buffer ZERO
     [zero_count], ZERO_CHUNK elements each in the order of (B * Hq, query block) (the Hopper backward's counters,
     launch_bwd_sm90.zero_args: one launch fewer than a fill). CHAIN (the flex Hopper backward): program (0, 0)
     also writes ZERO[zero_count] = the kernel's head group (chain_group)."""
-    if HEAD_MAJOR:  # grid (B * Hq, query blocks folded over y and z)
-        i_bh = tl.program_id(0)
-        i_m = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-        if i_m * BLOCK_M >= seqlen_q:
-            return
-    else:
-        i_m = tl.program_id(0)
-        i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-        if i_bh >= num_bh:
-            return
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    if i_bh >= num_bh:
+        return
     if ZERO_CHUNK > 0:
-        o_z = (i_m * num_bh + i_bh) * ZERO_CHUNK + tl.arange(0, ZERO_CHUNK)
+        o_z = (i_bh * tl.num_programs(0) + i_m) * ZERO_CHUNK + tl.arange(0, ZERO_CHUNK)
         tl.store(ZERO + o_z, tl.zeros([ZERO_CHUNK], tl.int32), mask=o_z < zero_count)
     if CHAIN:
         if i_m + i_bh == 0:
