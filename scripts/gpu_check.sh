@@ -86,8 +86,9 @@ for s in $steps; do
       summary+=("sanitize-flex-tail rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_flex_tail.log" | tail -n 2 | tr '\n' ' ')") ;;
     sanitize-bwd)
       # the dense Hopper backward under memcheck and synccheck: D=128 (dQ as TMA reduce-adds), causal and windows,
-      # Sq != Sk, GQA, the persistent walks
-      memcheck_synccheck sanitize-bwd 300 tests/dense/test_backward.py "gpu_backward_sm90 and fp16 and D128 or persistent_walks" ;;
+      # Sq != Sk, GQA, the persistent walks; plan replays (the workspace's pieces passed as addresses), D=64 too
+      memcheck_synccheck sanitize-bwd 300 tests/dense/test_backward.py \
+        "gpu_backward_sm90 and fp16 and D128 or persistent_walks or poisoned_counters or zeroed_sums or plan_replay" ;;
     sanitize-large-d)
       timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
         tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal) or gpu_large_d_sm90 and Sq300 and (D576 or D520 or D256 or D200 or D264)" \

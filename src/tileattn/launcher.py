@@ -17,7 +17,8 @@ Contract (the caller's cache key must make it hold): the frozen values, and the 
 shape/strides of every varying tensor and descriptor, are those of the example call. What the launcher
 checks itself on every call: the current device is the one it compiled for, no launch hook is installed,
 and each pointer the kernel was specialized as 16-byte aligned still is; any of these failing sends the
-call through the normal path (which re-specializes as Triton always does).
+call through the normal path (which re-specializes as Triton always does). replay() leaves the first two to a
+caller that launches a batch (direct(), once per batch).
 
 Varying parameters may be pointers (pass the tensor), host tensor descriptors (pass the new base tensor;
 shape, strides, block shape and layout stay those of the example descriptor), non-specialized scalars
@@ -125,15 +126,20 @@ class KernelLauncher:
             self._normal(grid, values)  # a pointer lost the 16-byte alignment the kernel assumed
         return None
 
+    @property
+    def replayable(self):
+        """Whether this launcher has a direct launch (its first call compiled a kernel the direct path takes)."""
+        return self._direct is not None
+
     def direct(self):
-        """Whether calls take the direct path now (compiled, on its device, no launch hook installed): a caller
-        that checked this may launch a batch of these launchers through replay()."""
+        """Whether calls take the direct path now (replayable, on its device, no launch hook installed): a caller
+        that checked this for one launcher may replay() a batch of replayable launchers of the same device."""
         d = self._direct
         return d is not None and d.get_device() == d.device and not _hooks_installed()
 
     def replay(self, grid3, *values):
-        """__call__ for a caller that checked direct() (just before, for this device) and passes the grid as
-        (x, y, z) and exactly the varying values: no checks but the pointers' alignment."""
+        """__call__ for a caller that checked direct() (just before, on this device) and passes the grid as (x,
+        y, z) and exactly the varying values: no checks but the pointers' alignment. Replayable launchers only."""
         if not self._direct.replay(*grid3, *values):
             self._normal(grid3, values)
 
@@ -376,7 +382,7 @@ class Address:
     """A pointer into an allocation, passed where a kernel takes a tensor (Triton's launchers read data_ptr() and
     dtype): a plan's buffers carved from one allocation cost no view each (a slice and a view cost as much host
     time as an allocation, ~5 us on the H100 machines' host, docs/design/backward.md, the eighth round). The
-    caller keeps the allocation alive until the launches are queued."""
+    caller keeps the allocation alive until the launches are queued, on the stream it was allocated on."""
     __slots__ = ("ptr", "dtype")
 
     def __init__(self, ptr, dtype):

@@ -1,6 +1,8 @@
 """Backward of attention / varlen_attention / scaled_dot_product_attention against autograd through the
 float32 reference (tolerance rule: the input-precision error is autograd through the same reference computed
 in the inputs' dtype)."""
+import contextlib
+
 import pytest
 import torch
 
@@ -188,9 +190,8 @@ def test_eager_path_and_registered_op_agree(device):
 def test_backward_plan_replay(device):
     """A repeated backward replays its launch plan (bwd.attn_bwd_planned): bit-identical to the call that made
     the plan, new data of the same layout gives the new gradients (checked against the reference), another
-    layout (strided K/V views) or other options get their own plan. (EagerAttn's backward keeps its plans in the
-    forward's entry, the registered op's in bwd.py's table: plans.count_bwd_plans counts both.)"""
-    from tileattn.ops.dense import plans
+    layout (strided K/V views) or other options get their own plan."""
+    from tileattn.ops.dense import bwd, plans
     plans.clear_plans()
     w = torch.randn(2, 48, 4, 32, device=device)
 
@@ -202,7 +203,7 @@ def test_backward_plan_replay(device):
         q, k, v = (leaf(2, 48, 4, 32, dtype=DT, device=device) for _ in range(3))
         first = grads(fn, (q, k, v), [w])  # seed 1: makes the plan; seed 2: replays it
         again = grads(fn, (q, k, v), [w])  # replays
-        assert plans.count_bwd_plans() == 1
+        assert bwd.count_plans() == 1
         for name, a, b in zip(("dq", "dk", "dv"), first, again):
             assert torch.equal(a, b), name
         check_grads(fn, lambda *a: attention_ref(*a[:3], causal=True, dtype=a[3])[0], q, k, v)
@@ -212,7 +213,7 @@ def test_backward_plan_replay(device):
     q = leaf(2, 48, 4, 32, dtype=DT, device=device)
     grads(fn, (q, kv[:, :, :4], kv[:, :, 4:]), [w])
     grads(lambda *a: tileattn.attention(*a, window=(5, 5)), (q, kv[:, :, :4], kv[:, :, 4:]), [w])
-    assert plans.count_bwd_plans() == 3
+    assert bwd.count_plans() == 3
     # one tensor as q, k and v (self-attention on x) planned first, then three tensors of that layout: their
     # own plan (the first one's launches take x in every place)
     plans.clear_plans()
@@ -220,12 +221,37 @@ def test_backward_plan_replay(device):
     grads(fn, (x, x, x), [w])
     q, k, v = (leaf(2, 48, 4, 32, dtype=DT, device=device) for _ in range(3))
     check_grads(fn, lambda *a: attention_ref(*a[:3], causal=True, dtype=a[3])[0], q, k, v)
-    assert plans.count_bwd_plans() == 2
+    assert bwd.count_plans() == 2
     # an output gradient that is q itself, planned first, then a separate one
     plans.clear_plans()
     out = fn(q, k, v)
     torch.autograd.grad(out, (q, k, v), q, retain_graph=True)
     check_grads(fn, lambda *a: attention_ref(*a[:3], causal=True, dtype=a[3])[0], q, k, v)
+
+
+def test_backward_plan_saved_tensor_hooks(device):
+    """Saved-tensor hooks may hand the backward other layouts than the forward's (save_on_cpu(pin_memory=True) and
+    offloading hooks give back contiguous copies; here a hook that copies): a plan made under the hooks is not
+    replayed on the forward's own (transposed) tensors, and the gradients equal those of a plan made without."""
+    from tileattn.ops.dense import bwd, plans
+    torch.manual_seed(0)
+    q, k, v = (randn(1, 2, 48, 32, dtype=DT, device=device).transpose(1, 2).requires_grad_() for _ in range(3))
+    w = torch.randn(1, 48, 2, 32, device=device)
+
+    def run(hooks):
+        copy = torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(memory_format=torch.contiguous_format),
+                                                        lambda t: t)
+        with copy if hooks else contextlib.nullcontext():
+            out = tileattn.attention(q, k, v, causal=True)
+        return torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    plans.clear_plans()
+    ref = run(False)
+    plans.clear_plans()
+    run(True)  # planned on contiguous copies
+    got = run(False)  # the transposed tensors: a plan of their own
+    assert bwd.count_plans() == 2
+    for name, a, b in zip(("dq", "dk", "dv"), got, ref):
+        assert torch.equal(a, b), name
 
 
 def test_tracked_repeat_call_fast_path(device, monkeypatch):
@@ -558,6 +584,38 @@ def test_gpu_backward_sm90_poisoned_counters(D, causal, device, monkeypatch):
         for a, b in zip(run, ref):
             assert torch.isfinite(a).all()
             assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,sq,sk,window", [(128, 2048, 2048, (300, 0)), (64, 2048, 1024, None)],
+                         ids=["window", "unseen-rows"])
+def test_gpu_backward_sm90_replay_zeroed_sums(D, sq, sk, window, device, monkeypatch):
+    """Plans whose dQ sums must start at zero (a window's left bound; query rows that see no key, Sq > Sk under the
+    bottom-right causal rule) replay with their workspace zeroed: a plan's first call and its replay, on new data
+    each, equal the Triton kernels' gradients, and unseen rows get dq = 0."""
+    from tileattn.ops.common.tma import gluon_sm90_reason
+    from tileattn.ops.dense import plans
+    if gluon_sm90_reason(torch.device(device)):
+        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(torch.device(device))}")
+    kw = dict(window=window) if window else dict(causal=True)
+
+    def grads(mode, seed):
+        monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
+        torch.manual_seed(seed)
+        q = leaf(2, sq, 8, D, dtype=torch.float16, device=device)
+        k, v = (leaf(2, sk, 4, D, dtype=torch.float16, device=device) for _ in range(2))
+        w = torch.randn(2, sq, 8, D, device=device)
+        return torch.autograd.grad((tileattn.attention(q, k, v, **kw).float() * w).sum(), (q, k, v))
+    plans.clear_plans()
+    runs = [grads("1", seed) for seed in (1, 2)]  # the plan's first call, then its replay
+    plans.clear_plans()
+    refs = [grads("0", seed) for seed in (1, 2)]
+    for run, ref in zip(runs, refs):
+        for a, b in zip(run, ref):
+            assert torch.isfinite(a).all()
+            assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+        if sq > sk:
+            assert not run[0][:, :sq - sk].any()  # rows before the first key (bottom-right alignment)
 
 
 @pytest.mark.gpu

@@ -43,7 +43,8 @@ class Launches:
 
     def buffers(self, tensors, workspace=None):
         """Buffers the call allocated, reported before a launch uses them: dq, dk, dv and delta, and on the
-        Hopper path the dQ sums and the counters, views of `workspace`'s allocation (launch_bwd_sm90.Workspace)."""
+        Hopper path the dQ sums and the counters; there delta, the sums and the counters are views of one
+        allocation, `workspace`'s (launch_bwd_sm90.Workspace)."""
 
     def __call__(self, kernel, grid, args, kwargs):
         launch_cached(kernel, grid, args, kwargs)
@@ -191,13 +192,12 @@ _plans = {}
 
 
 def clear_plans():
-    """Forget the backward launch plans of this module's table (plans.clear_plans calls this, and forgets those
-    kept in the forward's entries)."""
+    """Forget every backward launch plan (plans.clear_plans calls this too)."""
     _plans.clear()
 
 
 def count_plans():
-    """Plans in this module's table (plans.count_bwd_plans counts those in the forward's entries too)."""
+    """Backward launch plans held (tests)."""
     return len(_plans)
 
 
@@ -231,13 +231,14 @@ class _Plan:
     """A backward's launches (launcher, grid, the slots of their tensors in the call's list: q, k, v, out, lse,
     do, dlse, then the buffers: dq, dk, dv, delta, and on the Hopper path the dQ sums and the counters) and how to
     allocate the buffers again."""
-    __slots__ = ("launches", "workspace", "delta_dtype")
+    __slots__ = ("launches", "workspace", "delta_dtype", "replayable")
 
     def __init__(self, recorder):
         self.launches = tuple((launcher, tuple(grid) + (1,) * (3 - len(grid)), slots)
                               for launcher, grid, slots in recorder.launches)
         self.workspace = recorder.workspace
         self.delta_dtype = recorder.tensors[10].dtype
+        self.replayable = all(launcher.replayable for launcher, _, _ in self.launches)
 
     def run(self, q, k, v, out, lse, do, dlse):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -248,7 +249,7 @@ class _Plan:
             ws = workspace.alloc()
             t = [q, k, v, out, lse, do, dlse, dq, dk, dv, *workspace.addresses(ws)]
         launches = self.launches
-        if launches[0][0].direct():  # (one device, one check for the call's launches)
+        if self.replayable and launches[0][0].direct():  # (one device: one check for the call's launches)
             for launcher, grid, slots in launches:
                 launcher.replay(grid, *[t[i] for i in slots])
         else:
@@ -266,25 +267,20 @@ def _aliasing(tensors):
     return tuple(next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors))
 
 
-def attn_bwd_planned(saved, do, dlse, options, kept=None):
+def attn_bwd_planned(saved, do, dlse, options):
     """attn_bwd of a batched forward call (saved: the registered op's saved q, k, v, out, lse; options: its encoded
     options; do with a contiguous last dim) through a launch plan kept per key: the options, every tensor's
     shape, strides, dtype and 16-byte alignment, the device, which of them are one tensor (_aliasing), and
-    the switches the routing reads. kept: the plans of the forward's layouts (plans.attn_fwd_tracked: its
-    entry fixes q, k, v, out and lse, so the key there holds the rest), or None."""
+    the switches the routing reads. (Every saved tensor is in the key: saved-tensor hooks, such as
+    torch.autograd.graph.save_on_cpu, may hand back other layouts than the forward's.)"""
     if dlse is not None:  # autograd may hand in expanded (stride 0) or transposed gradients
         dlse = dlse.contiguous()
     q, k, v, out, lse = saved
     tensors = (q, k, v, out, lse, do, dlse)
-    switches = (_aliasing(tensors), knobs.sm90_bwd(), forced_key(), hw.interpreter_enabled())
-    if kept is None:
-        kept = _plans
-        key = (options, q.device, *[None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
-                                    for t in tensors], *switches)
-    else:
-        key = (options, do.shape, do.stride(), do.dtype, do.data_ptr() % 16,
-               None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype), *switches)
-    plan = kept.get(key)
+    key = (options, q.device, *[None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
+                                for t in tensors], _aliasing(tensors), knobs.sm90_bwd(), forced_key(),
+           hw.interpreter_enabled())
+    plan = _plans.get(key)
     if plan is not None:
         return plan.run(*tensors)
     opts = AttnOptions.decode(options)
@@ -292,7 +288,7 @@ def attn_bwd_planned(saved, do, dlse, options, kept=None):
     rec = _Recorder(tensors)
     grads = attn_bwd(AttnProblem.of(c, opts), c, do, dlse, rec)
     if rec.ok and rec.launches:  # (an empty problem launches nothing: its zero gradients are made per call)
-        if len(kept) >= _MAX_PLANS:
-            kept.clear()
-        kept[key] = _Plan(rec)
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = _Plan(rec)
     return grads

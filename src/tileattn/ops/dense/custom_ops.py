@@ -58,12 +58,11 @@ def _fp8_backward(ctx, grad_out, grad_lse):
 attn_fwd_fp8.register_autograd(_fp8_backward)
 
 
-def _attn_bwd(grad_out, grad_lse, saved, options, kept=None):
+def _attn_bwd(grad_out, grad_lse, saved, options):
     """saved: the forward's q, k, v, out, lse (and cu_seqlens_q, cu_seqlens_k for varlen). Batched calls go
-    through the backward's launch plans (bwd.attn_bwd_planned; kept: the forward's plans.attn_fwd_tracked
-    dict, or None)."""
+    through the backward's launch plans (bwd.attn_bwd_planned)."""
     if len(saved) == 5 and grad_out.stride(-1) == 1:  # (varlen calls save cu_seqlens too)
-        return bwd.attn_bwd_planned(saved, grad_out, grad_lse, options, kept)
+        return bwd.attn_bwd_planned(saved, grad_out, grad_lse, options)
     q, k, v, out, lse, *cu = saved
     opts = AttnOptions.decode(options)
     c = Call(q, k, v, out, lse, cu[0] if cu else None, cu[1] if cu else None, None, opts.scale, opts.softcap, 1.0)
@@ -87,7 +86,6 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zero tensor made or read)
     ctx.options = options
-    ctx.bwd_plans = None  # (EagerAttn: the forward's dict of backward plans)
     ctx.has_lse = AttnOptions.decode(options).return_lse
     if ctx.has_lse:
         ctx.save_for_backward(q, k, v, out, lse, *_cu(cu_seqlens_q, cu_seqlens_k))
@@ -106,7 +104,7 @@ def _backward(ctx, grad_out, grad_lse):
     # of host time per call on the H100's host (.diag profile, 2026-11-23), as much as the whole backward at
     # N = 1K. What torch.compile traces (fake / functional tensors) goes through the registered op.
     if type(grad_out) is torch.Tensor and type(saved[0]) is torch.Tensor and not torch.compiler.is_compiling():
-        dq, dk, dv = _attn_bwd(grad_out, grad_lse, saved, ctx.options, ctx.bwd_plans)
+        dq, dk, dv = _attn_bwd(grad_out, grad_lse, saved, ctx.options)
     else:
         dq, dk, dv = attn_bwd(grad_out, grad_lse, saved, ctx.options)
     return dq, dk, dv, None, None, None
@@ -124,11 +122,8 @@ class EagerAttn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
-        cu = _cu(cu_seqlens_q, cu_seqlens_k)
-        out, lse, kept = plans.attn_fwd_tracked(q, k, v, cu, AttnOptions.decode(options))
+        out, lse = plans.attn_fwd(q, k, v, _cu(cu_seqlens_q, cu_seqlens_k), None, AttnOptions.decode(options))
         _setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, options), (out, lse))
-        if not cu:
-            ctx.bwd_plans = kept  # the backward's plans, keyed by what the forward's layouts do not fix
         return out, lse
 
     @staticmethod

@@ -51,11 +51,6 @@ def count_plans():
     return sum(len(e.plans) for e in _entries.values())
 
 
-def count_bwd_plans():
-    """Backward plans held, in the forward's entries and in bwd.py's own table (tests)."""
-    return bwd.count_plans() + sum(len(e.bwd_plans) for e in _entries.values())
-
-
 class _Entry:
     """What the tensors of a problem fix, validated once per tensor key; `plans` maps option keys to _Plans.
 
@@ -63,7 +58,7 @@ class _Entry:
     kernels see them through transposes, made only when a plan is made.
     """
     __slots__ = ("on_cpu", "torch_layout", "out_shape", "out_strides", "out_dtype", "lse_shape", "no_lse",
-                 "default_scale", "plans", "bwd_plans")
+                 "default_scale", "plans")
 
     def __init__(self, q, v, varlen, torch_layout=False, out_dtype=None):
         self.on_cpu = q.device.type == "cpu"  # check_device reads TRITON_INTERPRET: re-run per call there
@@ -79,9 +74,6 @@ class _Entry:
         self.no_lse = torch.empty(0, dtype=torch.float32, device=q.device)  # lse argument when not written
         self.default_scale = q.shape[-1] ** -0.5
         self.plans = {}
-        # the backward's launch plans of calls whose forward found this entry (bwd.attn_bwd_planned: what the
-        # entry fixes, the layouts of q, k, v, out and lse, needs no key there)
-        self.bwd_plans = {}
 
 
 def _swap12(t):
@@ -181,17 +173,6 @@ def attn_fwd(q, k, v, cu_seqlens, descales, opts):
     () or (cu_seqlens_q, cu_seqlens_k); descales: None or fp8's three descale tensors (numbers are already
     folded into opts.scale and opts.out_scale); opts: AttnOptions. Returns (out, lse), lse empty unless
     opts.return_lse."""
-    return _attn_fwd(q, k, v, cu_seqlens, descales, opts)[:2]
-
-
-def attn_fwd_tracked(q, k, v, cu_seqlens, opts):
-    """attn_fwd of a 16-bit call that tracks a gradient (custom_ops.EagerAttn): (out, lse, the dict that keeps
-    the backward's launch plans of this forward's tensor layouts, for bwd.attn_bwd_planned)."""
-    out, lse, entry = _attn_fwd(q, k, v, cu_seqlens, None, opts)
-    return out, lse, entry.bwd_plans
-
-
-def _attn_fwd(q, k, v, cu_seqlens, descales, opts):
     varlen = bool(cu_seqlens)
     cu_q, cu_k = cu_seqlens if varlen else (None, None)
     key = _tensor_key(q, k, v, varlen)
@@ -215,7 +196,7 @@ def _attn_fwd(q, k, v, cu_seqlens, descales, opts):
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
     _forward(entry, okey, Call(q, k, v, out, lse, cu_q, cu_k, descales, opts.scale, opts.softcap, opts.out_scale),
              opts)
-    return out, lse, entry
+    return out, lse
 
 
 def _forward(entry, okey, c, opts):
