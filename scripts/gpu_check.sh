@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [host-ab] [bwd-row] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [host-ab] [bwd-row] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -270,6 +270,19 @@ for s in $steps; do
           --section Occupancy python3 scripts/profile_kernels.py fwd $c > "$OUT/ncu_$i.txt" 2>&1 || rc=$?
         summary+=("ncu case $i ($c) rc=$rc")
         grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Pipes Busy|Max Bandwidth|Stall|Shared Memory  " "$OUT/ncu_$i.txt" | cut -c1-160 | head -40
+      done ;;
+    ncu-mla)
+      # NCU_MLA_CASES: ';'-separated `profile_kernels.py mla-one` argument lists; default batch 128 at kv 1K and 4K
+      # (the kernel time's intercept: 26 us + 50 us per 1K tokens)
+      rc=0; i=0
+      IFS=';' read -ra cases <<< "${NCU_MLA_CASES:---kv 1024;--kv 4096}"
+      for c in "${cases[@]}"; do
+        i=$((i + 1))
+        timeout 240 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section WarpStateStats --section LaunchStats --section Occupancy --section SchedulerStats \
+          python3 scripts/profile_kernels.py mla-one $c > "$OUT/ncu_mla_$i.txt" 2>&1 || rc=$?
+        summary+=("ncu-mla case $i ($c) rc=$rc")
+        grep -E "^MLA|^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Stall|Warp Cycles|Grid Size|Waves Per SM|One or More Eligible|No Eligible" "$OUT/ncu_mla_$i.txt" | cut -c1-160 | head -50
       done ;;
     ncu-bwd)
       # NCU_BWD_CASES: ';'-separated `profile_kernels.py bwd-one` argument lists; the Hopper backward (forced on) and

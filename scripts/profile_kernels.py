@@ -7,6 +7,8 @@
     profile_kernels.py bwd-one [--provider tileattn|cudnn] [--B 1] [--H 32] [--N 4096] [--D 128] [--causal]
         one dense backward (autograd.grad of a forward made before) between cudaProfilerStart/Stop, for Nsight
         Compute; fp16, inputs as for fwd.
+    profile_kernels.py mla-one [--batch 128] [--kv 1024] [--hq 64] [--sq 1] [--page 64]
+        one MLA decode (bf16 cache, the bench's inputs, output checked first) between cudaProfilerStart/Stop.
     profile_kernels.py small [--N 1024,2048] [--D 64,128]
         the short rows of the dense grids (fp16, B=4, H=32, causal and not), forward and backward, tileattn
         (backward on the Triton kernels and on the Hopper one, TILEATTN_SM90_BWD=0 / 1) and cuDNN: "SMALL ..."
@@ -87,6 +89,23 @@ def bwd_one(a):
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     torch.autograd.grad(o, inputs, dout, retain_graph=True)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def mla_one(a):
+    """One MLA decode (MLADecodePlan.run, bf16 cache, the bench's inputs) between cudaProfilerStart/Stop, its output
+    checked first (bench.mla.check)."""
+    import tileattn
+    from tileattn.bench.mla import check, make_inputs
+    inputs = make_inputs(a.batch, a.kv, a.hq, a.sq, a.page, torch.bfloat16)
+    plan = tileattn.MLADecodePlan(inputs[5], num_heads=a.hq, q_len=a.sq, page_size=a.page)
+    ok, info = check(plan.run(*inputs[:5]), inputs, sample=8)
+    print(f"MLA b{a.batch} kv{a.kv} h{a.hq} sq{a.sq} p{a.page}: items {plan.num_items}, chunk {plan.chunk}, "
+          f"config {plan.config}; check {'ok' if ok else 'FAILED'} {info}", flush=True)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    plan.run(*inputs[:5])
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
@@ -480,6 +499,13 @@ def main():
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--causal", action="store_true")
     p.set_defaults(func=bwd_one)
+    p = sub.add_parser("mla-one", help="one MLA decode in the profiled range (Nsight Compute)")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--kv", type=int, default=1024)
+    p.add_argument("--hq", type=int, default=64)
+    p.add_argument("--sq", type=int, default=1)
+    p.add_argument("--page", type=int, default=64)
+    p.set_defaults(func=mla_one)
     p = sub.add_parser("small", help="timed vs kernel vs host time of the grids' short rows")
     p.add_argument("--N", default="1024,2048")
     p.add_argument("--D", default="64,128")
