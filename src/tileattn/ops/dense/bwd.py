@@ -231,20 +231,19 @@ class _Plan:
     """A backward's launches (launcher, grid, the slots of their tensors in the call's list: q, k, v, out, lse,
     do, dlse, then the buffers: dq, dk, dv, delta, and on the Hopper path the dQ sums and the counters) and how to
     allocate the buffers again."""
-    __slots__ = ("launches", "workspace", "delta_dtype", "replayable")
+    __slots__ = ("launches", "workspace", "replayable")
 
     def __init__(self, recorder):
         self.launches = tuple((launcher, tuple(grid) + (1,) * (3 - len(grid)), slots)
                               for launcher, grid, slots in recorder.launches)
         self.workspace = recorder.workspace
-        self.delta_dtype = recorder.tensors[10].dtype
         self.replayable = all(launcher.replayable for launcher, _, _ in self.launches)
 
     def run(self, q, k, v, out, lse, do, dlse):
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq, dk, dv = _alloc_grads(False, q, k, v)
         workspace = self.workspace
         if workspace is None:
-            t = [q, k, v, out, lse, do, dlse, dq, dk, dv, torch.empty_like(lse, dtype=self.delta_dtype)]
+            t = [q, k, v, out, lse, do, dlse, dq, dk, dv, _alloc_delta(lse, q)]
         else:  # (ws: held until the launches are queued)
             ws = workspace.alloc()
             t = [q, k, v, out, lse, do, dlse, dq, dk, dv, *workspace.addresses(ws)]
