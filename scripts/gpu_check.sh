@@ -29,6 +29,22 @@ if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
   export PYTHONPATH=/tmp/t39:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1 TRITON_PTXAS_PATH=$ptxas \
     TRITON_PTXAS_BLACKWELL_PATH=$ptxas TRITON_DEFAULT_FP_FUSION=1
 fi
+ncu_cases() {  # NAME CASES SUBCOMMAND PATTERN NCU_ARGS...: `profile_kernels.py SUBCOMMAND <case>` under Nsight
+  # Compute for each ';'-separated case in CASES, each report in $OUT/NAME_<i>.txt, its lines matching PATTERN printed
+  local name=$1 list=$2 sub=$3 pattern=$4 c i=0
+  local -a cases
+  shift 4
+  rc=0
+  IFS=';' read -ra cases <<< "$list"
+  for c in "${cases[@]}"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086  # (a case is an argument list)
+    timeout 240 ncu --clock-control none --profile-from-start off "$@" python3 scripts/profile_kernels.py "$sub" $c \
+      > "$OUT/${name}_$i.txt" 2>&1 || rc=$?
+    summary+=("$name case $i ($c) rc=$rc")
+    grep -E "$pattern" "$OUT/${name}_$i.txt" | cut -c1-170 | head -60
+  done
+}
 memcheck_synccheck() {  # STEP TIMEOUT TESTFILE KEXPR: the tests under compute-sanitizer's memcheck, then synccheck
   rc=0
   local tool log
@@ -261,43 +277,25 @@ for s in $steps; do
       summary+=("bench-large-d rc=$rc: $(grep '^summary' "$OUT/bench_large_d.log" | cut -c1-400)")
       grep -E "^  B=|CHECK" "$OUT/bench_large_d.log" ;;
     ncu-fwd)
-      rc=0; i=0
-      IFS=';' read -ra cases <<< "${NCU_CASES:---provider tileattn --D 1024 --causal;--provider tileattn --H 8 --N 16384 --D 256;--provider cudnn --H 8 --N 16384 --D 256}"
-      for c in "${cases[@]}"; do
-        i=$((i + 1))
-        timeout 240 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
-          --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section LaunchStats \
-          --section Occupancy python3 scripts/profile_kernels.py fwd $c > "$OUT/ncu_$i.txt" 2>&1 || rc=$?
-        summary+=("ncu case $i ($c) rc=$rc")
-        grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Pipes Busy|Max Bandwidth|Stall|Shared Memory  " "$OUT/ncu_$i.txt" | cut -c1-160 | head -40
-      done ;;
+      ncu_cases ncu_fwd "${NCU_CASES:---provider tileattn --D 1024 --causal;--provider tileattn --H 8 --N 16384 --D 256;--provider cudnn --H 8 --N 16384 --D 256}" fwd \
+        "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Mem Pipes Busy|Max Bandwidth|Stall|Shared Memory  " \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section LaunchStats --section Occupancy ;;
     ncu-mla)
       # NCU_MLA_CASES: ';'-separated `profile_kernels.py mla-one` argument lists; default batch 128 at kv 1K and 4K
       # (the kernel time's intercept: 26 us + 50 us per 1K tokens)
-      rc=0; i=0
-      IFS=';' read -ra cases <<< "${NCU_MLA_CASES:---kv 1024;--kv 4096}"
-      for c in "${cases[@]}"; do
-        i=$((i + 1))
-        timeout 240 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \
-          --section WarpStateStats --section LaunchStats --section Occupancy --section SchedulerStats \
-          python3 scripts/profile_kernels.py mla-one $c > "$OUT/ncu_mla_$i.txt" 2>&1 || rc=$?
-        summary+=("ncu-mla case $i ($c) rc=$rc")
-        grep -E "^MLA|^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Stall|Warp Cycles|Grid Size|Waves Per SM|One or More Eligible|No Eligible" "$OUT/ncu_mla_$i.txt" | cut -c1-160 | head -50
-      done ;;
+      ncu_cases ncu_mla "${NCU_MLA_CASES:---kv 1024;--kv 4096}" mla-one \
+        "^MLA|^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Stall|Warp Cycles|Grid Size|Waves Per SM|One or More Eligible|No Eligible" \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+        --section Occupancy --section SchedulerStats ;;
     ncu-bwd)
       # NCU_BWD_CASES: ';'-separated `profile_kernels.py bwd-one` argument lists; the Hopper backward (forced on) and
       # cuDNN's by default. Kernels whose name has "bwd" or "dgrad" (cuDNN's) only
-      rc=0; i=0
-      IFS=';' read -ra cases <<< "${NCU_BWD_CASES:---provider tileattn;--provider cudnn}"
-      for c in "${cases[@]}"; do
-        i=$((i + 1))
-        TILEATTN_SM90_BWD=1 timeout 240 ncu --clock-control none --profile-from-start off --kernel-name regex:"bwd|dgrad|dq|dkdv" \
-          --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-          --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section LaunchStats --section InstructionStats \
-          python3 scripts/profile_kernels.py bwd-one $c > "$OUT/ncu_bwd_$i.txt" 2>&1 || rc=$?
-        summary+=("ncu-bwd case $i ($c) rc=$rc")
-        grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Issue Slots Busy|Executed Ipc Active|Shared|Bank|Stall|Warp Cycles|Tensor|Pipe" "$OUT/ncu_bwd_$i.txt" | cut -c1-170 | head -60
-      done ;;
+      TILEATTN_SM90_BWD=1 ncu_cases ncu_bwd "${NCU_BWD_CASES:---provider tileattn;--provider cudnn}" bwd-one \
+        "^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Issue Slots Busy|Executed Ipc Active|Shared|Bank|Stall|Warp Cycles|Tensor|Pipe" \
+        --kernel-name regex:"bwd|dgrad|dq|dkdv" --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
+        --section LaunchStats --section InstructionStats ;;
     cp-tests)
       # ring_attention over NCCL, one rank per GPU, against the whole-sequence reference (needs 2+ GPUs)
       timeout 400 python3 -m pytest -q -p no:cacheprovider tests/distributed > "$OUT/cp_tests.log" 2>&1; rc=$?
