@@ -643,7 +643,39 @@ def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
     runs = [grads("1") for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     grid, _, kw = launches[0]
-    assert kw["ROTATE"] and kw["launch_cooperative_grid"] and grid == (128,)
+    assert kw["SCHED"] == launch_bwd_sm90.pipeline.ROTATED and kw["launch_cooperative_grid"] and grid == (128,)
+    for a, b in zip(runs[0], grads("0")):
+        assert torch.isfinite(a).all()
+        assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 2048, 8, 128), (1, 1024, 40, 128), (2, 4096, 8, 64), (1, 2048, 1, 64)],
+                         ids=["D128-two-rounds", "D128-partial-round", "D64-two-rounds", "D64-one-head"])
+def test_gpu_backward_sm90_paired_walks(shape, device, monkeypatch):
+    """The persistent (cooperative) grid with paired walks, square causal problems without GQA: whole rounds, a
+    last round with fewer programs, one head. Two runs bit-identical, gradients as the Triton kernels'."""
+    from tileattn.ops.common.tma import gluon_sm90_reason
+    from tileattn.ops.dense import launch_bwd_sm90, plans
+    B, N, H, D = shape
+    q, k, v = (leaf(B, N, H, D, dtype=torch.float16, device=device) for _ in range(3))
+    if gluon_sm90_reason(q.device):
+        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
+    pipeline = launch_bwd_sm90.pipeline
+    if not pipeline.config(D).persistent:
+        pytest.skip("the table's config is not persistent")
+    monkeypatch.setitem(pipeline.PAIRED_MAX_KV_BLOCKS, D, 64)  # (D = 64 too, which the table leaves off)
+    launches = _sm90_launches(monkeypatch)
+    w = torch.randn(B, N, H, D, device=device)
+
+    def grads(mode):
+        monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
+        plans.clear_plans()
+        return torch.autograd.grad((tileattn.attention(q, k, v, causal=True).float() * w).sum(), (q, k, v))
+    runs = [grads("1") for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    grid, _, kw = launches[0]
+    assert kw["SCHED"] == pipeline.PAIRED and kw["launch_cooperative_grid"]
     for a, b in zip(runs[0], grads("0")):
         assert torch.isfinite(a).all()
         assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
@@ -690,20 +722,59 @@ def test_sm90_backward_config_rows_per_step(monkeypatch):
 
 def test_sm90_backward_grid(monkeypatch):
     """The Hopper backward's grid: one program per work item (key block, batch * kv head), or, with the table's
-    persistent flag and a problem whose walks rotate (up to ROTATE_MAX_KV_BLOCKS key blocks), whole heads' key
-    blocks per round up to one per SM."""
+    persistent flag, whole heads per round up to one program per SM: a head's key blocks where the walks rotate
+    (up to ROTATE_MAX_KV_BLOCKS key blocks), half of them where the walks pair (square causal problems, an even
+    number of key blocks up to PAIRED_MAX_KV_BLOCKS)."""
     from tileattn import hw
     from tileattn.ops.common import launch_bwd_sm90 as pipeline
+    plain, rotated, paired = pipeline.PLAIN, pipeline.ROTATED, pipeline.PAIRED
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=True))
-    assert pipeline.grid(128, 16, 128, "cuda", True) == ((128,), 2048, True)  # whole heads per round
-    assert pipeline.grid(128, 40, 128, "cuda", True) == ((120,), 40 * 128, True)
-    assert pipeline.grid(128, 4, 8, "cuda", True) == ((32,), 32, True)
-    assert pipeline.grid(128, 64, 128, "cuda", True) == ((128,), 64 * 128, True)
-    assert pipeline.grid(128, 65, 2, "cuda", True) == ((130,), 130, False)  # long sequences: plain grid
+    monkeypatch.setitem(pipeline.PAIRED_MAX_KV_BLOCKS, 128, 64)
+    assert pipeline.grid(128, 16, 128, "cuda", "full") == ((128,), 2048, rotated)  # whole heads per round
+    assert pipeline.grid(128, 40, 128, "cuda", "full") == ((120,), 40 * 128, rotated)
+    assert pipeline.grid(128, 4, 8, "cuda", "full") == ((32,), 32, rotated)
+    assert pipeline.grid(128, 64, 128, "cuda", "full") == ((128,), 64 * 128, rotated)
+    assert pipeline.grid(128, 65, 2, "cuda", "full") == ((130,), 130, plain)  # long sequences: plain grid
+    assert pipeline.grid(128, 8, 128, "cuda", "causal") == ((132,), 1024, paired)  # 33 heads of 4 pairs a round
+    assert pipeline.grid(128, 16, 128, "cuda", "causal") == ((128,), 2048, paired)
+    assert pipeline.grid(128, 8, 5, "cuda", "causal") == ((20,), 40, paired)  # (at most one program per pair)
+    assert pipeline.grid(128, 2, 1, "cuda", "causal") == ((1,), 2, paired)
+    assert pipeline.grid(128, 64, 128, "cuda", "causal") == ((128,), 64 * 128, paired)
+    assert pipeline.grid(128, 66, 2, "cuda", "causal") == ((132,), 132, plain)  # past PAIRED_MAX_KV_BLOCKS
+    assert pipeline.grid(128, 7, 4, "cuda", "causal") == ((28,), 28, plain)  # an odd number of key blocks
     monkeypatch.setattr(pipeline, "ROTATE_MAX_KV_BLOCKS", 1000)
-    assert pipeline.grid(128, 128, 4, "cuda", True) == ((128,), 512, True)
-    assert pipeline.grid(128, 133, 2, "cuda", True) == ((266,), 266, False)  # a head's key blocks would not fit
-    assert pipeline.grid(128, 16, 128, "cuda", False) == ((2048,), 2048, False)  # masked: one program per item
+    assert pipeline.grid(128, 128, 4, "cuda", "full") == ((128,), 512, rotated)
+    assert pipeline.grid(128, 133, 2, "cuda", "full") == ((266,), 266, plain)  # a head's key blocks would not fit
+    assert pipeline.grid(128, 16, 128, "cuda", "") == ((2048,), 2048, plain)  # other masks: one program per item
+    monkeypatch.setitem(pipeline.PAIRED_MAX_KV_BLOCKS, 128, 1000)
+    assert pipeline.grid(128, 264, 1, "cuda", "causal") == ((132,), 264, paired)
+    assert pipeline.grid(128, 266, 1, "cuda", "causal") == ((266,), 266, plain)  # a head's pairs would not fit
     monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=False))
-    assert pipeline.grid(128, 16, 128, "cuda", True) == ((2048,), 2048, False)
+    assert pipeline.grid(128, 16, 128, "cuda", "full") == ((2048,), 2048, plain)
+    assert pipeline.grid(128, 16, 128, "cuda", "causal") == ((2048,), 2048, plain)
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_sm90_backward_paired_turns(R):
+    """The PAIRED schedule's dQ turns (gluon_bwd_sm90_walk.paired_turn, run here on Python ints): for every even
+    number of key blocks K, each query block's visitors (the key blocks n with R * n <= its index) get the turns
+    0 .. V - 1 once each, the last of them `last`, in the order of the step at which their pair's walk reaches
+    the block (key block n < K / 2 upwards from its diagonal, then key block K - 1 - n downwards); and each
+    program's steps reach their blocks at strictly increasing times, so that an add only waits for earlier ones
+    (no cycle)."""
+    from tileattn.ops.common.gluon_bwd_sm90_walk import paired_turn
+    turn_of = paired_turn.fn
+    for K in range(2, 67, 2):
+        Q = R * K
+        visits = {}  # query block -> [(time, key block)]
+        for n in range(K // 2):
+            j = K - 1 - n
+            walk = [(n, mb) for mb in range(R * n, Q)] + [(j, mb) for mb in range(Q - 1, R * j - 1, -1)]
+            assert len(walk) == Q + R  # every pair as long as the others
+            for time, (kb, mb) in enumerate(walk):
+                visits.setdefault(mb, []).append((time, -kb))  # (ties: the later key block first)
+        for mb, vis in visits.items():
+            assert sorted(-kb for _, kb in vis) == [kb for kb in range(K) if R * kb <= mb]
+            for order, (_, kb) in enumerate(sorted(vis)):
+                assert turn_of(mb, -kb, K, Q, R) == (order, order == len(vis) - 1), (K, mb, -kb)

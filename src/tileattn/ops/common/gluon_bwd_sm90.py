@@ -5,11 +5,12 @@ flex_bwd_sm90_kernel, FLEX mode: query blocks from a block mask's lists, traced 
 
 Work items are (key block of BLOCK_N = 128 keys, batch * kv head) pairs, (batch, kv head)-major with the highest key
 block first, or with the key blocks of a group of heads interleaved (walk.work_item; flex where its mask's walks
-start in ties: bwd_kernels.chain_group). One CTA per item, or (ROTATE) a persistent, cooperatively launched grid
-whose programs walk items pid, pid + programs, ... with K and V reloaded per item behind a kv_empty barrier. An
-item walks the query blocks (BLOCK_M = 64 or 128 rows: launch_bwd_sm90.CONFIGS) that see its keys, for every query
-head of the kv head's group, in ascending order (masked blocks below the unmasked range, the unmasked range, masked
-blocks above; flex: the block mask's transposed lists, its partial blocks (masked by mask_mod) then its full ones).
+start in ties: bwd_kernels.chain_group). One CTA per item (SCHED = walk.PLAIN), or (ROTATED, PAIRED) a persistent,
+cooperatively launched grid whose programs walk items pid, pid + programs, ... (PAIRED: pairs of items) with K and
+V reloaded per item behind a kv_empty barrier. An item walks the query blocks (BLOCK_M = 64 or 128 rows:
+launch_bwd_sm90.CONFIGS) that see its keys, for every query head of the kv head's group, in ascending order (masked
+blocks below the unmasked range, the unmasked range, masked blocks above; flex: the block mask's transposed lists,
+its partial blocks (masked by mask_mod) then its full ones), or in descending order (PAIRED's second items).
 Partitions:
   - loader (1 warp): K and V once, then each step's Q and dO tiles into a ring of STAGES slots (TMA), with the
     rows' lse and delta beside them (through registers: the consumers read them from shared memory where they
@@ -38,7 +39,7 @@ Partitions:
     programmatic dependent launch, and the loader lets it start as soon as every program of the grid runs: its
     programs fill the SMs the grid's tail frees, each waiting for its head's done count (a head's
     longest items come last under a causal rule: launch_bwd_sm90.convert).
-ROTATE (dense problems where every key block sees every query block: whole tiles, no window): key block n starts
+ROTATED (dense problems where every key block sees every query block: whole tiles, no window): key block n starts
 its walk at query block rot(n) = n * query blocks // key blocks and wraps around, and the adds to a query block go
 in the order the walks reach it (_turn), so in the steady state no add waits for another (the plain order had
 every key block reach a query block at the same step). That order is cyclic, so it is free of deadlock only with
@@ -50,8 +51,11 @@ reaches each query block BLOCK_N / BLOCK_M steps after the key block above it, w
 walk from the top down with ascending turns made every CTA wait for the chain of all lower key blocks on its
 first query block; the new order measured causal +6-24% on the H100). Programs wait only on programs of the
 same head with a higher key block, which have lower ids: they were dispatched first and are resident or done,
-so the order cannot deadlock. Every float32 sum is formed in the same order on every run: the same inputs give
-bit-identical gradients.
+so the order cannot deadlock. PAIRED (square causal problems of whole tiles, MHA: walk.py): a program walks key
+block n upwards, then key block K - 1 - n downwards, so that every program of a round does the same number of steps
+(the plain grid ends on the heaviest items of its last heads), and the adds to a query block go in the order the
+walks reach it (walk.paired_turn; cooperative grid, whole heads per round). Every float32 sum is formed in the
+same order on every run: the same inputs give bit-identical gradients.
 
 delta = rowsum(dO * O) - dlse comes from bwd_kernels.py's preprocess kernel. Masking model as masking.py (key j
 visible to query i iff i + OFF - LEFT <= j <= i + OFF + RIGHT and j < Sk); rows past Sq are zero-filled by TMA
@@ -70,7 +74,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import masking, softmax
 from .gluon_bwd_sm90_dq import dq_writer
-from .gluon_bwd_sm90_walk import head_walk, step_counts, walk_m0, walk_next, work_item
+from .gluon_bwd_sm90_walk import (
+    PAIRED,
+    PLAIN,
+    ROTATED,
+    head_walk,
+    program_item,
+    program_items,
+    step_counts,
+    walk_m0,
+    walk_next,
+    work_item,
+)
 from .gluon_compat import thread_barrier, tma_load
 
 LOG2E = gl.constexpr(softmax.LOG2E)
@@ -91,7 +106,7 @@ def _launch_dependents():
 def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty, q_ready,
             q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr, FLEX: gl.constexpr,
-            Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
+            Q_BLOCK: gl.constexpr, SCHED: gl.constexpr):
     """Per work item: TMA loads of K and V (once the consumers are done with the previous item's), then each
     step's Q and dO tiles; each step's lse and delta rows through registers into stat_bufs (lse as exp2's
     offset: lse * log2 e, +inf for rows past Sq and rows that saw no key, so p = 0). The ring runs on across
@@ -100,44 +115,43 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, st
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     rows = gl.arange(0, BLOCK_M, layout=stat_layout)
-    if ROTATE:  # the persistent grid: items pid, pid + programs, ...
+    if SCHED != PLAIN:  # a persistent grid (walk.program_item)
         step = 0
-        it = 0
-        for item in range(gl.program_id(0), wk[0], gl.num_programs(0)):
+        for it in range(program_items(wk[0], SCHED)):
             step = _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready,
                               kv_empty, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx,
-                              item, it, step, rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, ROTATE)
-            it += 1
+                              program_item(it, SCHED), it, step, rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
+                              Q_BLOCK, SCHED)
     else:  # one item per program
         _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
                    q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, gl.program_id(0),
-                   0, gl.to_tensor(0), rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, ROTATE)
+                   0, gl.to_tensor(0), rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED)
 
 
 @gluon.jit
 def _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
                q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, item, it, step, rows,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr,
-               FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
+               FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCHED: gl.constexpr):
     """Work item `item`, the it-th of this program: its K and V, then its steps from ring position `step`
     (returned advanced)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
-    if ROTATE:
+    i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, SCHED)
+    if SCHED != PLAIN:
         mbarrier.wait(kv_empty, (it & 1) ^ 1)  # the consumers are done with the last item's (a fresh barrier passes)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, k_smem)
     tma_load(v_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, v_smem)
     return _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb,
                        stride_lh, wk[3], i_b, i_hk, i_n, group_size, sched, fx, step, rows, STAGES, FLEX, Q_BLOCK,
-                       ROTATE)
+                       SCHED)
 
 
 @gluon.jit
 def _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb,
                 stride_lh, seqlen_q, i_b, i_hk, i_n, group_size, sched, fx, step, rows, STAGES: gl.constexpr,
-                FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
+                FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCHED: gl.constexpr):
     """One item's Q / dO tiles and row statistics, from ring position `step` (returned advanced)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     for g in range(group_size):
@@ -145,7 +159,7 @@ def _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, l
         n_steps, walk, merge = head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
         off = i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh
         for t in range(n_steps):
-            m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, ROTATE)
+            m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, SCHED)
             merge = walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
             s = step % STAGES
             m_ok = m0 + rows < seqlen_q
@@ -306,34 +320,33 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
               stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
               WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               NEEDS_MASK: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, FLEX: gl.constexpr,
-              Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr, ROTATE: gl.constexpr):
+              Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr, SCHED: gl.constexpr):
     """This warpgroup's 64 keys of each work item: dK and dV in registers over the item's steps, K and V handed
     back to the loader once its last step's products are done, then dK and dV stored."""
     BLOCK_M: gl.constexpr = q_bufs.shape[2]
     BLOCK_N: gl.constexpr = ds_bufs.shape[1]
-    if ROTATE:  # the persistent grid: items pid, pid + programs, ...
+    if SCHED != PLAIN:  # a persistent grid (walk.program_item)
         step = 0
-        it = 0
-        for item in range(gl.program_id(0), wk[0], gl.num_programs(0)):
-            i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
+        for it in range(program_items(wk[0], SCHED)):
+            i_b, i_hk, i_n, sched = work_item(program_item(it, SCHED), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                              NEEDS_MASK, FLEX, SCHED)
             mbarrier.wait(kv_ready, it & 1)
             step = _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready,
                                  q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks,
                                  stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx,
                                  wk[3], wk[4], wk[5], wk[6], wk[7], scale, qk_scale, softcap_scale, softcap_out,
                                  caps_s, caps_m, step, WG, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES,
-                                 DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, ROTATE)
-            it += 1
+                                 DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, SCHED)
     else:  # one item per program
         i_b, i_hk, i_n, sched = work_item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
-                                      ROTATE)
+                                          SCHED)
         mbarrier.wait(kv_ready, 0)
         _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready, q_empty,
                       ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
                       stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, wk[3], wk[4], wk[5], wk[6], wk[7],
                       scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m, gl.to_tensor(0), WG, HAS_LEFT,
                       HAS_RIGHT,
-                      HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, ROTATE)
+                      HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, SCHED)
 
 
 @gluon.jit
@@ -343,7 +356,7 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                   qk_scale, softcap_scale, softcap_out, caps_s, caps_m, step, WG: gl.constexpr,
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                   NEEDS_MASK: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, FLEX: gl.constexpr,
-                  Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr, ROTATE: gl.constexpr):
+                  Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr, SCHED: gl.constexpr):
     """One work item (key block i_n of kv head i_hk), its steps from `step` on (returned advanced)."""
     BLOCK_M: gl.constexpr = q_bufs.shape[2]
     D: gl.constexpr = q_bufs.shape[4]
@@ -375,10 +388,11 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                                SCORE_GRAD, MASK_MOD)
                 step += 1
         else:
-            m_lo, f_lo, f_hi, m_hi, rot = sched
+            m_lo, f_lo, f_hi, m_hi, rot, desc = sched
             n_above, n_full, n_below = step_counts(sched, BLOCK_M)
             # three ranges, each its own instantiation of the step: masked below the unmasked range, unmasked,
-            # masked above (the masked ones only where a tile can need a mask)
+            # masked above (the masked ones only where a tile can need a mask); a downward walk (PAIRED) takes them
+            # in the reverse order, each downwards (ranges 0 and 2 are the masked ones either way)
             for r in gl.static_range(3):
                 if r == 0:
                     m_start = m_lo
@@ -389,10 +403,20 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                 else:
                     m_start = f_hi
                     n_r = n_above
+                if SCHED == PAIRED and r != 1:
+                    if desc:
+                        if r == 0:
+                            m_start = f_hi
+                            n_r = n_above
+                        else:
+                            m_start = m_lo
+                            n_r = n_below
                 if NEEDS_MASK or r == 1:
                     for t in range(n_r):
-                        if ROTATE and r == 1:  # walk_m0's rotation (the loader and writers walk the same)
+                        if SCHED == ROTATED and r == 1:  # walk_m0's rotation (the loader and writers walk the same)
                             m0 = m_start + ((t + rot) % n_r) * BLOCK_M
+                        elif SCHED == PAIRED:
+                            m0 = m_start + (t + desc * (n_r - 1 - 2 * t)) * BLOCK_M
                         else:
                             m0 = m_start + t * BLOCK_M
                         dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half,
@@ -401,7 +425,8 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                                        softcap_out, fm, False, caps_s, caps_m, WG, r != 1, HAS_LEFT, HAS_RIGHT,
                                        HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
                         step += 1
-    if ROTATE:  # every wgmma reading K / V has completed (each step waits for its last): the next item's may load
+    if SCHED != PLAIN:  # every wgmma reading K / V has completed (each step waits for its last): the next
+        # item's may load
         mbarrier.arrive(kv_empty)
     rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, k_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_layout))
@@ -425,7 +450,7 @@ def attn_bwd_pipeline(
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
     TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr,
-    MASK_MOD: gl.constexpr, ROTATE: gl.constexpr,
+    MASK_MOD: gl.constexpr, SCHED: gl.constexpr,
 ):
     """Shared memory, barriers and the partitions. The dense and flex kernels' docstrings say what their
     arguments hold; head_group_ptr (where the work items' head group is: walk.work_item), fx (the transposed block
@@ -485,19 +510,19 @@ def attn_bwd_pipeline(
                      q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
                      stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
                      caps_m, 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
-                     SCORE_GRAD, MASK_MOD, ROTATE)),
+                     SCORE_GRAD, MASK_MOD, SCHED)),
         (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
                      q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
                      stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
                      caps_m, 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
-                     SCORE_GRAD, MASK_MOD, ROTATE)),
+                     SCORE_GRAD, MASK_MOD, SCHED)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
                    q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES, HAS_LEFT,
-                   HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, ROTATE)),
+                   HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED)),
         (dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK,
-                      ROTATE)),
+                      SCHED)),
         (dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 1, 2, TMA_DQ, FLEX, Q_BLOCK,
-                      ROTATE)),
+                      SCHED)),
     ], [4, 1, 1, 1], [CONSUMER_REGS, WORKER_REGS, WORKER_REGS, WORKER_REGS])

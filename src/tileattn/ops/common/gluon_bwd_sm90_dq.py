@@ -6,7 +6,18 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import masking
 from .bwd_kernels import wait_count_ptx
-from .gluon_bwd_sm90_walk import head_walk, walk_m0, walk_next, work_item
+from .gluon_bwd_sm90_walk import (
+    PAIRED,
+    PLAIN,
+    ROTATED,
+    head_walk,
+    paired_turn,
+    program_item,
+    program_items,
+    walk_m0,
+    walk_next,
+    work_item,
+)
 from .gluon_compat import tma_reduce_add, tma_store, tma_wait_writes
 from .gluon_sm90_loader import flex_lists
 
@@ -60,19 +71,21 @@ def _count_around(lst, n, kvb, num_kv_blocks):
 @gluon.jit
 def _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, num_kv_blocks, num_q_blocks,
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-          FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, ROTATE: gl.constexpr):
+          FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCHED: gl.constexpr):
     """(turn, last) of key block i_n on the query block at m0: how many key blocks add to its dQ first, and
     whether none adds after (then nobody waits for the turn). Dense: from the masking rule's key range, higher
-    key blocks first; ROTATE (every key block sees every query block, key block n's walk starts at query block
+    key blocks first; ROTATED (every key block sees every query block, key block n's walk starts at query block
     rot(n) = n * num_q_blocks // num_kv_blocks): in the order the walks reach the block, j0 = the highest key
-    block with rot(j0) <= the block's index first, then j0 - 1, ..., 0, then num_kv_blocks - 1, ..., j0 + 1.
-    Flex: counted in the query block's forward lists fk."""
+    block with rot(j0) <= the block's index first, then j0 - 1, ..., 0, then num_kv_blocks - 1, ..., j0 + 1;
+    PAIRED: walk.paired_turn. Flex: counted in the query block's forward lists fk."""
     if FLEX:
         n_part, n_full, part, full = flex_lists(fk, i_b, i_h, m0 // Q_BLOCK)
         above, below = _count_around(part, n_part, i_n, num_kv_blocks)
         above_full, below_full = _count_around(full, n_full, i_n, num_kv_blocks)
         return above + above_full, below + below_full == 0
-    elif ROTATE:
+    elif SCHED == PAIRED:
+        return paired_turn(m0 // BLOCK_M, i_n, num_kv_blocks, num_q_blocks, BLOCK_N // BLOCK_M)
+    elif SCHED == ROTATED:
         j0 = ((m0 // BLOCK_M + 1) * num_kv_blocks + num_q_blocks - 1) // num_q_blocks - 1
         turn = (j0 - i_n + num_kv_blocks) % num_kv_blocks
         return turn, turn == num_kv_blocks - 1
@@ -88,7 +101,7 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
               NEEDS_MASK: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr, W: gl.constexpr,
               WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
-              ROTATE: gl.constexpr):
+              SCHED: gl.constexpr):
     """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and adds
     overlap with the other writers' (different query blocks). TMA_DQ: acc is a tensor
     descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
@@ -100,22 +113,23 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
     c_idx = gl.arange(0, DQ_C, layout=gl.SliceLayout(0, layout))
     num_kv_blocks = wk[1]
     num_kv_heads = wk[2]
-    if ROTATE:  # the persistent grid: items pid, pid + programs, ...
+    if SCHED != PLAIN:  # a persistent grid (walk.program_item)
         step = 0
-        for item in range(gl.program_id(0), wk[0], gl.num_programs(0)):
-            i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, ROTATE)
+        for it in range(program_items(wk[0], SCHED)):
+            i_b, i_hk, i_n, sched = work_item(program_item(it, SCHED), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                              NEEDS_MASK, FLEX, SCHED)
             step = _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
                                num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], step, r_idx,
                                c_idx, layout, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS,
-                               TMA_DQ, FLEX, Q_BLOCK, ROTATE)
+                               TMA_DQ, FLEX, Q_BLOCK, SCHED)
             _item_done(sem_ptr, wk, group_size, num_q_blocks, i_b, i_hk, TMA_DQ)
     else:  # one item per program
         i_b, i_hk, i_n, sched = work_item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
-                                      ROTATE)
+                                          SCHED)
         _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
                     num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], gl.to_tensor(0), r_idx,
                     c_idx, layout,
-                    BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS, TMA_DQ, FLEX, Q_BLOCK, ROTATE)
+                    BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, DQ_BUFS, ROWS, W, WRITERS, TMA_DQ, FLEX, Q_BLOCK, SCHED)
         _item_done(sem_ptr, wk, group_size, num_q_blocks, i_b, i_hk, TMA_DQ)
 
 
@@ -138,7 +152,7 @@ def _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_
                 layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
                 HAS_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr, W: gl.constexpr,
                 WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
-                ROTATE: gl.constexpr):
+                SCHED: gl.constexpr):
     """This writer's steps of one work item, from `step` on (returned advanced)."""
     DQ_R: gl.constexpr = dq_bufs.shape[1]
     DQ_C: gl.constexpr = dq_bufs.shape[2]
@@ -150,11 +164,11 @@ def _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_
         i_bhq = (i_b * num_kv_heads * group_size + i_h).to(gl.int64)
         n_steps, walk, merge = head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
         for t in range(n_steps):
-            m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, ROTATE)
+            m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, SCHED)
             merge = walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
             if step % WRITERS == W:
                 turn, last = _turn(m0, i_b, i_h, i_n, fk, seqlen_k, off_diag, left, right, num_kv_blocks,
-                                   num_q_blocks, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, FLEX, Q_BLOCK, ROTATE)
+                                   num_q_blocks, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, FLEX, Q_BLOCK, SCHED)
                 sem = sem_ptr + i_bhq * num_q_blocks + m0 // BLOCK_M
                 qb = step % DQ_BUFS
                 mbarrier.wait(dq_full.index(qb), (step // DQ_BUFS) & 1)

@@ -109,6 +109,17 @@ def meta(d):
 # life and the persistent grid leaves 4 of 132 SMs idle. At N <= 4K rotation measured +9-23%; N=8K even.
 ROTATE_MAX_KV_BLOCKS = 64
 
+# the kernel's SCHED (gluon_bwd_sm90_walk.py): one program per item, rotated walks, paired walks
+PLAIN, ROTATED, PAIRED = 0, 1, 2
+
+# paired walks (square causal problems of whole tiles, MHA) up to this many key blocks, per head dim (absent: never);
+# longer problems keep one program per item. Measured on the H100 (2026-11-28, fp16 B=4 H=32 causal, TFLOPS, the
+# plain grid's tree and the paired one alternated twice in one run, docs/design/backward.md thirteenth round):
+# D=128 1K 258 / 255 -> 264 / 259, 2K 367 / 359 -> 379 / 379, 4K 431 / 424 -> 437 / 426, 8K 463 / 473 -> 462 / 456;
+# D=64 (one query block per key block, so a pair's adds meet the next pair's one step later) slower on every row:
+# 1K 207 / 205 -> 195 / 191, 2K 307 / 304 -> 296 / 292, 4K 384 / 381 -> 351 / 351, 8K 429 / 413 -> 382 / 382.
+PAIRED_MAX_KV_BLOCKS = {128: 32}
+
 
 # The flex backward's work items interleave this many (batch, kv head) pairs where its block mask's walks start in
 # ties (bwd_kernels.chain_group, decided on the GPU by the preprocess; gluon_bwd_sm90_walk.work_item): key block n of
@@ -125,20 +136,28 @@ ROTATE_MAX_KV_BLOCKS = 64
 FLEX_HEAD_GROUP = 4
 
 
-def grid(d, num_kv_blocks, num_bh, device, rotatable):
-    """(grid, items, rotate): the work items are (key block, batch * kv head) pairs. One program per item, or,
-    where the config is persistent and the problem `rotatable` (every key block sees every query block), a
-    persistent grid that rotates the walks (rotate True): the largest multiple of num_kv_blocks up to one
-    program per SM (at most one per item), so that each round of items pid, pid + programs, ... holds whole
-    heads and every key block of a head runs at the same time (a head split across rounds measured 7% slower at
-    N=16K: its first key blocks waited a round for the rest). Launched cooperatively (every program resident,
-    which the rotated order needs to be free of deadlock), up to ROTATE_MAX_KV_BLOCKS key blocks. One CTA fits an
-    SM: the kernel takes ~226 KB of shared memory."""
+def grid(d, num_kv_blocks, num_bh, device, walks):
+    """(grid, items, sched): the work items are (key block, batch * kv head) pairs. One program per item (PLAIN),
+    or, where the config is persistent, a cooperatively launched persistent grid (every program resident, which
+    the orders below need to be free of deadlock) whose rounds hold whole heads, so that every key block of a head
+    runs at the same time (a head split across rounds measured 7% slower at N=16K: its first key blocks waited a
+    round for the rest):
+      - walks "full" (every key block sees every query block), up to ROTATE_MAX_KV_BLOCKS key blocks: ROTATED,
+        the largest multiple of num_kv_blocks programs up to one per SM (at most one per item);
+      - walks "causal" (a square causal problem of whole tiles without GQA), an even number of key blocks up to
+        PAIRED_MAX_KV_BLOCKS[d]: PAIRED, the largest multiple of num_kv_blocks / 2 programs up to one per SM (at
+        most one per pair of items).
+    One CTA fits an SM: the kernel takes ~226 KB of shared memory."""
     items = num_kv_blocks * num_bh
     sms = hw.device_info(device).num_sms
-    if config(d).persistent and rotatable and num_kv_blocks <= min(sms, ROTATE_MAX_KV_BLOCKS):
-        return (min(items, sms // num_kv_blocks * num_kv_blocks),), items, True
-    return (items,), items, False
+    if config(d).persistent:
+        if walks == "full" and num_kv_blocks <= min(sms, ROTATE_MAX_KV_BLOCKS):
+            return (min(items, sms // num_kv_blocks * num_kv_blocks),), items, ROTATED
+        half = num_kv_blocks // 2
+        if (walks == "causal" and num_kv_blocks % 2 == 0 and 0 < half <= sms
+                and num_kv_blocks <= PAIRED_MAX_KV_BLOCKS.get(d, 0)):
+            return (min(items // 2, sms // half * half),), items, PAIRED
+    return (items,), items, PLAIN
 
 
 # dQ writer warps per program (gluon_bwd_sm90.attn_bwd_pipeline): each counts once per work item on its (batch, kv

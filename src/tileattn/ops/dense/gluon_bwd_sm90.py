@@ -15,12 +15,14 @@ def attn_bwd_sm90_kernel(
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
-    TMA_DQ: gl.constexpr, ROTATE: gl.constexpr,
+    TMA_DQ: gl.constexpr, SCHED: gl.constexpr,
 ):
     """Grid (programs,): num_items = num_kv_blocks * B * Hkv work items (num_kv_blocks = cdiv(Sk, BLOCK_N)), one
-    per program; or ROTATE (only where every key block sees every query block: whole tiles, no window): a
-    multiple of num_kv_blocks programs, launched cooperatively, each walking items pid, pid + programs, ... with
-    rotated walks; num_warps = 4 (the first consumer warpgroup).
+    per program (SCHED = walk.PLAIN); or ROTATED (only where every key block sees every query block: whole tiles,
+    no window): a multiple of num_kv_blocks programs, launched cooperatively, each walking items pid, pid +
+    programs, ... with rotated walks; or PAIRED (square causal problems of whole tiles, an even num_kv_blocks, no
+    GQA): a multiple of num_kv_blocks / 2 programs, launched cooperatively, each walking pairs of items
+    (gluon_bwd_sm90_walk.py); num_warps = 4 (the first consumer warpgroup).
 
     Descriptors over [B, S, H, D] tensors: q and do with block [1, BLOCK_M, 1, D] (BLOCK_M 64 or 128: the
     config's query rows per step), k and v [1, BLOCK_N, 1, D]. lse, delta [B, Hq, Sq] float32 (same strides); dk,
@@ -36,4 +38,4 @@ def attn_bwd_sm90_kernel(
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads,
         group_size, num_q_blocks, num_kv_blocks, num_items, 0, scale, qk_scale, softcap_scale, softcap_out, left,
         right, fx, fx, (), (), STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, HAS_LEFT, HAS_RIGHT,
-        ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, NEEDS_MASK, TMA_DQ, False, 128, None, None, ROTATE)
+        ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, NEEDS_MASK, TMA_DQ, False, 128, None, None, SCHED)

@@ -92,9 +92,13 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     # no masked step at all where no tile can need one (no window or causal rule, whole tiles)
     needs_mask = left >= 0 or right >= 0 or p.seqlen_q % bm or p.seqlen_k % BLOCK_N
     nk = triton.cdiv(p.seqlen_k, BLOCK_N)
-    # where every key block sees every query block, a persistent grid with each key block starting its walk at
-    # its own query block, so that no add to dQ waits for another (gluon_bwd_sm90.py: ROTATE)
-    grid, items, rotate = pipeline.grid(d, nk, p.batch * p.heads_kv, q.device, not needs_mask)
+    # a persistent grid where every key block sees every query block (each key block starting its walk at its
+    # own query block, so that no add to dQ waits for another) or for square causal problems of whole tiles
+    # (pairs of key blocks of equal total length per program): pipeline.grid, gluon_bwd_sm90_walk.py
+    causal_square = (right == 0 and left < 0 and p.seqlen_q == p.seqlen_k and p.seqlen_k % BLOCK_N == 0
+                     and p.heads_q == p.heads_kv)
+    walks = "full" if not needs_mask else "causal" if causal_square else ""
+    grid, items, sched = pipeline.grid(d, nk, p.batch * p.heads_kv, q.device, walks)
     # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~40 arguments per call (~100 us of
     # host time, more than the whole backward at N=1K)
     launch(attn_bwd_sm90_kernel, grid, (
@@ -105,6 +109,6 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
         p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, scale, qk_scale, softcap_scale, softcap_out, left,
         right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
-             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), ROTATE=rotate,
-             launch_cooperative_grid=rotate, **meta))
+             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), SCHED=sched,
+             launch_cooperative_grid=sched != pipeline.PLAIN, **meta))
     pipeline.convert(launch, acc, counters, dq, lse, (p.heads_kv, nk), scale, False)
