@@ -17,8 +17,8 @@ class Config(NamedTuple):
     writer thread, rows a writer moves per chunk, TMA reduce-adds for dQ (else vector atomics), and query rows
     per step (block_m: 64, or 128 where each warpgroup then computes dQ for 64 of the rows over the whole head
     dim instead of all rows over half of it), and `persistent`: problems where every key block sees every query
-    block take a persistent, cooperatively launched grid with rotated walks (grid() says when), the others keep
-    one program per work item."""
+    block (rotated walks) or square causal ones (paired walks) take a persistent, cooperatively launched grid
+    (grid() says when), the others keep one program per work item."""
     stages: int
     dq_bufs: int
     consumer_regs: int
