@@ -252,6 +252,8 @@ def variants():
     out["bwdsplit-bf16-D256-softcap-window"] = lambda: split_sm90(bf16, 256, False, softcap=30.0, window=(100, -1))
     out["bwd-bf16-D512-cFalse"] = lambda: backward(bf16, 512, False)
     out["bwdsm90-f16-D128-c"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, f16, 128, True)
+    # (no GQA, N = 1K: the paired walks, launch_bwd_sm90.PAIRED_MAX_KV_BLOCKS)
+    out["bwdsm90-f16-D128-c-mha"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, f16, 128, True, False, 4)
     out["bwdsm90-bf16-D64"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, bf16, 64, False)
     for which in ("alibi", "softcap", "causal"):
         out[f"flexsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w)

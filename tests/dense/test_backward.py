@@ -758,8 +758,8 @@ def test_sm90_backward_grid(monkeypatch):
 @pytest.mark.parametrize("R", [1, 2])
 def test_sm90_backward_paired_turns(R):
     """The PAIRED schedule's dQ turns (gluon_bwd_sm90_walk.paired_turn, run here on Python ints): for every even
-    number of key blocks K, each query block's visitors (the key blocks n with R * n <= its index) get the turns
-    0 .. V - 1 once each, the last of them `last`, in the order of the step at which their pair's walk reaches
+    number of key blocks K up to 66, each query block's visitors (the key blocks n with R * n <= its index) get
+    the turns 0 .. V - 1 once each, the last of them `last`, in the order of the step at which their pair's walk reaches
     the block (key block n < K / 2 upwards from its diagonal, then key block K - 1 - n downwards); and each
     program's steps reach their blocks at strictly increasing times, so that an add only waits for earlier ones
     (no cycle)."""

@@ -4,7 +4,8 @@
 flex_bwd_sm90_kernel, FLEX mode: query blocks from a block mask's lists, traced score / mask mods).
 
 Work items are (key block of BLOCK_N = 128 keys, batch * kv head) pairs, (batch, kv head)-major with the highest key
-block first, or with the key blocks of a group of heads interleaved (walk.work_item; flex where its mask's walks
+block first (PAIRED: key blocks n and K - 1 - n of a head one after the other), or with the key blocks of a group of
+heads interleaved (walk.work_item; flex where its mask's walks
 start in ties: bwd_kernels.chain_group). One CTA per item (SCHED = walk.PLAIN), or (ROTATED, PAIRED) a persistent,
 cooperatively launched grid whose programs walk items pid, pid + programs, ... (PAIRED: pairs of items) with K and
 V reloaded per item behind a kv_empty barrier. An item walks the query blocks (BLOCK_M = 64 or 128 rows:
@@ -24,21 +25,21 @@ Partitions:
     operands in shared memory: half the head dim, or with BLOCK_M = 128 half the rows), staged as float32 for
     the writer (dense, except under a right bound with 128-row steps: dQ goes before dK and is staged while dK
     runs);
-  - two dQ writers (1 warp each, even and odd steps): add each step's dQ tile to the query block's float32 sum in
-    global memory, in descending key-block order: a counter per (query head, query block) (zeroed by the backward's
-    preprocess, launch_bwd_sm90.zero_args) says how many higher key blocks have added; the writer spins until it is
-    its turn (one lane polls), adds (the first key block of a query block stores instead) and passes the turn on
-    with a release, which orders its adds before the next block's. Adds are vector atomics, or at D=128 one TMA
-    reduce-add per half (TMA_DQ; launch_bwd_sm90.CONFIGS). Waiting happens in the writers only: the consumers go on
-    with the next tiles while they wait, and two writers keep two query blocks in flight. The turn of a key block is
-    the number of higher key blocks that see the query block: from the masking rule (dense) or by counting them in
-    the query block's forward lists (flex; those lists and the transposed ones must describe the same mask, as
-    torch's BlockMask constructors make them).
+  - two dQ writers (1 warp each, even and odd steps): add each step's dQ tile to the query block's float32 sum in global
+    memory, in a fixed order of the key blocks (PLAIN: descending; ROTATED, PAIRED: below): a counter per (query head,
+    query block) (zeroed by the backward's preprocess, launch_bwd_sm90.zero_args) says how many key blocks have
+    added; the writer spins until it is its turn (one lane polls), adds (the first key block of a query block stores
+    instead) and passes the turn on with a release, which orders its adds before the next block's. Adds are vector
+    atomics, or at D=128 one TMA reduce-add per half (TMA_DQ; launch_bwd_sm90.CONFIGS). Waiting happens in the writers
+    only: the consumers go on with the next tiles while they wait, and two writers keep two query blocks in flight. The
+    turn of a key block is (PLAIN) the number of higher key blocks that see the query block: from the masking rule
+    (dense) or by counting them in the query block's forward lists (flex; those lists and the transposed ones must
+    describe the same mask, as torch's BlockMask constructors make them).
     After an item's last add is written, each writer counts once on the (batch, kv head)'s done counter.
     bwd_kernels.bwd_dq_convert_kernel then writes dQ = scale * sum in dQ's dtype. It is launched with
     programmatic dependent launch, and the loader lets it start as soon as every program of the grid runs: its
-    programs fill the SMs the grid's tail frees, each waiting for its head's done count (a head's
-    longest items come last under a causal rule: launch_bwd_sm90.convert).
+    programs fill the SMs the grid's tail frees, each waiting for its head's done count (on the plain grid a
+    head's longest items come last under a causal rule: launch_bwd_sm90.convert).
 ROTATED (dense problems where every key block sees every query block: whole tiles, no window): key block n starts
 its walk at query block rot(n) = n * query blocks // key blocks and wraps around, and the adds to a query block go
 in the order the walks reach it (_turn), so in the steady state no add waits for another (the plain order had

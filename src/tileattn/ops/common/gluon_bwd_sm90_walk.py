@@ -11,8 +11,8 @@ _query_range = gluon.jit(masking.query_range.fn)
 
 
 # ---- a work item's schedule (every partition walks the same steps) ------------------------------------------
-# A walk is one query head's. Dense: sched = (m_lo, f_lo, f_hi, m_hi) = query_range(...) and rot (work_item), the
-# same for every head.
+# A walk is one query head's. Dense: sched = (m_lo, f_lo, f_hi, m_hi) = query_range(...), rot and desc (work_item),
+# the same for every head.
 # Flex: the block mask's transposed lists of the CTA's key block, (partial blocks, full blocks, partial list,
 # full list) of Q_BLOCK-row query blocks, merged in ascending order (as dense: each key block reaches a query
 # block a few steps after the key block above it, so dQ turns rarely wait; the partial list first, then the full
