@@ -731,28 +731,36 @@ def test_sm90_backward_grid(monkeypatch):
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=True))
     monkeypatch.setitem(pipeline.PAIRED_MAX_KV_BLOCKS, 128, 64)
-    assert pipeline.grid(128, 16, 128, "cuda", "full") == ((128,), 2048, rotated)  # whole heads per round
-    assert pipeline.grid(128, 40, 128, "cuda", "full") == ((120,), 40 * 128, rotated)
-    assert pipeline.grid(128, 4, 8, "cuda", "full") == ((32,), 32, rotated)
-    assert pipeline.grid(128, 64, 128, "cuda", "full") == ((128,), 64 * 128, rotated)
-    assert pipeline.grid(128, 65, 2, "cuda", "full") == ((130,), 130, plain)  # long sequences: plain grid
-    assert pipeline.grid(128, 8, 128, "cuda", "causal") == ((132,), 1024, paired)  # 33 heads of 4 pairs a round
-    assert pipeline.grid(128, 16, 128, "cuda", "causal") == ((128,), 2048, paired)
-    assert pipeline.grid(128, 8, 5, "cuda", "causal") == ((20,), 40, paired)  # (at most one program per pair)
-    assert pipeline.grid(128, 2, 1, "cuda", "causal") == ((1,), 2, paired)
-    assert pipeline.grid(128, 64, 128, "cuda", "causal") == ((128,), 64 * 128, paired)
-    assert pipeline.grid(128, 66, 2, "cuda", "causal") == ((132,), 132, plain)  # past PAIRED_MAX_KV_BLOCKS
-    assert pipeline.grid(128, 7, 4, "cuda", "causal") == ((28,), 28, plain)  # an odd number of key blocks
+    assert pipeline.grid(128, 16, 128, "cuda", rotated) == ((128,), 2048, rotated)  # whole heads per round
+    assert pipeline.grid(128, 40, 128, "cuda", rotated) == ((120,), 40 * 128, rotated)
+    assert pipeline.grid(128, 4, 8, "cuda", rotated) == ((32,), 32, rotated)
+    assert pipeline.grid(128, 64, 128, "cuda", rotated) == ((128,), 64 * 128, rotated)
+    assert pipeline.grid(128, 65, 2, "cuda", rotated) == ((130,), 130, plain)  # long sequences: plain grid
+    assert pipeline.grid(128, 8, 128, "cuda", paired) == ((132,), 1024, paired)  # 33 heads of 4 pairs a round
+    assert pipeline.grid(128, 16, 128, "cuda", paired) == ((128,), 2048, paired)
+    assert pipeline.grid(128, 8, 5, "cuda", paired) == ((20,), 40, paired)  # (at most one program per pair)
+    assert pipeline.grid(128, 2, 1, "cuda", paired) == ((1,), 2, paired)
+    assert pipeline.grid(128, 64, 128, "cuda", paired) == ((128,), 64 * 128, paired)
+    assert pipeline.grid(128, 66, 2, "cuda", paired) == ((132,), 132, plain)  # past PAIRED_MAX_KV_BLOCKS
+    assert pipeline.grid(128, 7, 4, "cuda", paired) == ((28,), 28, plain)  # an odd number of key blocks
     monkeypatch.setattr(pipeline, "ROTATE_MAX_KV_BLOCKS", 1000)
-    assert pipeline.grid(128, 128, 4, "cuda", "full") == ((128,), 512, rotated)
-    assert pipeline.grid(128, 133, 2, "cuda", "full") == ((266,), 266, plain)  # a head's key blocks would not fit
-    assert pipeline.grid(128, 16, 128, "cuda", "") == ((2048,), 2048, plain)  # other masks: one program per item
+    assert pipeline.grid(128, 128, 4, "cuda", rotated) == ((128,), 512, rotated)
+    assert pipeline.grid(128, 133, 2, "cuda", rotated) == ((266,), 266, plain)  # a head's key blocks would not fit
+    assert pipeline.grid(128, 16, 128, "cuda", plain) == ((2048,), 2048, plain)  # other masks: one program per item
     monkeypatch.setitem(pipeline.PAIRED_MAX_KV_BLOCKS, 128, 1000)
-    assert pipeline.grid(128, 264, 1, "cuda", "causal") == ((132,), 264, paired)
-    assert pipeline.grid(128, 266, 1, "cuda", "causal") == ((266,), 266, plain)  # a head's pairs would not fit
+    assert pipeline.grid(128, 264, 1, "cuda", paired) == ((132,), 264, paired)
+    assert pipeline.grid(128, 266, 1, "cuda", paired) == ((266,), 266, plain)  # a head's pairs would not fit
     monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=False))
-    assert pipeline.grid(128, 16, 128, "cuda", "full") == ((2048,), 2048, plain)
-    assert pipeline.grid(128, 16, 128, "cuda", "causal") == ((2048,), 2048, plain)
+    assert pipeline.grid(128, 16, 128, "cuda", rotated) == ((2048,), 2048, plain)
+    assert pipeline.grid(128, 16, 128, "cuda", paired) == ((2048,), 2048, plain)
+
+
+def test_sm90_backward_sched_values():
+    """The host's schedule values (launch_bwd_sm90, which imports no Gluon) are the kernel's SCHED constexprs."""
+    from tileattn.ops.common import gluon_bwd_sm90_walk as walk
+    from tileattn.ops.common import launch_bwd_sm90 as pipeline
+    assert (pipeline.PLAIN, pipeline.ROTATED, pipeline.PAIRED) == (walk.PLAIN.value, walk.ROTATED.value,
+                                                                   walk.PAIRED.value)
 
 
 @pytest.mark.parametrize("R", [1, 2])

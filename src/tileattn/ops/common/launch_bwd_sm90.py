@@ -109,7 +109,8 @@ def meta(d):
 # life and the persistent grid leaves 4 of 132 SMs idle. At N <= 4K rotation measured +9-23%; N=8K even.
 ROTATE_MAX_KV_BLOCKS = 64
 
-# the kernel's SCHED (gluon_bwd_sm90_walk.py): one program per item, rotated walks, paired walks
+# the kernel's SCHED (gluon_bwd_sm90_walk.py's constexprs of the same names; test_sm90_backward_sched_values):
+# one program per item, rotated walks, paired walks
 PLAIN, ROTATED, PAIRED = 0, 1, 2
 
 # paired walks (square causal problems of whole tiles, MHA) up to this many key blocks, per head dim (absent: never);
@@ -137,24 +138,24 @@ FLEX_HEAD_GROUP = 4
 
 
 def grid(d, num_kv_blocks, num_bh, device, walks):
-    """(grid, items, sched): the work items are (key block, batch * kv head) pairs. One program per item (PLAIN),
-    or, where the config is persistent, a cooperatively launched persistent grid (every program resident, which
-    the orders below need to be free of deadlock) whose rounds hold whole heads, so that every key block of a head
-    runs at the same time (a head split across rounds measured 7% slower at N=16K: its first key blocks waited a
-    round for the rest):
-      - walks "full" (every key block sees every query block), up to ROTATE_MAX_KV_BLOCKS key blocks: ROTATED,
-        the largest multiple of num_kv_blocks programs up to one per SM (at most one per item);
-      - walks "causal" (a square causal problem of whole tiles without GQA), an even number of key blocks up to
-        PAIRED_MAX_KV_BLOCKS[d]: PAIRED, the largest multiple of num_kv_blocks / 2 programs up to one per SM (at
-        most one per pair of items).
+    """(grid, items, sched): the work items are (key block, batch * kv head) pairs. `walks` is the schedule the
+    problem allows (the caller's check): ROTATED where every key block sees every query block, PAIRED for a square
+    causal problem of whole tiles without GQA, else PLAIN. One program per item (PLAIN), or, where the config is
+    persistent, a cooperatively launched persistent grid (every program resident, which the orders below need to
+    be free of deadlock) whose rounds hold whole heads, so that every key block of a head runs at the same time (a
+    head split across rounds measured 7% slower at N=16K: its first key blocks waited a round for the rest):
+      - ROTATED up to ROTATE_MAX_KV_BLOCKS key blocks: the largest multiple of num_kv_blocks programs up to one per
+        SM (at most one per item);
+      - PAIRED with an even number of key blocks up to PAIRED_MAX_KV_BLOCKS[d]: the largest multiple of
+        num_kv_blocks / 2 programs up to one per SM (at most one per pair of items).
     One CTA fits an SM: the kernel takes ~226 KB of shared memory."""
     items = num_kv_blocks * num_bh
     sms = hw.device_info(device).num_sms
     if config(d).persistent:
-        if walks == "full" and num_kv_blocks <= min(sms, ROTATE_MAX_KV_BLOCKS):
+        if walks == ROTATED and num_kv_blocks <= min(sms, ROTATE_MAX_KV_BLOCKS):
             return (min(items, sms // num_kv_blocks * num_kv_blocks),), items, ROTATED
         half = num_kv_blocks // 2
-        if (walks == "causal" and num_kv_blocks % 2 == 0 and 0 < half <= sms
+        if (walks == PAIRED and num_kv_blocks % 2 == 0 and 0 < half <= sms
                 and num_kv_blocks <= PAIRED_MAX_KV_BLOCKS.get(d, 0)):
             return (min(items // 2, sms // half * half),), items, PAIRED
     return (items,), items, PLAIN

@@ -97,7 +97,7 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     # (pairs of key blocks of equal total length per program): pipeline.grid, gluon_bwd_sm90_walk.py
     causal_square = (right == 0 and left < 0 and p.seqlen_q == p.seqlen_k and p.seqlen_k % BLOCK_N == 0
                      and p.heads_q == p.heads_kv)
-    walks = "full" if not needs_mask else "causal" if causal_square else ""
+    walks = pipeline.ROTATED if not needs_mask else pipeline.PAIRED if causal_square else pipeline.PLAIN
     grid, items, sched = pipeline.grid(d, nk, p.batch * p.heads_kv, q.device, walks)
     # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~40 arguments per call (~100 us of
     # host time, more than the whole backward at N=1K)
