@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [host-ab] [bwd-row] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -244,6 +244,11 @@ for s in $steps; do
       # timed / kernel / host time of the short rows, each kernel's GPU time (SMALL_ARGS: `profile_kernels.py small` options)
       timeout 300 python3 scripts/profile_kernels.py small --breakdown ${SMALL_ARGS:-} > "$OUT/profile_small.log" 2>&1; rc=$?
       summary+=("profile-small rc=$rc"); grep -E "^SMALL|^    " "$OUT/profile_small.log" ;;
+    timeline-bwd)
+      # the dense backward's GPU timeline per call: preprocess, main kernel, dQ conversion (TL_ARGS: `profile_kernels.py
+      # timeline` options)
+      timeout 300 python3 scripts/profile_kernels.py timeline ${TL_ARGS:-} > "$OUT/timeline_bwd.log" 2>&1; rc=$?
+      summary+=("timeline-bwd rc=$rc"); grep -E "^TL" "$OUT/timeline_bwd.log" | cut -c1-400 ;;
     sanitize-split)
       # the split backward's Hopper score kernel under memcheck and synccheck: ragged rows / keys, Sq < 64, Sk < 64,
       # zero tiles on both sides of a window, GQA with a softcap

@@ -38,6 +38,11 @@
     profile_kernels.py rows [--N 1024] [--D 64] [--no-causal] [--reps 4] [--dtypes fp16,bf16]
         the bwd bench's row (B=4, H=32; causal unless --no-causal) repeated: "ROW ..." lines with each repeat's
         backward us, ours, cuDNN's and FA2's, and the ratios (the row swings with the host's issue time).
+    profile_kernels.py timeline [--N 1024,4096] [--D 64,128]
+        the dense backward's GPU timeline (fp16, B=4, H=32, causal and not; torch.profiler, the host kept ahead by a
+        queued matmul): "TL ..." lines with each kernel's start after the call's first kernel, its duration, and the
+        call's span from the first kernel's start to the last one's end (the preprocess, the main kernel, the dQ
+        conversion: where the GPU waits between them).
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -480,6 +485,44 @@ def rows(a):
                   f"{ms['fa2'] / ours:.3f}; check {'ok' if ok else 'FAILED'}", flush=True)
 
 
+def timeline(a):
+    from torch.profiler import ProfilerActivity, profile
+
+    import tileattn
+    busy = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    for n in (int(x) for x in a.N.split(",")):
+        for d in (int(x) for x in a.D.split(",")):
+            for causal in (False, True):
+                q, k, v = (torch.randn(4, n, 32, d, device="cuda", dtype=torch.float16).requires_grad_()
+                           for _ in range(3))
+                dout = torch.randn_like(q)
+                o = tileattn.attention(q, k, v, causal=causal)
+                for _ in range(3):
+                    torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(4):
+                        busy @ busy  # the host runs ahead: the timeline shows the GPU alone
+                    for _ in range(a.reps):
+                        torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+                    torch.cuda.synchronize()
+                ev = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and "gemm" not in e.name
+                             and "Memset" not in e.name), key=lambda e: e.time_range.start)
+                calls, cur = [], []
+                for e in ev:
+                    if "preprocess" in e.name and cur:
+                        calls.append(cur)
+                        cur = []
+                    cur.append(e)
+                calls.append(cur)
+                for i, c in enumerate(calls):
+                    t0 = c[0].time_range.start
+                    parts = ", ".join(f"{re.sub(r'_kernel.*', '', e.name)[:24]} +{e.time_range.start - t0:.1f} "
+                                      f"({e.time_range.end - e.time_range.start:.1f})" for e in c)
+                    print(f"TL N={n} D={d} causal={int(causal)} call {i}: span "
+                          f"{max(e.time_range.end for e in c) - t0:.1f} us: {parts}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -542,6 +585,11 @@ def main():
     p.add_argument("--reps", type=int, default=4)
     p.add_argument("--dtypes", default="fp16,bf16")
     p.set_defaults(func=rows)
+    p = sub.add_parser("timeline", help="the dense backward's GPU timeline: kernel starts, durations, gaps")
+    p.add_argument("--N", default="1024,4096")
+    p.add_argument("--D", default="64,128")
+    p.add_argument("--reps", type=int, default=3)
+    p.set_defaults(func=timeline)
     p = sub.add_parser("bwd", help="per-kernel GPU time of the flex and dense backward (torch.profiler)")
     p.set_defaults(func=bwd)
     a = ap.parse_args()

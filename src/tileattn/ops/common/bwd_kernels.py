@@ -25,12 +25,18 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
                           stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh, ZERO,
                           zero_count, chain, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
                           IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32,
-                          ZERO_CHUNK: tl.constexpr = 0, CHAIN: tl.constexpr = False):
+                          ZERO_CHUNK: tl.constexpr = 0, CHAIN: tl.constexpr = False,
+                          PDL_TRIGGER: tl.constexpr = False):
     """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
     layout (dlse contiguous along the sequence). ZERO_CHUNK > 0: the programs also zero the int32 buffer ZERO
     [zero_count], ZERO_CHUNK elements each in the order of (B * Hq, query block) (the Hopper backward's counters,
     launch_bwd_sm90.zero_args: one launch fewer than a fill). CHAIN (the flex Hopper backward): program (0, 0)
-    also writes ZERO[zero_count] = the kernel's head group (chain_group)."""
+    also writes ZERO[zero_count] = the kernel's head group (chain_group). PDL_TRIGGER (sm90 only; followed by the
+    dense Hopper kernel, launched with programmatic dependent launch): each program lets that kernel launch at
+    once, so that its programs start on the SMs this grid's tail frees (it waits for this grid's writes)."""
+    if PDL_TRIGGER:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     if i_bh >= num_bh:

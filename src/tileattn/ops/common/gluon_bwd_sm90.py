@@ -74,7 +74,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import masking, softmax
-from .gluon_bwd_sm90_dq import dq_writer
+from .gluon_bwd_sm90_dq import dq_writer, grid_dependency_wait
 from .gluon_bwd_sm90_walk import (
     PAIRED,
     PLAIN,
@@ -107,12 +107,14 @@ def _launch_dependents():
 def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty, q_ready,
             q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr, FLEX: gl.constexpr,
-            Q_BLOCK: gl.constexpr, SCHED: gl.constexpr):
+            Q_BLOCK: gl.constexpr, SCHED: gl.constexpr, PDL: gl.constexpr):
     """Per work item: TMA loads of K and V (once the consumers are done with the previous item's), then each
     step's Q and dO tiles; each step's lse and delta rows through registers into stat_bufs (lse as exp2's
     offset: lse * log2 e, +inf for rows past Sq and rows that saw no key, so p = 0). The ring runs on across
-    items, so the next item's first tiles load under the current item's last steps."""
-    _launch_dependents()  # every program is running: the dQ conversion may start on the SMs the grid frees
+    items, so the next item's first tiles load under the current item's last steps. PDL: the first item's K and
+    V load before the wait for the preprocess (_load_item)."""
+    if not PDL:
+        _launch_dependents()  # every program is running: the dQ conversion may start on the SMs the grid frees
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     rows = gl.arange(0, BLOCK_M, layout=stat_layout)
@@ -122,20 +124,21 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, st
             step = _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready,
                               kv_empty, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx,
                               program_item(it, SCHED), it, step, rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
-                              Q_BLOCK, SCHED)
+                              Q_BLOCK, SCHED, PDL)
     else:  # one item per program
         _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
                    q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, gl.program_id(0),
-                   0, gl.to_tensor(0), rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED)
+                   0, gl.to_tensor(0), rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED, PDL)
 
 
 @gluon.jit
 def _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
                q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, item, it, step, rows,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr,
-               FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCHED: gl.constexpr):
+               FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCHED: gl.constexpr, PDL: gl.constexpr):
     """Work item `item`, the it-th of this program: its K and V, then its steps from ring position `step`
-    (returned advanced)."""
+    (returned advanced). PDL (the first item): after K and V are under way, the wait for the preprocess (its
+    delta is read below), then the dQ conversion may launch (it reads the counters the preprocess zeroes)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, SCHED)
@@ -144,6 +147,10 @@ def _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem,
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, k_smem)
     tma_load(v_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, v_smem)
+    if PDL:
+        if it == 0:
+            grid_dependency_wait()
+            _launch_dependents()  # every program is running: the dQ conversion may start on the SMs the grid frees
     return _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb,
                        stride_lh, wk[3], i_b, i_hk, i_n, group_size, sched, fx, step, rows, STAGES, FLEX, Q_BLOCK,
                        SCHED)
@@ -451,12 +458,15 @@ def attn_bwd_pipeline(
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
     TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr,
-    MASK_MOD: gl.constexpr, SCHED: gl.constexpr,
+    MASK_MOD: gl.constexpr, SCHED: gl.constexpr, PDL: gl.constexpr,
 ):
     """Shared memory, barriers and the partitions. The dense and flex kernels' docstrings say what their
     arguments hold; head_group_ptr (where the work items' head group is: walk.work_item), fx (the transposed block
     lists), fk (the forward ones), caps_s / caps_m, SCORE_GRAD / MASK_MOD, Q_BLOCK are the flex mode's block mask
-    and mods (placeholders for dense)."""
+    and mods (placeholders for dense). PDL: the kernel is launched with programmatic dependent launch after the
+    preprocess (delta, the zeroed counters), so its programs may start while the preprocess ends: the loader
+    waits for it before the first delta it reads, the dQ writers before their first counter (the consumers read
+    nothing the preprocess writes; flex's would: its work items' head group, so flex passes False)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -519,11 +529,11 @@ def attn_bwd_pipeline(
                      SCORE_GRAD, MASK_MOD, SCHED)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
                    q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES, HAS_LEFT,
-                   HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED)),
+                   HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED, PDL)),
         (dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK,
-                      SCHED)),
+                      SCHED, PDL)),
         (dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 1, 2, TMA_DQ, FLEX, Q_BLOCK,
-                      SCHED)),
+                      SCHED, PDL)),
     ], [4, 1, 1, 1], [CONSUMER_REGS, WORKER_REGS, WORKER_REGS, WORKER_REGS])

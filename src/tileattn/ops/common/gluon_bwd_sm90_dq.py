@@ -24,6 +24,15 @@ from .gluon_sm90_loader import flex_lists
 _key_range = gluon.jit(masking.key_range.fn)
 
 
+@gluon.jit
+def grid_dependency_wait():
+    """Waits until the kernel this one was launched after with programmatic dependent launch (the backward's
+    preprocess: delta, the zeroed counters) has completed and its writes are visible (returns at once without
+    such a launch)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
 # ---- dQ writer -----------------------------------------------------------------------------------------------
 _WAIT_TURN = gl.constexpr(wait_count_ptx(64))
 
@@ -101,12 +110,15 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
               NEEDS_MASK: gl.constexpr, DQ_BUFS: gl.constexpr, ROWS: gl.constexpr, W: gl.constexpr,
               WRITERS: gl.constexpr, TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr,
-              SCHED: gl.constexpr):
+              SCHED: gl.constexpr, PDL: gl.constexpr):
     """Writer W of WRITERS (one warp each) takes the steps with step % WRITERS == W: its turn waits and adds
     overlap with the other writers' (different query blocks). TMA_DQ: acc is a tensor
     descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
     acc is a pointer and the warp adds ROWS rows at a time with vector atomics. The two staged parts of a step
-    are its [BLOCK_M, D / 2] column halves, or with BLOCK_M = 128 its [64, D] row halves."""
+    are its [BLOCK_M, D / 2] column halves, or with BLOCK_M = 128 its [64, D] row halves. PDL: first waits for
+    the preprocess, which zeroes the counters (gluon_bwd_sm90.attn_bwd_pipeline)."""
+    if PDL:
+        grid_dependency_wait()
     DQ_C: gl.constexpr = dq_bufs.shape[2]
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // min(DQ_C // 4, 32), min(DQ_C // 4, 32)], [1, 1], [1, 0])
     r_idx = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))

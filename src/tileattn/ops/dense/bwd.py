@@ -134,7 +134,8 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
     launch(bwd_preprocess_kernel, pre_grid, (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
         *gls, cu_q_arg, sq, hq, batch * hq, *zero), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
-                                                         HAS_DLSE=dlse is not None, ACC=acc, num_warps=4, **zero_kw))
+                                                         HAS_DLSE=dlse is not None, ACC=acc, num_warps=4,
+                                                         PDL_TRIGGER=sm90, **zero_kw))
     if softcap > 0:
         qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
     else:

@@ -30,7 +30,9 @@ def attn_bwd_sm90_kernel(
     block may see no key block, else any values): with TMA_DQ a descriptor over it as
     [B * Hq * num_q_blocks * BLOCK_M, D] with the staged half's block ([64, D / 2], or [64, D] with BLOCK_M =
     128), else its pointer; sem [B * Hq, num_q_blocks] int32 zeros. qk_scale: scale * log2 e (1
-    with a softcap, whose softcap_out carries log2 e)."""
+    with a softcap, whose softcap_out carries log2 e). Launched with programmatic dependent launch after the
+    preprocess (bwd_kernels.bwd_preprocess_kernel with PDL_TRIGGER), which writes delta and zeroes sem: the
+    programs may start while it ends and wait for it where they first read either (the pipeline's PDL)."""
     # no block mask: placeholders the dense path never reads
     fx = (lse_ptr, lse_ptr, lse_ptr, lse_ptr, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     attn_bwd_pipeline(
@@ -38,4 +40,4 @@ def attn_bwd_sm90_kernel(
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads,
         group_size, num_q_blocks, num_kv_blocks, num_items, 0, scale, qk_scale, softcap_scale, softcap_out, left,
         right, fx, fx, (), (), STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, HAS_LEFT, HAS_RIGHT,
-        ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, NEEDS_MASK, TMA_DQ, False, 128, None, None, SCHED)
+        ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, NEEDS_MASK, TMA_DQ, False, 128, None, None, SCHED, True)

@@ -77,7 +77,8 @@ class Workspace:
 
 def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     """Launches the kernel: gradients into grads = (dq, dk, dv), through sums = (acc, counters) of a
-    Workspace, the counters zeroed by the preprocess (tail:
+    Workspace, the counters zeroed by the preprocess, which must be the launch just before (with PDL_TRIGGER: the
+    kernel, launched with programmatic dependent launch, may start under its end) (tail:
     scale, qk_scale, softcap_scale, softcap_out, left, right as bwd.py computes them, the window bounds
     clamped; launch: bwd.Launches)."""
     from .gluon_bwd_sm90 import attn_bwd_sm90_kernel
@@ -110,5 +111,5 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
         right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
              HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), SCHED=sched,
-             launch_cooperative_grid=sched != pipeline.PLAIN, **meta))
+             launch_cooperative_grid=sched != pipeline.PLAIN, launch_pdl=True, **meta))
     pipeline.convert(launch, acc, counters, dq, lse, (p.heads_kv, nk), scale, False)

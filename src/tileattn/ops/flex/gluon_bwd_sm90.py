@@ -36,4 +36,4 @@ def flex_bwd_sm90_kernel(
         group_size, num_q_blocks, num_kv_blocks, num_items, head_group_ptr, scale, qk_scale, 1.0, 1.0, 0, 0, fx, fk,
         caps_s, caps_m,
         STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, False, False, False, False, True, TMA_DQ, FLEX, 128,
-        SCORE_GRAD, MASK_MOD, PLAIN)
+        SCORE_GRAD, MASK_MOD, PLAIN, False)
