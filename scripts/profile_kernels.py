@@ -38,11 +38,12 @@
     profile_kernels.py rows [--N 1024] [--D 64] [--no-causal] [--reps 4] [--dtypes fp16,bf16]
         the bwd bench's row (B=4, H=32; causal unless --no-causal) repeated: "ROW ..." lines with each repeat's
         backward us, ours, cuDNN's and FA2's, and the ratios (the row swings with the host's issue time).
-    profile_kernels.py timeline [--N 1024,4096] [--D 64,128]
-        the dense backward's GPU timeline (fp16, B=4, H=32, causal and not; torch.profiler, the host kept ahead by a
-        queued matmul): "TL ..." lines with each kernel's start after the call's first kernel, its duration, and the
-        call's span from the first kernel's start to the last one's end (the preprocess, the main kernel, the dQ
-        conversion: where the GPU waits between them).
+    profile_kernels.py timeline [--N 1024,4096] [--D 64,128] [--reps 3]
+        the dense backward's GPU timeline (fp16, B=4, H=32, causal and not; torch.profiler, `reps` calls after four
+        queued matmuls that keep the host ahead): "TL ..." lines per call with each kernel's start after the call's
+        first kernel (the preprocess), its duration, and the call's span to the last kernel's end (the preprocess,
+        the main kernel, the dQ conversion: where the GPU waits between them). A call whose host fell behind
+        anyway shows a late start; compare the calls of a case.
     profile_kernels.py bwd
         per-kernel GPU time of the backward passes (torch.profiler), "PROF ..." lines: tileattn's flex and dense
         backward and torch's compiled flex backward on the flex grid's shapes (B=4, H=16, N=8192, D=128, bf16).
@@ -506,15 +507,16 @@ def timeline(a):
                     for _ in range(a.reps):
                         torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
                     torch.cuda.synchronize()
-                ev = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and "gemm" not in e.name
-                             and "Memset" not in e.name), key=lambda e: e.time_range.start)
-                calls, cur = [], []
+                ev = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                            key=lambda e: e.time_range.start)
+                calls = []  # a call from each preprocess on (the queued matmuls before the first one dropped)
                 for e in ev:
-                    if "preprocess" in e.name and cur:
-                        calls.append(cur)
-                        cur = []
-                    cur.append(e)
-                calls.append(cur)
+                    if "preprocess" in e.name:
+                        calls.append([])
+                    if calls and "Memset" not in e.name:
+                        calls[-1].append(e)
+                if not calls:
+                    print(f"TL N={n} D={d} causal={int(causal)}: no preprocess kernel in the profile", flush=True)
                 for i, c in enumerate(calls):
                     t0 = c[0].time_range.start
                     parts = ", ".join(f"{re.sub(r'_kernel.*', '', e.name)[:24]} +{e.time_range.start - t0:.1f} "

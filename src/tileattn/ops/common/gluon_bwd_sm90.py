@@ -138,7 +138,10 @@ def _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem,
                FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCHED: gl.constexpr, PDL: gl.constexpr):
     """Work item `item`, the it-th of this program: its K and V, then its steps from ring position `step`
     (returned advanced). PDL (the first item): after K and V are under way, the wait for the preprocess (its
-    delta is read below), then the dQ conversion may launch (it reads the counters the preprocess zeroes)."""
+    delta is read below), then the dQ conversion may launch: it polls the counters the preprocess zeroes without a
+    wait of its own, and sees them zeroed because it can launch only once every program of this grid has passed
+    this wait, so the preprocess has completed (its writes performed) before the conversion starts. (Cooperative
+    grids start only after the preprocess ends anyway; the plain grid's programs start under its end.)"""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, SCHED)
