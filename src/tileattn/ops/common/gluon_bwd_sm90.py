@@ -13,9 +13,9 @@ launch_bwd_sm90.CONFIGS) that see its keys, for every query head of the kv head'
 blocks below the unmasked range, the unmasked range, masked blocks above; flex: the block mask's transposed lists,
 its partial blocks (masked by mask_mod) then its full ones), or in descending order (PAIRED's second items).
 Partitions:
-  - loader (1 warp): K and V once, then each step's Q and dO tiles into a ring of STAGES slots (TMA), with the
-    rows' lse and delta beside them (through registers: the consumers read them from shared memory where they
-    use them instead of holding 32 registers across the wgmma waits);
+  - loader (1 warp; gluon_bwd_sm90_loader.py): K and V once, then each step's Q and dO tiles into a ring of
+    STAGES slots (TMA), with the rows' lse and delta beside them (through registers: the consumers read them from
+    shared memory where they use them instead of holding 32 registers across the wgmma waits);
   - two consumer warpgroups, each owning 64 of the keys (rows of the transposed tiles):
         S^T = K Q^T,  P^T = exp2(S^T * scale * log2 e - lse * log2 e),  dP^T = V dO^T,
         dS^T = P^T (dP^T - delta)  (times 1 - tanh^2 with a softcap; flex: z, z' = score_mod's value and
@@ -74,7 +74,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import masking, softmax
-from .gluon_bwd_sm90_dq import dq_writer, grid_dependency_wait
+from .gluon_bwd_sm90_dq import dq_writer
+from .gluon_bwd_sm90_loader import loader
 from .gluon_bwd_sm90_walk import (
     PAIRED,
     PLAIN,
@@ -87,104 +88,11 @@ from .gluon_bwd_sm90_walk import (
     walk_next,
     work_item,
 )
-from .gluon_compat import thread_barrier, tma_load
+from .gluon_compat import thread_barrier
 
 LOG2E = gl.constexpr(softmax.LOG2E)
 FLEX_TAIL = gl.constexpr(masking.FLEX_TAIL)
 _tanh = gluon.jit(softmax.tanh.fn)
-
-
-# ---- loader --------------------------------------------------------------------------------------------------
-@gluon.jit
-def _launch_dependents():
-    """Lets a kernel launched after this one with programmatic dependent launch (the dQ conversion) start once
-    every program of this grid has run this (or exited), instead of once the grid is done."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty, q_ready,
-            q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr, FLEX: gl.constexpr,
-            Q_BLOCK: gl.constexpr, SCHED: gl.constexpr, PDL: gl.constexpr):
-    """Per work item: TMA loads of K and V (once the consumers are done with the previous item's), then each
-    step's Q and dO tiles; each step's lse and delta rows through registers into stat_bufs (lse as exp2's
-    offset: lse * log2 e, +inf for rows past Sq and rows that saw no key, so p = 0). The ring runs on across
-    items, so the next item's first tiles load under the current item's last steps. PDL: the first item's K and
-    V load before the wait for the preprocess (_load_item)."""
-    if not PDL:
-        _launch_dependents()  # every program is running: the dQ conversion may start on the SMs the grid frees
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-    stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    rows = gl.arange(0, BLOCK_M, layout=stat_layout)
-    if SCHED != PLAIN:  # a persistent grid (walk.program_item)
-        step = 0
-        for it in range(program_items(wk[0], SCHED)):
-            step = _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready,
-                              kv_empty, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx,
-                              program_item(it, SCHED), it, step, rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
-                              Q_BLOCK, SCHED, PDL)
-    else:  # one item per program
-        _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
-                   q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, gl.program_id(0),
-                   0, gl.to_tensor(0), rows, STAGES, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED, PDL)
-
-
-@gluon.jit
-def _load_item(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
-               q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, item, it, step, rows,
-               STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, NEEDS_MASK: gl.constexpr,
-               FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCHED: gl.constexpr, PDL: gl.constexpr):
-    """Work item `item`, the it-th of this program: its K and V, then its steps from ring position `step`
-    (returned advanced). PDL (the first item): after K and V are under way, the wait for the preprocess (its
-    delta is read below), then the dQ conversion may launch: it polls the counters the preprocess zeroes without a
-    wait of its own, and sees them zeroed because it can launch only once every program of this grid has passed
-    this wait, so the preprocess has completed (its writes performed) before the conversion starts. (Cooperative
-    grids start only after the preprocess ends anyway; the plain grid's programs start under its end.)"""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    i_b, i_hk, i_n, sched = work_item(item, wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, SCHED)
-    if SCHED != PLAIN:
-        mbarrier.wait(kv_empty, (it & 1) ^ 1)  # the consumers are done with the last item's (a fresh barrier passes)
-    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma_load(k_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, k_smem)
-    tma_load(v_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, v_smem)
-    if PDL:
-        if it == 0:
-            grid_dependency_wait()
-            _launch_dependents()  # every program is running: the dQ conversion may start on the SMs the grid frees
-    return _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb,
-                       stride_lh, wk[3], i_b, i_hk, i_n, group_size, sched, fx, step, rows, STAGES, FLEX, Q_BLOCK,
-                       SCHED)
-
-
-@gluon.jit
-def _load_steps(q_desc, do_desc, q_bufs, do_bufs, stat_bufs, q_ready, q_empty, lse_ptr, delta_ptr, stride_lb,
-                stride_lh, seqlen_q, i_b, i_hk, i_n, group_size, sched, fx, step, rows, STAGES: gl.constexpr,
-                FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCHED: gl.constexpr):
-    """One item's Q / dO tiles and row statistics, from ring position `step` (returned advanced)."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-    for g in range(group_size):
-        i_h = i_hk * group_size + g
-        n_steps, walk, merge = head_walk(sched, fx, i_b, i_h, i_n, BLOCK_M, FLEX, Q_BLOCK)
-        off = i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh
-        for t in range(n_steps):
-            m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, SCHED)
-            merge = walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
-            s = step % STAGES
-            m_ok = m0 + rows < seqlen_q
-            lse = gl.load(lse_ptr + off + m0 + rows, mask=m_ok, other=float("inf"))
-            delta = gl.load(delta_ptr + off + m0 + rows, mask=m_ok, other=0.0)
-            mbarrier.wait(q_empty.index(s), ((step // STAGES) & 1) ^ 1)  # fresh slots pass
-            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            tma_load(q_desc, [i_b, m0, i_h, 0], q_ready.index(s), q_bufs.index(s))
-            tma_load(do_desc, [i_b, m0, i_h, 0], q_ready.index(s), do_bufs.index(s))
-            stat_bufs.index(2 * s).store(gl.where(lse == float("-inf"), float("inf"), lse * LOG2E))
-            stat_bufs.index(2 * s + 1).store(delta)
-            mbarrier.arrive(q_ready.index(s))  # (release: the consumers that wait on it see the stores)
-            step += 1
-    return step
 
 
 # ---- consumers -----------------------------------------------------------------------------------------------
@@ -530,9 +438,9 @@ def attn_bwd_pipeline(
                      stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
                      caps_m, 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
                      SCORE_GRAD, MASK_MOD, SCHED)),
-        (_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
-                   q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES, HAS_LEFT,
-                   HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED, PDL)),
+        (loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
+                  q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES, HAS_LEFT,
+                  HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED, PDL)),
         (dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK,
                       SCHED, PDL)),
