@@ -163,6 +163,17 @@ def issue_spread(fn, busy, batches=7, n=20):
     return us[0], us[len(us) // 2]
 
 
+def _dense_rows(a):
+    """(N, D, causal, q, k, v, dout) for each row a.N x a.D x (non-causal, causal) of the dense grids: fp16, B=4,
+    H=32, [B, S, H, D] inputs that require grad, a random output gradient."""
+    for n in (int(x) for x in a.N.split(",")):
+        for d in (int(x) for x in a.D.split(",")):
+            for causal in (False, True):
+                q, k, v = (torch.randn(4, n, 32, d, device="cuda", dtype=torch.float16).requires_grad_()
+                           for _ in range(3))
+                yield n, d, causal, q, k, v, torch.randn_like(q)
+
+
 def small(a):
     import os
 
@@ -175,37 +186,32 @@ def small(a):
     while time.perf_counter() - t0 < 2.0:  # clocks up before the first timing
         x @ x
     torch.cuda.synchronize()
-    for n in (int(x) for x in a.N.split(",")):
-        for d in (int(x) for x in a.D.split(",")):
-            for causal in (False, True):
-                q, k, v = (torch.randn(4, n, 32, d, device="cuda", dtype=torch.float16).requires_grad_()
-                           for _ in range(3))
-                dout = torch.randn_like(q)
-                qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
-                cases = {"fwd tileattn": lambda: tileattn.attention(q, k, v, causal=causal),
-                         "fwd cudnn": lambda: sdpa("cudnn")(qt, kt, vt, causal)}
-                o_c = sdpa("cudnn")(qt, kt, vt, causal)
-                cases["bwd cudnn"] = lambda: torch.autograd.grad(o_c, (qt, kt, vt), dout.transpose(1, 2),
-                                                                 retain_graph=True)
-                for setting in ("0", "1"):
-                    o_t = tileattn.attention(q, k, v, causal=causal)
-                    cases[f"bwd tileattn sm90={setting}"] = \
-                        lambda o_t=o_t: torch.autograd.grad(o_t, (q, k, v), dout, retain_graph=True)
-                flops = 4.0 * 4 * 32 * n * n * d * (0.5 if causal else 1.0)
-                for name, fn in cases.items():
-                    os.environ["TILEATTN_SM90_BWD"] = name[-1] if "sm90=" in name else ""
-                    plans.clear_plans()  # the switch is read when a plan is made
-                    ms = do_bench(fn)
-                    per_kernel = kernel_times(fn)
-                    kern = sum(t for t, _ in per_kernel)
-                    f = flops * (2.5 if name.startswith("bwd") else 1.0)
-                    print(f"SMALL N={n} D={d} causal={int(causal)} {name:>22}: timed {ms * 1e3:7.1f} us "
-                          f"({f / ms / 1e9:5.0f} TFLOPS), kernels {kern * 1e3:7.1f} us, host {host_us(fn):6.1f} us",
-                          flush=True)
-                    if a.breakdown:
-                        for t, kname in per_kernel:
-                            print(f"    {t * 1e3:7.1f} us  {kname}", flush=True)
-                os.environ.pop("TILEATTN_SM90_BWD", None)
+    for n, d, causal, q, k, v, dout in _dense_rows(a):
+        qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+        cases = {"fwd tileattn": lambda: tileattn.attention(q, k, v, causal=causal),
+                 "fwd cudnn": lambda: sdpa("cudnn")(qt, kt, vt, causal)}
+        o_c = sdpa("cudnn")(qt, kt, vt, causal)
+        cases["bwd cudnn"] = lambda: torch.autograd.grad(o_c, (qt, kt, vt), dout.transpose(1, 2),
+                                                         retain_graph=True)
+        for setting in ("0", "1"):
+            o_t = tileattn.attention(q, k, v, causal=causal)
+            cases[f"bwd tileattn sm90={setting}"] = \
+                lambda o_t=o_t: torch.autograd.grad(o_t, (q, k, v), dout, retain_graph=True)
+        flops = 4.0 * 4 * 32 * n * n * d * (0.5 if causal else 1.0)
+        for name, fn in cases.items():
+            os.environ["TILEATTN_SM90_BWD"] = name[-1] if "sm90=" in name else ""
+            plans.clear_plans()  # the switch is read when a plan is made
+            ms = do_bench(fn)
+            per_kernel = kernel_times(fn)
+            kern = sum(t for t, _ in per_kernel)
+            f = flops * (2.5 if name.startswith("bwd") else 1.0)
+            print(f"SMALL N={n} D={d} causal={int(causal)} {name:>22}: timed {ms * 1e3:7.1f} us "
+                  f"({f / ms / 1e9:5.0f} TFLOPS), kernels {kern * 1e3:7.1f} us, host {host_us(fn):6.1f} us",
+                  flush=True)
+            if a.breakdown:
+                for t, kname in per_kernel:
+                    print(f"    {t * 1e3:7.1f} us  {kname}", flush=True)
+        os.environ.pop("TILEATTN_SM90_BWD", None)
 
 
 def host(a):
@@ -491,38 +497,33 @@ def timeline(a):
 
     import tileattn
     busy = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-    for n in (int(x) for x in a.N.split(",")):
-        for d in (int(x) for x in a.D.split(",")):
-            for causal in (False, True):
-                q, k, v = (torch.randn(4, n, 32, d, device="cuda", dtype=torch.float16).requires_grad_()
-                           for _ in range(3))
-                dout = torch.randn_like(q)
-                o = tileattn.attention(q, k, v, causal=causal)
-                for _ in range(3):
-                    torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(4):
-                        busy @ busy  # the host runs ahead: the timeline shows the GPU alone
-                    for _ in range(a.reps):
-                        torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
-                    torch.cuda.synchronize()
-                ev = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
-                            key=lambda e: e.time_range.start)
-                calls = []  # a call from each preprocess on (the queued matmuls before the first one dropped)
-                for e in ev:
-                    if "preprocess" in e.name:
-                        calls.append([])
-                    if calls and "Memset" not in e.name:
-                        calls[-1].append(e)
-                if not calls:
-                    print(f"TL N={n} D={d} causal={int(causal)}: no preprocess kernel in the profile", flush=True)
-                for i, c in enumerate(calls):
-                    t0 = c[0].time_range.start
-                    parts = ", ".join(f"{re.sub(r'_kernel.*', '', e.name)[:24]} +{e.time_range.start - t0:.1f} "
-                                      f"({e.time_range.end - e.time_range.start:.1f})" for e in c)
-                    print(f"TL N={n} D={d} causal={int(causal)} call {i}: span "
-                          f"{max(e.time_range.end for e in c) - t0:.1f} us: {parts}", flush=True)
+    for n, d, causal, q, k, v, dout in _dense_rows(a):
+        o = tileattn.attention(q, k, v, causal=causal)
+        for _ in range(3):
+            torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(4):
+                busy @ busy  # the host runs ahead: the timeline shows the GPU alone
+            for _ in range(a.reps):
+                torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+            torch.cuda.synchronize()
+        ev = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                    key=lambda e: e.time_range.start)
+        calls = []  # a call from each preprocess on (the queued matmuls before the first one dropped)
+        for e in ev:
+            if "preprocess" in e.name:
+                calls.append([])
+            if calls and "Memset" not in e.name:
+                calls[-1].append(e)
+        if not calls:
+            print(f"TL N={n} D={d} causal={int(causal)}: no preprocess kernel in the profile", flush=True)
+        for i, c in enumerate(calls):
+            t0 = c[0].time_range.start
+            parts = ", ".join(f"{re.sub(r'_kernel.*', '', e.name)[:24]} +{e.time_range.start - t0:.1f} "
+                              f"({e.time_range.end - e.time_range.start:.1f})" for e in c)
+            print(f"TL N={n} D={d} causal={int(causal)} call {i}: span "
+                  f"{max(e.time_range.end for e in c) - t0:.1f} us: {parts}", flush=True)
 
 
 def main():
