@@ -6,6 +6,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import masking
 from .bwd_kernels import wait_count_ptx
+from .gluon_bwd_sm90_loader import grid_dependency_wait
 from .gluon_bwd_sm90_walk import (
     PAIRED,
     PLAIN,
@@ -22,15 +23,6 @@ from .gluon_compat import tma_reduce_add, tma_store, tma_wait_writes
 from .gluon_sm90_loader import flex_lists
 
 _key_range = gluon.jit(masking.key_range.fn)
-
-
-@gluon.jit
-def grid_dependency_wait():
-    """Waits until the kernel this one was launched after with programmatic dependent launch (the backward's
-    preprocess: delta, the zeroed counters) has completed and its writes are visible (returns at once without
-    such a launch)."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
 
 
 # ---- dQ writer -----------------------------------------------------------------------------------------------

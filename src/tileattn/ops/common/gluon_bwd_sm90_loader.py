@@ -1,15 +1,25 @@
 """The Hopper backward's loader partition (gluon_bwd_sm90.py): one warp that loads each work item's K and V and
-each step's Q and dO tiles by TMA into the ring, with the rows' lse and delta beside them."""
+each step's Q and dO tiles by TMA into the ring, with the rows' lse and delta beside them; and the kernel's two
+halves of programmatic dependent launch (the wait for the preprocess before it, the go-ahead to the dQ conversion
+after it)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from . import softmax
-from .gluon_bwd_sm90_dq import grid_dependency_wait
 from .gluon_bwd_sm90_walk import PLAIN, head_walk, program_item, program_items, walk_m0, walk_next, work_item
 from .gluon_compat import tma_load
 
 LOG2E = gl.constexpr(softmax.LOG2E)
+
+
+@gluon.jit
+def grid_dependency_wait():
+    """Waits until the kernel this one was launched after with programmatic dependent launch (the backward's
+    preprocess: delta, the zeroed counters) has completed and its writes are visible (returns at once without
+    such a launch). The loader and the dQ writers call it."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
 
 
 @gluon.jit
