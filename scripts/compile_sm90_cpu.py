@@ -114,14 +114,13 @@ def varlen(dt, D, backend="dense.triton", N=4096, **opts):
         tileattn.varlen_attention(q, k, v, cu, cu, N, N, **opts)
 
 
-def backward(dt, D, causal, varlen=False, hkv=2, softcap=0.0, window=(-1, -1), B=2):
+def backward(dt, D, causal, varlen=False, hkv=2, softcap=0.0, window=(-1, -1)):
     """The backward kernels on random forward results (no forward compiled); 4 query heads over hkv kv heads (4:
-    no GQA, the bench grid's case, where Triton specializes the group size of 1 away); B = 64: the Hopper kernel's
-    persistent grids take several rounds, so its delta programs run (launch_bwd_sm90.grid)."""
+    no GQA, the bench grid's case, where Triton specializes the group size of 1 away)."""
     from tileattn.ops.dense.bwd import attn_bwd
     from tileattn.ops.dense.problem import AttnOptions, AttnProblem, Call
-    q, k, v = _rand(B, 1024, 4, D, dtype=dt), _rand(B, 1024, hkv, D, dtype=dt), _rand(B, 1024, hkv, D, dtype=dt)
-    do, o, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(B, 4, 1024)
+    q, k, v = _rand(2, 1024, 4, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt)
+    do, o, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(2, 4, 1024)
     cu, opts = None, AttnOptions(scale=D ** -0.5, window=(window[0], 0 if causal else window[1]), softcap=softcap)
     if varlen:
         q, k, v, do, o = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v, do, o))
@@ -183,11 +182,11 @@ def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False, portabl
              _rand(64, P, DR, dtype=cdt), torch.zeros(B, 16, dtype=torch.int32), return_lse=True)
 
 
-def _with_env(name, value, fn, *args, **kwargs):
+def _with_env(name, value, fn, *args):
     old = os.environ.get(name)
     os.environ[name] = value
     try:
-        fn(*args, **kwargs)
+        fn(*args)
     finally:
         if old is None:
             os.environ.pop(name)
@@ -256,11 +255,6 @@ def variants():
     # (no GQA, N = 1K: the paired walks, launch_bwd_sm90.PAIRED_MAX_KV_BLOCKS)
     out["bwdsm90-f16-D128-c-mha"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, f16, 128, True, False, 4)
     out["bwdsm90-bf16-D64"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, bf16, 64, False)
-    # (several rounds: the grids with delta programs, rotated and paired)
-    out["bwdsm90-f16-D128-rounds"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, f16, 128, False, B=64)
-    out["bwdsm90-f16-D128-c-mha-rounds"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, f16, 128, True,
-                                                             False, 4, B=64)
-    out["bwdsm90-bf16-D64-rounds"] = lambda: _with_env("TILEATTN_SM90_BWD", "1", backward, bf16, 64, False, B=64)
     for which in ("alibi", "softcap", "causal"):
         out[f"flexsm90-bf16-D128-{which}"] = lambda w=which: flex(bf16, 128, w)
         out[f"flextriton-bf16-D128-{which}"] = lambda w=which: flex(f16, 128, w, gluon=False)
@@ -352,8 +346,6 @@ def main():
     p.add_argument("--hkv", type=int, default=2, choices=(1, 2, 4),
                    help="--bwd-sm90, --bwd-large-d: kv heads of the 4 query heads")
     p.add_argument("--sq", type=int, default=1)
-    p.add_argument("--batch", type=int, default=2,
-                   help="--bwd-sm90: the batch (64: several rounds of the persistent grids, with delta programs)")
     p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
     p.add_argument("--compare", default=None, help="with --fingerprint: an earlier file that must be equal")
     p.add_argument("--only", default=None, help="with --fingerprint: the variants whose names start so")
@@ -376,7 +368,7 @@ def main():
         return max(report(next(k for n, k in COMPILED if n == name), a.out) for name in compiled)
     if a.bwd_sm90:
         os.environ["TILEATTN_SM90_BWD"] = "1"
-        backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv, B=a.batch)
+        backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv)
         name = "attn_bwd_sm90_kernel"
     elif a.bwd:
         from tileattn import force_backend

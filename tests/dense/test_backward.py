@@ -329,11 +329,11 @@ def _sm90_launches(monkeypatch):
     launches = []
     real = launch_bwd_sm90.attn_bwd_sm90
 
-    def spy(p, c, do, delta, grads, sums, tail, launch, *rest):
+    def spy(p, c, do, delta, grads, sums, tail, launch):
         def record(kernel, grid, args, kw):
             launches.append((grid, args, kw))
             return launch(kernel, grid, args, kw)
-        return real(p, c, do, delta, grads, sums, tail, record, *rest)
+        return real(p, c, do, delta, grads, sums, tail, record)
     monkeypatch.setattr(launch_bwd_sm90, "attn_bwd_sm90", spy)
     plans.clear_plans()
     return launches
@@ -643,51 +643,10 @@ def test_gpu_backward_sm90_persistent_walks(shape, device, monkeypatch):
     runs = [grads("1") for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     grid, _, kw = launches[0]
-    assert kw["SCHED"] == launch_bwd_sm90.pipeline.ROTATED and kw["launch_cooperative_grid"]
-    assert kw["SPLIT_DELTA"] and grid == (torch.cuda.get_device_properties(device).multi_processor_count,)
+    assert kw["SCHED"] == launch_bwd_sm90.pipeline.ROTATED and kw["launch_cooperative_grid"] and grid == (128,)
     for a, b in zip(runs[0], grads("0")):
         assert torch.isfinite(a).all()
         assert (a.float() - b.float()).norm() <= 1e-2 * b.float().norm()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,N,H,Hkv,D,causal", [(4, 1024, 16, 8, 128, False), (2, 1024, 40, 40, 128, True),
-                                                 (3, 2048, 12, 12, 64, False)],
-                         ids=["rotated-gqa", "paired", "rotated-D64"])
-def test_gpu_backward_sm90_delta_programs(B, N, H, Hkv, D, causal, device, monkeypatch):
-    """Persistent grids of several rounds run delta programs on the SMs the rounds leave (the preprocess computes
-    the first round's heads only): gradients through out and lse, two runs bit-identical, as the Triton kernels'
-    and within float32 rounding of the same kernel with delta from the preprocess alone (SPLIT_DELTA off)."""
-    from tileattn.ops.common.tma import gluon_sm90_reason
-    from tileattn.ops.dense import launch_bwd_sm90, plans
-    q = leaf(B, N, H, D, dtype=torch.float16, device=device)
-    k, v = (leaf(B, N, Hkv, D, dtype=torch.float16, device=device) for _ in range(2))
-    if gluon_sm90_reason(q.device):
-        pytest.skip(f"the Hopper backward does not run here: {gluon_sm90_reason(q.device)}")
-    pipeline = launch_bwd_sm90.pipeline
-    if not pipeline.config(D).persistent:
-        pytest.skip("the table's grid is not persistent")
-    w, w_lse = torch.randn(B, N, H, D, device=device), torch.randn(B, H, N, device=device)
-
-    def grads(mode, split):
-        monkeypatch.setenv("TILEATTN_SM90_BWD", mode)
-        monkeypatch.setattr(pipeline, "SPLIT_DELTA", split)
-        plans.clear_plans()
-        out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
-        return torch.autograd.grad((out.float() * w).sum() + (lse * w_lse).sum(), (q, k, v))
-    launches = _sm90_launches(monkeypatch)
-    runs = [grads("1", True) for _ in range(2)]
-    grid, _, kw = launches[0]
-    assert kw["SPLIT_DELTA"] and kw["HAS_DLSE"]
-    assert grid == (torch.cuda.get_device_properties(device).multi_processor_count,)  # every SM
-    assert kw["SCHED"] == (pipeline.PAIRED if causal else pipeline.ROTATED)
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
-    whole = grads("1", False)
-    assert not launches[-2][2]["SPLIT_DELTA"]
-    for a, b, c in zip(runs[0], whole, grads("0", False)):
-        assert torch.isfinite(a).all()
-        assert (a.float() - b.float()).norm() <= 1e-3 * b.float().norm()
-        assert (a.float() - c.float()).norm() <= 1e-2 * c.float().norm()
 
 
 @pytest.mark.gpu
@@ -765,44 +724,35 @@ def test_sm90_backward_grid(monkeypatch):
     """The Hopper backward's grid: one program per work item (key block, batch * kv head), or, with the table's
     persistent flag, whole heads per round up to one program per SM: a head's key blocks where the walks rotate
     (up to ROTATE_MAX_KV_BLOCKS key blocks), half of them where the walks pair (square causal problems, an even
-    number of key blocks up to PAIRED_MAX_KV_BLOCKS). With several rounds the SMs left over (at least
-    DELTA_PROGRAMS, where that takes no round more) run delta programs, and the preprocess takes the first
-    round's heads."""
+    number of key blocks up to PAIRED_MAX_KV_BLOCKS)."""
     from tileattn import hw
     from tileattn.ops.common import launch_bwd_sm90 as pipeline
     plain, rotated, paired = pipeline.PLAIN, pipeline.ROTATED, pipeline.PAIRED
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=True))
     monkeypatch.setitem(pipeline.PAIRED_MAX_KV_BLOCKS, 128, 64)
-    monkeypatch.setattr(pipeline, "DELTA_PROGRAMS", 4)
-    monkeypatch.setattr(pipeline, "SPLIT_DELTA", True)
-    # (grid, items, sched, work programs, (batch, kv head)s whose delta the preprocess computes)
-    assert pipeline.grid(128, 16, 128, "cuda", rotated) == ((132,), 2048, rotated, 128, 8)  # whole heads per round
-    assert pipeline.grid(128, 40, 128, "cuda", rotated) == ((132,), 40 * 128, rotated, 120, 3)
-    assert pipeline.grid(128, 4, 8, "cuda", rotated) == ((32,), 32, rotated, 32, 8)  # one round: no delta programs
-    assert pipeline.grid(128, 64, 128, "cuda", rotated) == ((132,), 64 * 128, rotated, 128, 2)
-    assert pipeline.grid(128, 33, 8, "cuda", rotated) == ((132,), 264, rotated, 132, 8)  # 99 would take 3 rounds
-    assert pipeline.grid(128, 65, 2, "cuda", rotated) == ((130,), 130, plain, 130, 2)  # long sequences: plain grid
-    assert pipeline.grid(128, 8, 128, "cuda", paired) == ((132,), 1024, paired, 128, 32)  # 4 rounds on 128 or 132
-    assert pipeline.grid(128, 16, 128, "cuda", paired) == ((132,), 2048, paired, 128, 16)
-    assert pipeline.grid(128, 8, 5, "cuda", paired) == ((20,), 40, paired, 20, 5)  # (at most one program per pair)
-    assert pipeline.grid(128, 2, 1, "cuda", paired) == ((1,), 2, paired, 1, 1)
-    assert pipeline.grid(128, 64, 128, "cuda", paired) == ((132,), 64 * 128, paired, 128, 4)
-    assert pipeline.grid(128, 66, 2, "cuda", paired) == ((132,), 132, plain, 132, 2)  # past PAIRED_MAX_KV_BLOCKS
-    assert pipeline.grid(128, 7, 4, "cuda", paired) == ((28,), 28, plain, 28, 4)  # an odd number of key blocks
+    assert pipeline.grid(128, 16, 128, "cuda", rotated) == ((128,), 2048, rotated)  # whole heads per round
+    assert pipeline.grid(128, 40, 128, "cuda", rotated) == ((120,), 40 * 128, rotated)
+    assert pipeline.grid(128, 4, 8, "cuda", rotated) == ((32,), 32, rotated)
+    assert pipeline.grid(128, 64, 128, "cuda", rotated) == ((128,), 64 * 128, rotated)
+    assert pipeline.grid(128, 65, 2, "cuda", rotated) == ((130,), 130, plain)  # long sequences: plain grid
+    assert pipeline.grid(128, 8, 128, "cuda", paired) == ((132,), 1024, paired)  # 33 heads of 4 pairs a round
+    assert pipeline.grid(128, 16, 128, "cuda", paired) == ((128,), 2048, paired)
+    assert pipeline.grid(128, 8, 5, "cuda", paired) == ((20,), 40, paired)  # (at most one program per pair)
+    assert pipeline.grid(128, 2, 1, "cuda", paired) == ((1,), 2, paired)
+    assert pipeline.grid(128, 64, 128, "cuda", paired) == ((128,), 64 * 128, paired)
+    assert pipeline.grid(128, 66, 2, "cuda", paired) == ((132,), 132, plain)  # past PAIRED_MAX_KV_BLOCKS
+    assert pipeline.grid(128, 7, 4, "cuda", paired) == ((28,), 28, plain)  # an odd number of key blocks
     monkeypatch.setattr(pipeline, "ROTATE_MAX_KV_BLOCKS", 1000)
-    assert pipeline.grid(128, 128, 4, "cuda", rotated) == ((132,), 512, rotated, 128, 1)
-    assert pipeline.grid(128, 133, 2, "cuda", rotated) == ((266,), 266, plain, 266, 2)  # a head would not fit
-    assert pipeline.grid(128, 16, 128, "cuda", plain) == ((2048,), 2048, plain, 2048, 128)  # one program per item
+    assert pipeline.grid(128, 128, 4, "cuda", rotated) == ((128,), 512, rotated)
+    assert pipeline.grid(128, 133, 2, "cuda", rotated) == ((266,), 266, plain)  # a head's key blocks would not fit
+    assert pipeline.grid(128, 16, 128, "cuda", plain) == ((2048,), 2048, plain)  # other masks: one program per item
     monkeypatch.setitem(pipeline.PAIRED_MAX_KV_BLOCKS, 128, 1000)
-    assert pipeline.grid(128, 264, 1, "cuda", paired) == ((132,), 264, paired, 132, 1)
-    assert pipeline.grid(128, 266, 1, "cuda", paired) == ((266,), 266, plain, 266, 1)  # a head's pairs would not fit
-    monkeypatch.setattr(pipeline, "SPLIT_DELTA", False)
-    assert pipeline.grid(128, 16, 128, "cuda", rotated) == ((128,), 2048, rotated, 128, 128)
-    assert pipeline.grid(128, 8, 128, "cuda", paired) == ((132,), 1024, paired, 132, 128)
+    assert pipeline.grid(128, 264, 1, "cuda", paired) == ((132,), 264, paired)
+    assert pipeline.grid(128, 266, 1, "cuda", paired) == ((266,), 266, plain)  # a head's pairs would not fit
     monkeypatch.setitem(pipeline.CONFIGS, 128, pipeline.CONFIGS[128]._replace(persistent=False))
-    assert pipeline.grid(128, 16, 128, "cuda", rotated) == ((2048,), 2048, plain, 2048, 128)
-    assert pipeline.grid(128, 16, 128, "cuda", paired) == ((2048,), 2048, plain, 2048, 128)
+    assert pipeline.grid(128, 16, 128, "cuda", rotated) == ((2048,), 2048, plain)
+    assert pipeline.grid(128, 16, 128, "cuda", paired) == ((2048,), 2048, plain)
 
 
 def test_sm90_backward_sched_values():

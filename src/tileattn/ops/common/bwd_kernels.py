@@ -26,17 +26,14 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
                           zero_count, chain, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
                           IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ACC: tl.constexpr = tl.float32,
                           ZERO_CHUNK: tl.constexpr = 0, CHAIN: tl.constexpr = False,
-                          PDL_TRIGGER: tl.constexpr = False, FILL_CHUNK: tl.constexpr = 0, fill_from=0, fill_count=0):
+                          PDL_TRIGGER: tl.constexpr = False):
     """Grid (query blocks, B * Hq folded over y and z): delta = rowsum(dO * O) (- dlse), float32, in lse's
     layout (dlse contiguous along the sequence). ZERO_CHUNK > 0: the programs also zero the int32 buffer ZERO
     [zero_count], ZERO_CHUNK elements each in the order of (B * Hq, query block) (the Hopper backward's counters,
     launch_bwd_sm90.zero_args: one launch fewer than a fill). CHAIN (the flex Hopper backward): program (0, 0)
     also writes ZERO[zero_count] = the kernel's head group (chain_group). PDL_TRIGGER (sm90 only; followed by the
     dense Hopper kernel, launched with programmatic dependent launch): each program lets that kernel launch at
-    once, so that its programs start on the SMs this grid's tail frees (it waits for this grid's writes).
-    FILL_CHUNK > 0 (the dense Hopper backward's delta programs write the rows past the programs' heads): the
-    programs also set DELTA[fill_from:][:fill_count] to the pending mark (gluon_bwd_sm90_delta.PENDING, as int32),
-    FILL_CHUNK elements each."""
+    once, so that its programs start on the SMs this grid's tail frees (it waits for this grid's writes)."""
     if PDL_TRIGGER:
         tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, 0;", "=r", [], dtype=tl.int32,
                                   is_pure=False, pack=1)
@@ -47,10 +44,6 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
     if ZERO_CHUNK > 0:
         o_z = (i_bh * tl.num_programs(0) + i_m) * ZERO_CHUNK + tl.arange(0, ZERO_CHUNK)
         tl.store(ZERO + o_z, tl.zeros([ZERO_CHUNK], tl.int32), mask=o_z < zero_count)
-    if FILL_CHUNK > 0:
-        o_f = (i_bh * tl.num_programs(0) + i_m) * FILL_CHUNK + tl.arange(0, FILL_CHUNK)
-        tl.store(DELTA + fill_from + o_f, tl.full([FILL_CHUNK], -1, tl.int32).to(tl.float32, bitcast=True),
-                 mask=o_f < fill_count)
     if CHAIN:
         if i_m + i_bh == 0:
             tl.store(ZERO + zero_count, chain_group(*chain))

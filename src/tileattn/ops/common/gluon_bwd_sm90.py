@@ -74,7 +74,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import masking, softmax
-from .gluon_bwd_sm90_delta import delta_rows
 from .gluon_bwd_sm90_dq import dq_writer
 from .gluon_bwd_sm90_loader import loader
 from .gluon_bwd_sm90_walk import (
@@ -237,23 +236,18 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
 @gluon.jit
 def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready, q_empty,
               ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-              stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m, delta_ptr,
-              stride_lb, stride_lh, dx, WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-              FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr,
-              SCHED: gl.constexpr, SPLIT_DELTA: gl.constexpr, HAS_DLSE: gl.constexpr):
+              stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
+              WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              NEEDS_MASK: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, FLEX: gl.constexpr,
+              Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr, SCHED: gl.constexpr):
     """This warpgroup's 64 keys of each work item: dK and dV in registers over the item's steps, K and V handed
-    back to the loader once its last step's products are done, then dK and dV stored. In a delta program
-    (SPLIT_DELTA): delta rows instead (gluon_bwd_sm90_delta.py)."""
+    back to the loader once its last step's products are done, then dK and dV stored."""
     BLOCK_M: gl.constexpr = q_bufs.shape[2]
     BLOCK_N: gl.constexpr = ds_bufs.shape[1]
-    if SPLIT_DELTA:
-        if gl.program_id(0) >= wk[9]:  # a delta program (it takes no work item below)
-            delta_rows(dx, delta_ptr, stride_lb, stride_lh, group_size, wk, WG, do_bufs.shape[4], HAS_DLSE)
     if SCHED != PLAIN:  # a persistent grid (walk.program_item)
         step = 0
-        for it in range(program_items(wk, SCHED)):
-            i_b, i_hk, i_n, sched = work_item(program_item(it, wk, SCHED), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+        for it in range(program_items(wk[0], SCHED)):
+            i_b, i_hk, i_n, sched = work_item(program_item(it, SCHED), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                               NEEDS_MASK, FLEX, SCHED)
             mbarrier.wait(kv_ready, it & 1)
             step = _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready,
@@ -371,12 +365,11 @@ def attn_bwd_pipeline(
     stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks, num_kv_blocks,
     num_items, head_group_ptr, scale, qk_scale, softcap_scale, softcap_out, left, right, fx, fk, caps_s, caps_m,
-    work_programs, dx,
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
     TMA_DQ: gl.constexpr, FLEX: gl.constexpr, Q_BLOCK: gl.constexpr, SCORE_GRAD: gl.constexpr,
-    MASK_MOD: gl.constexpr, SCHED: gl.constexpr, PDL: gl.constexpr, SPLIT_DELTA: gl.constexpr, HAS_DLSE: gl.constexpr,
+    MASK_MOD: gl.constexpr, SCHED: gl.constexpr, PDL: gl.constexpr,
 ):
     """Shared memory, barriers and the partitions. The dense and flex kernels' docstrings say what their
     arguments hold; head_group_ptr (where the work items' head group is: walk.work_item), fx (the transposed block
@@ -384,9 +377,7 @@ def attn_bwd_pipeline(
     and mods (placeholders for dense). PDL: the kernel is launched with programmatic dependent launch after the
     preprocess (delta, the zeroed counters), so its programs may start while the preprocess ends: the loader
     waits for it before the first delta it reads, the dQ writers before their first counter (the consumers read
-    nothing the preprocess writes; flex's would: its work items' head group, so flex passes False).
-    work_programs: the persistent grid's programs that take work items; SPLIT_DELTA: the others are delta
-    programs (gluon_bwd_sm90_delta.py: dx, HAS_DLSE) that write the delta rows the preprocess leaves out."""
+    nothing the preprocess writes; flex's would: its work items' head group, so flex passes False)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -396,8 +387,7 @@ def attn_bwd_pipeline(
     else:
         off_diag = 0
     # the work items and what _item needs to place them; a program takes items pid, pid + programs, ...
-    wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group_ptr,
-          work_programs)
+    wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group_ptr)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
@@ -441,16 +431,16 @@ def attn_bwd_pipeline(
         (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
                      q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
                      stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
-                     caps_m, delta_ptr, stride_lb, stride_lh, dx, 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                     NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, SCHED, SPLIT_DELTA, HAS_DLSE)),
+                     caps_m, 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
+                     SCORE_GRAD, MASK_MOD, SCHED)),
         (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
                      q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
                      stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
-                     caps_m, delta_ptr, stride_lb, stride_lh, dx, 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                     NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK, SCORE_GRAD, MASK_MOD, SCHED, SPLIT_DELTA, HAS_DLSE)),
+                     caps_m, 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
+                     SCORE_GRAD, MASK_MOD, SCHED)),
         (loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, stat_bufs, kv_ready, kv_empty,
-                  q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, dx, STAGES,
-                  HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED, PDL, SPLIT_DELTA)),
+                  q_ready, q_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, group_size, wk, fx, STAGES, HAS_LEFT,
+                  HAS_RIGHT, NEEDS_MASK, FLEX, Q_BLOCK, SCHED, PDL)),
         (dq_writer, (dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks, wk, fx, fk, BLOCK_M,
                       BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, DQ_BUFS, WRITER_ROWS, 0, 2, TMA_DQ, FLEX, Q_BLOCK,
                       SCHED, PDL)),

@@ -5,7 +5,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import masking
-from .gluon_bwd_sm90_sync import grid_dependency_wait, release_add, wait_count
+from .bwd_kernels import wait_count_ptx
+from .gluon_bwd_sm90_loader import grid_dependency_wait
 from .gluon_bwd_sm90_walk import (
     PAIRED,
     PLAIN,
@@ -25,6 +26,26 @@ _key_range = gluon.jit(masking.key_range.fn)
 
 
 # ---- dQ writer -----------------------------------------------------------------------------------------------
+_WAIT_TURN = gl.constexpr(wait_count_ptx(64))
+
+
+@gluon.jit
+def _wait_turn(sem, target):
+    """Until the counter at sem reaches target (bwd_kernels.wait_count_ptx: lane 0 polls with a 64 ns back-off,
+    the warp barrier orders the warp's later memory operations after it). A turn counter only rises one add at a
+    time and no add past this one's can come first, so reaching the target is reading it."""
+    gl.inline_asm_elementwise(_WAIT_TURN, "=r,l,r", [sem, target], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(sem):
+    """After the warp barrier (every lane's stores ordered before it), lane 0 adds 1 to the counter (release)."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred %p<1>; .reg .b32 %l<1>; bar.warp.sync -1; mov.u32 %l0, %laneid; setp.eq.u32 %p0, %l0, 0; "
+        "@%p0 red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }", "=r,l", [sem], dtype=gl.int32,
+        is_pure=False, pack=1)
+
+
 @gluon.jit
 def _fence_proxy_async():
     """Orders this thread's generic-proxy memory operations with its bulk-copy (async proxy) ones, both ways."""
@@ -87,8 +108,7 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
     descriptor and each staged half goes out as one bulk reduce-add (a store for the first key block); else
     acc is a pointer and the warp adds ROWS rows at a time with vector atomics. The two staged parts of a step
     are its [BLOCK_M, D / 2] column halves, or with BLOCK_M = 128 its [64, D] row halves. PDL: first waits for
-    the preprocess, which zeroes the counters (gluon_bwd_sm90.attn_bwd_pipeline). (A delta program's writers have no
-    work item: gluon_bwd_sm90_delta.py.)"""
+    the preprocess, which zeroes the counters (gluon_bwd_sm90.attn_bwd_pipeline)."""
     if PDL:
         grid_dependency_wait()
     DQ_C: gl.constexpr = dq_bufs.shape[2]
@@ -99,8 +119,8 @@ def dq_writer(dq_bufs, dq_full, dq_empty, acc, sem_ptr, group_size, num_q_blocks
     num_kv_heads = wk[2]
     if SCHED != PLAIN:  # a persistent grid (walk.program_item)
         step = 0
-        for it in range(program_items(wk, SCHED)):
-            i_b, i_hk, i_n, sched = work_item(program_item(it, wk, SCHED), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+        for it in range(program_items(wk[0], SCHED)):
+            i_b, i_hk, i_n, sched = work_item(program_item(it, SCHED), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                               NEEDS_MASK, FLEX, SCHED)
             step = _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_size, num_kv_heads,
                                num_kv_blocks, num_q_blocks, sched, fx, fk, wk[4], wk[5], wk[6], wk[7], step, r_idx,
@@ -127,7 +147,7 @@ def _item_done(sem_ptr, wk, group_size, num_q_blocks, i_b, i_hk, TMA_DQ: gl.cons
         tma_wait_writes()
         _fence_proxy_async()
     num_bh = wk[0] // wk[1]  # batch * kv heads
-    release_add(sem_ptr + num_bh * group_size * num_q_blocks + i_b * wk[2] + i_hk)
+    _pass_turn(sem_ptr + num_bh * group_size * num_q_blocks + i_b * wk[2] + i_hk)
 
 
 @gluon.jit
@@ -157,7 +177,7 @@ def _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_
                 qb = step % DQ_BUFS
                 mbarrier.wait(dq_full.index(qb), (step // DQ_BUFS) & 1)
                 if turn > 0:
-                    wait_count(sem, turn)
+                    _wait_turn(sem, turn)
                 if TMA_DQ:
                     row = (i_bhq * num_q_blocks * BLOCK_M + m0).to(gl.int32)  # < 2^31: launch_bwd_sm90 checks
                     if turn > 0:
@@ -172,7 +192,7 @@ def _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_
                     if not last:
                         tma_wait_writes()  # written to global memory before the turn passes
                         _fence_proxy_async()
-                        release_add(sem)
+                        _pass_turn(sem)
                 else:
                     base = acc + (i_bhq * num_q_blocks * BLOCK_M + m0) * D
                     for h in gl.static_range(2):
@@ -184,7 +204,7 @@ def _write_item(dq_bufs, dq_full, dq_empty, acc, sem_ptr, i_b, i_hk, i_n, group_
                             else:
                                 gl.store(ptrs, x)
                     if not last:
-                        release_add(sem)
+                        _pass_turn(sem)
                     mbarrier.arrive(dq_empty.index(qb))
             step += 1
     return step

@@ -37,21 +37,19 @@ PAIRED = gl.constexpr(2)
 
 
 @gluon.jit
-def program_items(wk, SCHED: gl.constexpr):
-    """How many items this program of a persistent grid takes (PAIRED: two per pair); wk[9] programs take work
-    items (the grid's others, if any, are delta programs, which take none: gluon_bwd_sm90_delta.py)."""
+def program_items(num_items, SCHED: gl.constexpr):
+    """How many items this program of a persistent grid takes (PAIRED: two per pair)."""
     per: gl.constexpr = 2 if SCHED == PAIRED else 1
-    units = wk[0] // per
-    pid = gl.program_id(0)
-    return gl.where(pid < wk[9], per * gl.cdiv(units - pid, wk[9]), 0)
+    units = num_items // per
+    return per * gl.cdiv(units - gl.program_id(0), gl.num_programs(0))
 
 
 @gluon.jit
-def program_item(j, wk, SCHED: gl.constexpr):
+def program_item(j, SCHED: gl.constexpr):
     """The j-th item this program of a persistent grid takes: pid, pid + programs, ... (PAIRED: both items of
-    pair pid, then both of pair pid + programs, ...), programs = wk[9] (those that take work items)."""
+    pair pid, then both of pair pid + programs, ...)."""
     per: gl.constexpr = 2 if SCHED == PAIRED else 1
-    return (gl.program_id(0) + (j // per) * wk[9]) * per + j % per
+    return (gl.program_id(0) + (j // per) * gl.num_programs(0)) * per + j % per
 
 
 @gluon.jit
@@ -90,8 +88,7 @@ def work_item(item, wk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: 
     p's head, item 2 p + 1 its key block K - 1 - n. Dense: sched = (query_range(...), rot, desc): rot is where the
     key block's walk of the unmasked range starts (ROTATED, else 0); desc: the walk goes downwards (PAIRED's second
     key blocks)."""
-    num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k = wk[0], wk[1], wk[2], wk[3], wk[4]
-    off_diag, left, right, head_group_ptr = wk[5], wk[6], wk[7], wk[8]
+    num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group_ptr = wk
     if FLEX:
         head_group = gl.load(head_group_ptr)
         h0 = item // (head_group * num_kv_blocks) * head_group  # the group's first (batch, kv head)

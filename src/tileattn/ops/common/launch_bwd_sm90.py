@@ -137,61 +137,28 @@ PAIRED_MAX_KV_BLOCKS = {128: 32}
 FLEX_HEAD_GROUP = 4
 
 
-# A persistent grid of several rounds leaves the SMs its rounds do not fill, at least this many, to delta programs
-# (gluon_bwd_sm90_delta.py): they compute delta = rowsum(dO * O) for the heads of the later rounds while the work
-# programs run, and the preprocess computes only the first round's heads (it took 8-10% of a D=128 N=1K backward,
-# with the cooperative grid waiting for its end: docs/design/backward.md, the fourteenth round). SPLIT_DELTA = False
-# leaves delta to the preprocess.
-DELTA_PROGRAMS = 4
-SPLIT_DELTA = True
-PREPROCESS_ROUNDS = 1  # the rounds whose heads the preprocess takes (the delta programs' head start)
-
-
-class Schedule(NamedTuple):
-    """The kernel's grid: (programs,), its work items, SCHED, the programs that take work items (the others are
-    delta programs) and the (batch, kv head) pairs whose delta the preprocess computes (the first ones: all of
-    them, or the first round's)."""
-    grid: tuple
-    items: int
-    sched: int
-    work: int
-    first_heads: int
-
-
 def grid(d, num_kv_blocks, num_bh, device, walks):
-    """The Schedule of a problem: the work items are (key block, batch * kv head) pairs. `walks` is the schedule
-    the problem allows (the caller's check): ROTATED where every key block sees every query block, PAIRED for a
-    square causal problem of whole tiles without GQA, else PLAIN. One program per item (PLAIN), or, where the config
-    is persistent, a cooperatively launched persistent grid (every program resident, which the orders below need to
+    """(grid, items, sched): the work items are (key block, batch * kv head) pairs. `walks` is the schedule the
+    problem allows (the caller's check): ROTATED where every key block sees every query block, PAIRED for a square
+    causal problem of whole tiles without GQA, else PLAIN. One program per item (PLAIN), or, where the config is
+    persistent, a cooperatively launched persistent grid (every program resident, which the orders below need to
     be free of deadlock) whose rounds hold whole heads, so that every key block of a head runs at the same time (a
     head split across rounds measured 7% slower at N=16K: its first key blocks waited a round for the rest):
       - ROTATED up to ROTATE_MAX_KV_BLOCKS key blocks: the largest multiple of num_kv_blocks programs up to one per
         SM (at most one per item);
       - PAIRED with an even number of key blocks up to PAIRED_MAX_KV_BLOCKS[d]: the largest multiple of
         num_kv_blocks / 2 programs up to one per SM (at most one per pair of items).
-    With SPLIT_DELTA and more than PREPROCESS_ROUNDS rounds, the work programs leave DELTA_PROGRAMS SMs or more to
-    delta programs where that takes no round more, and the grid fills every SM. One CTA fits an SM: the kernel
-    takes ~226 KB of shared memory."""
+    One CTA fits an SM: the kernel takes ~226 KB of shared memory."""
     items = num_kv_blocks * num_bh
     sms = hw.device_info(device).num_sms
-    half = num_kv_blocks // 2
-    if not config(d).persistent:
-        unit = 0
-    elif walks == ROTATED and num_kv_blocks <= min(sms, ROTATE_MAX_KV_BLOCKS):
-        unit, units, sched = num_kv_blocks, items, ROTATED  # programs per head, the units a round takes
-    elif (walks == PAIRED and num_kv_blocks % 2 == 0 and 0 < half <= sms
-          and num_kv_blocks <= PAIRED_MAX_KV_BLOCKS.get(d, 0)):
-        unit, units, sched = half, items // 2, PAIRED
-    else:
-        unit = 0
-    if unit == 0:
-        return Schedule((items,), items, PLAIN, items, num_bh)
-    work = min(units, sms // unit * unit)
-    if SPLIT_DELTA and units > PREPROCESS_ROUNDS * work:
-        split = (sms - DELTA_PROGRAMS) // unit * unit
-        if split > 0 and triton.cdiv(units, split) == triton.cdiv(units, work):
-            return Schedule((sms,), items, sched, split, PREPROCESS_ROUNDS * split // unit)
-    return Schedule((work,), items, sched, work, num_bh)
+    if config(d).persistent:
+        if walks == ROTATED and num_kv_blocks <= min(sms, ROTATE_MAX_KV_BLOCKS):
+            return (min(items, sms // num_kv_blocks * num_kv_blocks),), items, ROTATED
+        half = num_kv_blocks // 2
+        if (walks == PAIRED and num_kv_blocks % 2 == 0 and 0 < half <= sms
+                and num_kv_blocks <= PAIRED_MAX_KV_BLOCKS.get(d, 0)):
+            return (min(items // 2, sms // half * half),), items, PAIRED
+    return (items,), items, PLAIN
 
 
 # dQ writer warps per program (gluon_bwd_sm90.attn_bwd_pipeline): each counts once per work item on its (batch, kv
@@ -201,8 +168,7 @@ WRITERS = 2
 
 def counter_count(batch, heads_q, heads_kv, q_blocks):
     """(turn counters, all counters) of the kernel's int32 counter buffer: a turn counter per (batch * query head,
-    query block), then the done counter per (batch, kv head) that the writers find right after them. (The dense
-    kernel's delta programs count on a ready counter per (batch, query head) after these: its Workspace.)"""
+    query block), then the done counter per (batch, kv head) that the writers find right after them."""
     turns = batch * heads_q * q_blocks
     return turns, turns + batch * heads_kv
 

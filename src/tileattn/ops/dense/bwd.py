@@ -120,28 +120,22 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
     cfg = bwd_config(max(d, dv))
     (km, kn, kw, ks), (qm, qn, qw, qs) = cfg.dkdv, cfg.dq
     pm = 64 if bdv <= 128 else 32
+    pre_grid = _grid(triton.cdiv(sq, pm), batch * hq)
     sm90 = not launch_bwd_sm90.reason(p, q, k, v, do, lse)
     sums = None
-    pre_heads = batch * hq  # the query heads (batch * Hq + h) whose delta the preprocess computes: the first ones
-    fill = {}
     if sm90:  # delta, the Hopper kernel's dQ sums and counters in one allocation, the counters zeroed by the preprocess
         workspace = launch_bwd_sm90.Workspace(p, left, right, lse)
         delta, *sums = workspace.views(workspace.alloc())
         launch.buffers((dq, dk, dvv, delta, *sums), workspace)
-        sched = launch_bwd_sm90.schedule(p, left, right, q.device)
-        pre_heads = sched.first_heads * (hq // hkv)  # (the kernel's delta programs write the rest)
     else:
         delta = _alloc_delta(lse, q)
         launch.buffers((dq, dk, dvv, delta))
-    pre_grid = _grid(triton.cdiv(sq, pm), pre_heads)
-    if sm90:  # (the rest marked pending)
-        fill = launch_bwd_sm90.preprocess_fill(p, sched, pre_grid[0] * pre_heads)
-    zero, zero_kw = zero_args(sums[1] if sums else None, pre_grid[0] * pre_heads, delta)
+    zero, zero_kw = zero_args(sums[1] if sums else None, pre_grid[0] * batch * hq, delta)
     launch(bwd_preprocess_kernel, pre_grid, (
         out, do, dlse if dlse is not None else lse, delta, *_strides(out, varlen), *_strides(do, varlen), *ls,
-        *gls, cu_q_arg, sq, hq, pre_heads, *zero), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
+        *gls, cu_q_arg, sq, hq, batch * hq, *zero), dict(DV=dv, BLOCK_M=pm, BLOCK_DV=bdv, IS_VARLEN=varlen,
                                                          HAS_DLSE=dlse is not None, ACC=acc, num_warps=4,
-                                                         PDL_TRIGGER=sm90, **zero_kw, **fill))
+                                                         PDL_TRIGGER=sm90, **zero_kw))
     if softcap > 0:
         qk_scale, softcap_scale, softcap_out = 1.0, scale / softcap, softcap * LOG2E
     else:
@@ -173,7 +167,7 @@ def attn_bwd(p, c, do, dlse, launch=DIRECT):
             hq // hkv, batch * hq, *tail), dict(NUM_SLICES=ns_q, **large))
         return dq, dk, dvv
     if sm90:
-        launch_bwd_sm90.attn_bwd_sm90(p, c, do, delta, (dq, dk, dvv), sums, tail, launch, sched, dlse)
+        launch_bwd_sm90.attn_bwd_sm90(p, c, do, delta, (dq, dk, dvv), sums, tail, launch)
         return dq, dk, dvv
     # launch_cached: the normal kernel[grid](...) path costs ~100 us of host time per launch, more than the
     # whole backward of small problems (the GPU would wait on the host)

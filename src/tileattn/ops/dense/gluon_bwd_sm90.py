@@ -12,12 +12,10 @@ def attn_bwd_sm90_kernel(
     stride_lb, stride_lh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads, group_size, num_q_blocks, num_kv_blocks,
     num_items, scale, qk_scale, softcap_scale, softcap_out, left, right,
-    o_ptr, do_ptr, dlse_ptr, stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh, stride_glb,
-    stride_glh, work_programs, delta_from,
     STAGES: gl.constexpr, DQ_BUFS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WORKER_REGS: gl.constexpr,
     WRITER_ROWS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
-    TMA_DQ: gl.constexpr, SCHED: gl.constexpr, SPLIT_DELTA: gl.constexpr, HAS_DLSE: gl.constexpr,
+    TMA_DQ: gl.constexpr, SCHED: gl.constexpr,
 ):
     """Grid (programs,): num_items = num_kv_blocks * B * Hkv work items (num_kv_blocks = cdiv(Sk, BLOCK_N)), one
     per program (SCHED = walk.PLAIN); or ROTATED (only where every key block sees every query block: whole tiles,
@@ -34,18 +32,12 @@ def attn_bwd_sm90_kernel(
     128), else its pointer; sem [B * Hq, num_q_blocks] int32 zeros. qk_scale: scale * log2 e (1
     with a softcap, whose softcap_out carries log2 e). Launched with programmatic dependent launch after the
     preprocess (bwd_kernels.bwd_preprocess_kernel with PDL_TRIGGER), which writes delta and zeroes sem: the
-    programs may start while it ends and wait for it where they first read either (the pipeline's PDL).
-    work_programs: the programs that take work items (all of a plain grid's). SPLIT_DELTA (a persistent grid of
-    several rounds): the preprocess wrote delta for the query heads (batch * Hq + h) below delta_from and marked
-    the rest pending, and the programs from work_programs on write the rest from o, do (and dlse [B, Hq, Sq] where
-    HAS_DLSE) (gluon_bwd_sm90_delta.py)."""
+    programs may start while it ends and wait for it where they first read either (the pipeline's PDL)."""
     # no block mask: placeholders the dense path never reads
     fx = (lse_ptr, lse_ptr, lse_ptr, lse_ptr, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     attn_bwd_pipeline(
         q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr, stride_lb, stride_lh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads,
         group_size, num_q_blocks, num_kv_blocks, num_items, 0, scale, qk_scale, softcap_scale, softcap_out, left,
-        right, fx, fx, (), (), work_programs, (o_ptr, do_ptr, dlse_ptr, stride_ob, stride_os, stride_oh, stride_dob,
-                                              stride_dos, stride_doh, stride_glb, stride_glh, delta_from),
-        STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, HAS_LEFT, HAS_RIGHT, ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP,
-        NEEDS_MASK, TMA_DQ, False, 128, None, None, SCHED, True, SPLIT_DELTA, HAS_DLSE)
+        right, fx, fx, (), (), STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, HAS_LEFT, HAS_RIGHT,
+        ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, NEEDS_MASK, TMA_DQ, False, 128, None, None, SCHED, True)

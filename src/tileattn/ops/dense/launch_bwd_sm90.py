@@ -75,44 +75,14 @@ class Workspace:
         return Address(base + 4 * o0, f32), Address(base + 4 * o1, f32), Address(base + 4 * o2, torch.int32)
 
 
-def schedule(p, left, right, device):
-    """The kernel's pipeline.Schedule for problem p (left, right: the window bounds as bwd.py clamps them): a
-    persistent grid where every key block sees every query block (each key block starting its walk at its own query
-    block, so that no add to dQ waits for another) or for square causal problems of whole tiles (pairs of key
-    blocks of equal total length per program), else one program per item (pipeline.grid,
-    gluon_bwd_sm90_walk.py)."""
-    bm = pipeline.block_m(p.head_dim)
-    # no masked step at all where no tile can need one (no window or causal rule, whole tiles)
-    needs_mask = left >= 0 or right >= 0 or p.seqlen_q % bm or p.seqlen_k % BLOCK_N
-    causal_square = (right == 0 and left < 0 and p.seqlen_q == p.seqlen_k and p.seqlen_k % BLOCK_N == 0
-                     and p.heads_q == p.heads_kv)
-    walks = pipeline.ROTATED if not needs_mask else pipeline.PAIRED if causal_square else pipeline.PLAIN
-    return pipeline.grid(p.head_dim, triton.cdiv(p.seqlen_k, BLOCK_N), p.batch * p.heads_kv, device, walks)
-
-
-def preprocess_fill(p, sched, programs):
-    """(kwargs of the preprocess, bwd_kernels.bwd_preprocess_kernel, with `programs` programs over the first
-    sched.first_heads (batch, kv head) pairs' query heads) that mark the other heads' delta rows pending for the
-    kernel's delta programs; none where the schedule has no delta programs."""
-    heads = p.batch * p.heads_q
-    first = sched.first_heads * (p.heads_q // p.heads_kv)
-    if sched.work == sched.grid[0] or first >= heads:
-        return {}
-    n = (heads - first) * p.seqlen_q  # (delta in lse's layout: contiguous, Workspace)
-    return dict(FILL_CHUNK=max(16, triton.next_power_of_2(triton.cdiv(n, programs))), fill_from=first * p.seqlen_q,
-                fill_count=n)
-
-
-def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch, sched, dlse):
+def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     """Launches the kernel: gradients into grads = (dq, dk, dv), through sums = (acc, counters) of a
     Workspace, the counters zeroed by the preprocess, which must be the launch just before (with PDL_TRIGGER: the
-    kernel, launched with programmatic dependent launch, may start under its end) and has written delta for the
-    first sched.first_heads (batch, kv head) pairs' query heads, the rest marked pending (preprocess_fill: the
-    delta programs write them from c.out, do and dlse, None or [B, Hq, Sq]) (tail: scale, qk_scale, softcap_scale,
-    softcap_out, left, right as bwd.py computes them, the window bounds clamped; launch: bwd.Launches; sched:
-    schedule(p, ...))."""
+    kernel, launched with programmatic dependent launch, may start under its end) (tail:
+    scale, qk_scale, softcap_scale, softcap_out, left, right as bwd.py computes them, the window bounds
+    clamped; launch: bwd.Launches)."""
     from .gluon_bwd_sm90 import attn_bwd_sm90_kernel
-    q, k, v, lse, out = c.q, c.k, c.v, c.lse, c.out
+    q, k, v, lse = c.q, c.k, c.v, c.lse
     dq, dk, dv = grads
     acc, counters = sums
     scale, qk_scale, softcap_scale, softcap_out, left, right = tail
@@ -120,23 +90,26 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch, sched, dlse):
     meta = pipeline.meta(d)
     bm = pipeline.block_m(d)
     mb = triton.cdiv(p.seqlen_q, bm)
+    # no masked step at all where no tile can need one (no window or causal rule, whole tiles)
     needs_mask = left >= 0 or right >= 0 or p.seqlen_q % bm or p.seqlen_k % BLOCK_N
     nk = triton.cdiv(p.seqlen_k, BLOCK_N)
-    group = p.heads_q // p.heads_kv
-    split = sched.work < sched.grid[0]
-    # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~60 arguments per call (~100 us of
+    # a persistent grid where every key block sees every query block (each key block starting its walk at its
+    # own query block, so that no add to dQ waits for another) or for square causal problems of whole tiles
+    # (pairs of key blocks of equal total length per program): pipeline.grid, gluon_bwd_sm90_walk.py
+    causal_square = (right == 0 and left < 0 and p.seqlen_q == p.seqlen_k and p.seqlen_k % BLOCK_N == 0
+                     and p.heads_q == p.heads_kv)
+    walks = pipeline.ROTATED if not needs_mask else pipeline.PAIRED if causal_square else pipeline.PLAIN
+    grid, items, sched = pipeline.grid(d, nk, p.batch * p.heads_kv, q.device, walks)
+    # launch_cached: kernel[grid](...) encodes four tensor maps and binds ~40 arguments per call (~100 us of
     # host time, more than the whole backward at N=1K)
-    launch(attn_bwd_sm90_kernel, sched.grid, (
+    launch(attn_bwd_sm90_kernel, grid, (
         gluon_desc(q, [1, bm, 1, d]), gluon_desc(k, [1, BLOCK_N, 1, d]), gluon_desc(v, [1, BLOCK_N, 1, d]),
         gluon_desc(do, [1, bm, 1, d]), lse, delta, dk, dv,
         gluon_desc(acc, pipeline.dq_half(d)) if meta["TMA_DQ"] else acc, counters, lse.stride(0), lse.stride(1),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), p.seqlen_q, p.seqlen_k,
-        p.heads_kv, group, mb, nk, sched.items, scale, qk_scale, softcap_scale, softcap_out, left,
-        right, out, do, dlse if dlse is not None else lse, out.stride(0), out.stride(1), out.stride(2), do.stride(0),
-        do.stride(1), do.stride(2), *((dlse.stride(0), dlse.stride(1)) if dlse is not None else (0, 0)), sched.work,
-        sched.first_heads * group),
+        p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, scale, qk_scale, softcap_scale, softcap_out, left,
+        right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
-             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), SCHED=sched.sched, SPLIT_DELTA=split,
-             HAS_DLSE=split and dlse is not None, launch_cooperative_grid=sched.sched != pipeline.PLAIN,
-             launch_pdl=True, **meta))
+             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), SCHED=sched,
+             launch_cooperative_grid=sched != pipeline.PLAIN, launch_pdl=True, **meta))
     pipeline.convert(launch, acc, counters, dq, lse, (p.heads_kv, nk), scale, False)

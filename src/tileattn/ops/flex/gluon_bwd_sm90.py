@@ -34,6 +34,6 @@ def flex_bwd_sm90_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, acc, sem_ptr, stride_lb, stride_lh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, seqlen_q, seqlen_k, num_kv_heads,
         group_size, num_q_blocks, num_kv_blocks, num_items, head_group_ptr, scale, qk_scale, 1.0, 1.0, 0, 0, fx, fk,
-        caps_s, caps_m, num_items, (lse_ptr, lse_ptr, lse_ptr, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+        caps_s, caps_m,
         STAGES, DQ_BUFS, CONSUMER_REGS, WORKER_REGS, WRITER_ROWS, False, False, False, False, True, TMA_DQ, FLEX, 128,
-        SCORE_GRAD, MASK_MOD, PLAIN, False, False, False)
+        SCORE_GRAD, MASK_MOD, PLAIN, False)

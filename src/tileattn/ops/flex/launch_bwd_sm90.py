@@ -84,8 +84,7 @@ def flex_bwd_sm90(p, c, dout, delta, grads, counters, kept=None):
     tensors = [c.query, c.key, c.value, dout, lse, delta, dk, dv, acc, counters, *lq, *lk,
                *(t for caps in captures for t in caps)]
     def build():
-        sched = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, pipeline.PLAIN)
-        grid, items = sched.grid, sched.items
+        grid, items, _ = pipeline.grid(d, nk, p.batch * p.heads_kv, p.device, pipeline.PLAIN)
         return (flex_bwd_sm90_kernel, grid,
                 *_arguments(p, c, (dout, delta, dk, dv, acc, counters), (lq, lk), captures, items))
     if kept is None:
