@@ -46,6 +46,19 @@ def fake_cuda_driver(record=False):
             return ("tmap", ptr, swizzle, elem_size, elem_type, tuple(block), tuple(shape), tuple(strides),
                     padding)
 
+        fill_tma_descriptor_tiled = fill_tma_descriptor  # (triton 3.9's name)
+
+        def launch(self, *args):  # triton 3.9: the C-level launch is a function of the utils module
+            raw_launch(*args)
+
+        def build_signature_metadata(self, signature):  # triton 3.9 (its C module's)
+            return tuple(signature)
+
+    if hasattr(nvd, "annotate_arguments") and nvd.PyKernelArg is None:  # triton 3.9: the C module's argument
+        # annotations (kind, nested tuple), which the launch flattens; here only recorded
+        nvd.PyKernelArg = lambda nested_tuple, type: (type, nested_tuple)
+        nvd.ARG_CONSTEXPR, nvd.ARG_KERNEL, nvd.ARG_TUPLE = 0, 1, 2
+
     def raw_launch(*args):
         if record:
             launches.append(args)
@@ -53,6 +66,9 @@ def fake_cuda_driver(record=False):
     class Launcher(nvd.CudaLauncher):
         # CudaLauncher.__init__ without compiling the C module: the same attributes, a recording launch
         def __init__(self, src, metadata):
+            if hasattr(nvd, "annotate_arguments"):  # triton 3.9: nothing to compile, the launch is Utils.launch
+                super().__init__(src, metadata)
+                return
             signature = dict(src.signature)
             self.num_ctas = getattr(metadata, "num_ctas", 1)
             self.launch = nvd.wrap_handle_tensordesc(raw_launch, signature,
