@@ -9,6 +9,10 @@
         Compute; fp16, inputs as for fwd.
     profile_kernels.py mla-one [--batch 128] [--kv 1024] [--hq 64] [--sq 1] [--page 64]
         one MLA decode (bf16 cache, the bench's inputs, output checked first) between cudaProfilerStart/Stop.
+    profile_kernels.py mla-scale [--cases 128x1024,128x4096,32x1024]
+        MLADecodePlan.run with the same number kv_scale every run (the plan fills its scale buffer only when the
+        number changes) against a number that changes every run (a fill per run): "MLASCALE ..." lines, do_bench's
+        us per run, three repeats each, output checked first.
     profile_kernels.py small [--N 1024,2048] [--D 64,128]
         the short rows of the dense grids (fp16, B=4, H=32, causal and not), forward and backward, tileattn
         (backward on the Triton kernels and on the Hopper one, TILEATTN_SM90_BWD=0 / 1) and cuDNN: "SMALL ..."
@@ -114,6 +118,26 @@ def mla_one(a):
     plan.run(*inputs[:5])
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
+
+
+def mla_scale(a):
+    """A number kv_scale on MLADecodePlan.run: the same number every run (no fill of the plan's scale buffer)
+    against a number that changes every run (a fill per run), bf16 cache, Hq 64, the bench's inputs, output checked
+    first: "MLASCALE ..." lines with do_bench's us per run, three repeats of each."""
+    import itertools
+
+    import tileattn
+    from tileattn.bench.common import do_bench
+    from tileattn.bench.mla import check, make_inputs
+    for batch, kv in ((int(b), int(k)) for b, k in (c.split("x") for c in a.cases.split(","))):
+        inputs = make_inputs(batch, kv, 64, 1, 64, torch.bfloat16)
+        plan = tileattn.MLADecodePlan(inputs[5], num_heads=64, page_size=64)
+        ok, info = check(plan.run(*inputs[:5], kv_scale=1.0), inputs, sample=8)
+        vals = itertools.cycle((1.0, 1.0 + 2 ** -20))
+        same = [do_bench(lambda: plan.run(*inputs[:5], kv_scale=1.0)) * 1e3 for _ in range(3)]
+        changing = [do_bench(lambda: plan.run(*inputs[:5], kv_scale=next(vals))) * 1e3 for _ in range(3)]
+        print(f"MLASCALE b{batch} kv{kv}: check {'ok' if ok else 'FAILED'} {info}; same number "
+              f"{[round(t, 1) for t in same]} us, changing {[round(t, 1) for t in changing]} us", flush=True)
 
 
 def kernel_times(fn, reps=5, top=6):
@@ -552,6 +576,9 @@ def main():
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--page", type=int, default=64)
     p.set_defaults(func=mla_one)
+    p = sub.add_parser("mla-scale", help="MLA runs with the same number kv_scale against a changing one")
+    p.add_argument("--cases", default="128x1024,128x4096,32x1024", help="batch x kv length, comma-separated")
+    p.set_defaults(func=mla_scale)
     p = sub.add_parser("small", help="timed vs kernel vs host time of the grids' short rows")
     p.add_argument("--N", default="1024,2048")
     p.add_argument("--D", default="64,128")

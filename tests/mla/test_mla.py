@@ -321,6 +321,28 @@ def test_gpu_mla_smem_budget(budget, device, monkeypatch):
         assert plan.compiled.metadata.shared <= hw.device_info(plan.device).smem_per_block, plan
 
 
+def test_mla_plan_kv_scale_changes(device, monkeypatch):
+    """A plan's runs with a number kv_scale: the fill of its scale buffer is skipped while the number stays the
+    same, and the output follows every change (a, b, a, then a tensor, then a again)."""
+    lens = [40, 7]
+    ckv, kpe, table, seqlens = make_cache(lens, 16, 64, 16, torch.float16, device)
+    ckv, kpe = ckv.to(torch.float8_e4m3fn), kpe.to(torch.float8_e4m3fn)
+    qn = randn(len(lens), 1, 4, 64, dtype=torch.float16, device=device)
+    qp = randn(len(lens), 1, 4, 16, dtype=torch.float16, device=device)
+    plan = tileattn.MLADecodePlan(seqlens, num_heads=4, head_dim_ckv=64, head_dim_kpe=16, page_size=16,
+                                  dtype=torch.float16, cache_dtype=torch.float8_e4m3fn)
+    fills = []
+    real = torch.Tensor.fill_
+    monkeypatch.setattr(torch.Tensor, "fill_", lambda t, v: (fills.append(v) if t is plan.kv_scale else None,
+                                                             real(t, v))[1])
+    for ks in (0.5, 0.5, 2.0, 0.5, torch.tensor([2.0], device=device), 0.5):
+        out = plan.run(qn, qp, ckv, kpe, table, kv_scale=ks)
+        ref, _ = mla_decode_ref((qn, qp), (ckv, kpe), table, seqlens, kv_scale=float(ks))
+        ref_lp, _ = mla_decode_ref((qn, qp), (ckv, kpe), table, seqlens, dtype=torch.float16, kv_scale=float(ks))
+        assert_close("out", out, ref, ref_lp)
+    assert fills == [0.5, 2.0, 0.5]  # (the tensor run leaves the buffer alone: 0.5 is still in it)
+
+
 @pytest.mark.gpu
 def test_gpu_mla_cuda_graph(device):
     """run() captured in a CUDA graph replays to the eager output; update() re-plans into the same buffers."""
@@ -348,3 +370,11 @@ def test_gpu_mla_cuda_graph(device):
     ref, _ = mla_decode_ref((qn, qp), (ckv, kpe), table, shorter)
     ref_lp, _ = mla_decode_ref((qn, qp), (ckv, kpe), table, shorter, dtype=torch.bfloat16)
     assert_close("out", out, ref, ref_lp)
+    # a number kv_scale after the capture: each eager run writes its own into the scale buffer, which the
+    # replays overwrite with the captured 1.0
+    scaled = plan.run(qn, qp, ckv, kpe, table, kv_scale=0.5).clone()
+    graph.replay()
+    replayed = out.clone()  # (out is plan.out, which the eager runs write too)
+    again = plan.run(qn, qp, ckv, kpe, table, kv_scale=0.5)
+    torch.cuda.synchronize()
+    assert torch.equal(again, scaled) and not torch.equal(replayed, scaled)

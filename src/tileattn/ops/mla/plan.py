@@ -144,6 +144,9 @@ class MLADecodePlan:
         self.compiled = None  # the split kernel of the last run (its metadata.shared: the real shared memory)
         self.lse = torch.empty(self.batch, num_heads, q_len, dtype=torch.float32, device=dev)
         self.kv_scale = torch.ones(1, dtype=torch.float32, device=dev)  # a number passed to run goes here
+        # the number it holds, so that a run with the same number launches no fill (None: fill on every run, as
+        # once a run was captured in a CUDA graph, whose replays write the captured number into it)
+        self._kv_scale_value = 1.0
         # run's fast path: the key (_run_key) of the last checked run since update(), whether its tensors suit
         # TMA, and the launchers made for a key (backend name or "combine" -> launcher.KernelLauncher)
         self._checked = self._launch_key = self._tma_ok = None
@@ -214,7 +217,12 @@ class MLADecodePlan:
                                       "torch.no_grad() / inference_mode()")
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if not isinstance(kv_scale, torch.Tensor):
-            self.kv_scale.fill_(float(kv_scale))
+            # a fill (a launch, ~2.5 us of GPU time) only when the number changes, and on every run once a graph
+            # has captured one (mla.md, open lever 4)
+            value = float(kv_scale)
+            if capturing or self._kv_scale_value != value:
+                self.kv_scale.fill_(value)
+                self._kv_scale_value = None if capturing or self._kv_scale_value is None else value
             r.kv_scale = self.kv_scale
         out, lse = r.out, r.lse
         backend = dispatch.SM90 if self.sm90 and self._tma_ok else dispatch.TRITON
