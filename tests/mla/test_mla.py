@@ -323,7 +323,7 @@ def test_gpu_mla_smem_budget(budget, device, monkeypatch):
 
 def test_mla_plan_kv_scale_changes(device, monkeypatch):
     """A plan's runs with a number kv_scale: the fill of its scale buffer is skipped while the number stays the
-    same, and the output follows every change (a, b, a, then a tensor, then a again)."""
+    same, and the output follows every change (a, a, b, a, then a tensor, then a again)."""
     lens = [40, 7]
     ckv, kpe, table, seqlens = make_cache(lens, 16, 64, 16, torch.float16, device)
     ckv, kpe = ckv.to(torch.float8_e4m3fn), kpe.to(torch.float8_e4m3fn)

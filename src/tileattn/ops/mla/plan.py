@@ -222,6 +222,7 @@ class MLADecodePlan:
             value = float(kv_scale)
             if capturing or self._kv_scale_value != value:
                 self.kv_scale.fill_(value)
+                # (None stays None: a graph replay may have written its number since)
                 self._kv_scale_value = None if capturing or self._kv_scale_value is None else value
             r.kv_scale = self.kv_scale
         out, lse = r.out, r.lse
