@@ -66,8 +66,12 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
             n_blocks = gl.cdiv(end - start, BLOCK_N)
             bt_row = BT + b.to(gl.int64) * stride_bt
             # the Q slot frees only when the previous tile is done: its first STAGES steps go first (their
-            # buffers are freed by the previous tile's consumers, which need nothing more from the loader)
-            first = gl.minimum(n_blocks, STAGES)
+            # buffers are freed by the previous tile's consumers, which need nothing more from the loader).
+            # A CTA's first tile finds the slot free: Q goes first there, ahead of the steps that every CTA
+            # requests at the kernel's start (behind them, Q kept the consumers waiting for ~10 step times at
+            # batch 128, kv 1K; first Q measured 85 -> 81 us per run there on the H100: docs/design/mla.md, open
+            # lever 4)
+            first = gl.minimum(n_blocks, STAGES) * (j > 0).to(gl.int32)
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, 0, first, start, bt_row,
                         num_pages, PAGE, STAGES)
             mbarrier.wait(q_empty.index(0), (j & 1) ^ 1)
