@@ -106,7 +106,8 @@ def meta(d):
 # Measured on the H100 (fp16, B=4, H=32, non-causal, `gpu_check.sh ab-bwd`, same run): at N=16K the plain grid
 # beat the rotated one in both runs taken (2026-11-24: D=128 516 vs 492 TFLOPS, D=64 404 vs 394; 2026-11-25, TMA
 # reduce-adds at D=128: 550 vs 533, D=64 471 vs 389): the chain's idle time is a small share of a long program's
-# life and the persistent grid leaves 4 of 132 SMs idle. At N <= 4K rotation measured +9-23%; N=8K even.
+# life and the persistent grid leaves 4 of 132 SMs idle. At N <= 4K rotation measured +9-23%; at N=8K the plain grid
+# lost (2026-11-28, same run, the rotated tree twice around it: D=128 522 / 519 -> 502, D=64 434 / 436 -> 411).
 ROTATE_MAX_KV_BLOCKS = 64
 
 # the kernel's SCHED (gluon_bwd_sm90_walk.py's constexprs of the same names; test_sm90_backward_sched_values):
