@@ -126,10 +126,10 @@ def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_buf
 
 
 @gluon.jit
-def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_done, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O,
-              LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles,
-              row_blocks, sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, F_STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O, LSE, OP,
+              LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
+              sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, F_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+              RETURN_LSE: gl.constexpr):
     BLOCK_M: gl.constexpr = qp_buf.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     DH: gl.constexpr = c_bufs.shape[3]
@@ -178,32 +178,25 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_done, q_empty, kv_read
                 acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, gl.maximum(b_full, 1),
                                              n_blocks, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, fp8,
                                              sm_scale, WG, True, STAGES, 0, s_layout, o_layout, p_layout)
-            mbarrier.arrive(q_done.index(0))  # every S wgmma of the tile was waited on (the epilogue hands Q on)
+            mbarrier.arrive(q_empty.index(0))  # every S wgmma of the tile was waited on
             sp = (kv + n_blocks - 1) % STAGES
             acc = warpgroup_mma(p_op, _buf(c_bufs, 2 * sp + WG), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(kv_empty.index(sp))
 
             _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LSEP, stride_ob, stride_os,
-                      stride_oh, stride_lb, stride_lh, num_heads, rows, _buf(qn_bufs, WG), q_done.index(0),
-                      q_empty.index(0), j & 1, WG, RETURN_LSE, o_layout)
+                      stride_oh, stride_lb, stride_lh, num_heads, rows, WG, RETURN_LSE, o_layout)
             j += 1
             kv += n_blocks
 
 
 @gluon.jit
 def _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LSEP, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, num_heads, rows, stage, q_done, q_empty, q_phase, WG: gl.constexpr,
-              RETURN_LSE: gl.constexpr, o_layout: gl.constexpr):
+              stride_lb, stride_lh, num_heads, rows, WG: gl.constexpr, RETURN_LSE: gl.constexpr,
+              o_layout: gl.constexpr):
     """A warpgroup's DH output columns of a tile (rows r0..) to O (and LSE, natural log) or, for a split item,
-    to slot out_slot of OP / LSEP (log2); rows that saw no token (l = 0, acc = 0) give out 0, lse -inf. Then the
-    warpgroup hands the Q slot to the loader (q_empty). Shared with gluon_sm90_shard.py.
-
-    O goes through `stage`, this warpgroup's half of the Q slot ([BLOCK_M, DH] in q's dtype, O's too): written in
-    the accumulator's layout, read back in rows of 16-byte vectors and stored coalesced. The accumulator's own
-    layout stores 4 bytes per thread and row (64 stores per thread at DH = 256), which measured 7 us of a batch
-    128, kv 1K run and 42 us of a batch 768 one at Hq 64 (H100, docs/design/mla.md). The slot is free once both
-    warpgroups' score wgmmas have read Q: each arrives on q_done after its last one (phase q_phase)."""
+    to slot out_slot of OP / LSEP (log2); rows that saw no token (l = 0, acc = 0) give out 0, lse -inf. Shared
+    with gluon_sm90_shard.py."""
     BLOCK_M: gl.constexpr = acc.shape[0]
     DH: gl.constexpr = acc.shape[1]
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -211,35 +204,23 @@ def _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LS
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
     out = acc * gl.convert_layout(kv_scale / l_safe, o_row)[:, None]
+    om = r0 + gl.arange(0, BLOCK_M, layout=o_row)
     o_m = r0 + gl.arange(0, BLOCK_M, layout=s_row)
+    oc = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
+    row_ok = (om < rows)[:, None]
     b64 = b.to(gl.int64)
     lse2 = gl.where(seen, m_i * sm_scale + gl.log2(l_safe), float("-inf"))
     if out_slot < 0:
-        mbarrier.wait(q_done, q_phase)
-        stage.store(out.to(O.dtype.element_ty))
-        thread_barrier()  # (each warp reads rows the others wrote)
-        TPW_C: gl.constexpr = DH // 8 if DH // 8 < 32 else 32
-        ROWS: gl.constexpr = 16  # rows per pass (16 registers of output per thread)
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_C, TPW_C], [4, 1], [1, 0])
-        cols = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, layout))
-        for p in gl.static_range(BLOCK_M // ROWS):
-            x = stage.slice(p * ROWS, ROWS, dim=0).load(layout)
-            r = r0 + p * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-            o_ptr = O + b64 * stride_ob + (r // num_heads).to(gl.int64) * stride_os \
-                + (r % num_heads).to(gl.int64) * stride_oh
-            gl.store(o_ptr[:, None] + cols[None, :], x, mask=(r < rows)[:, None])
-        fence_async_shared()  # (the loader's TMA writes the next Q over it)
-        thread_barrier()  # every thread's reads before the (single-thread) arrive
-        mbarrier.arrive(q_empty)
+        t = om // num_heads
+        h = om % num_heads
+        o_ptr = O + b64 * stride_ob + t.to(gl.int64) * stride_os + h.to(gl.int64) * stride_oh
+        gl.store(o_ptr[:, None] + oc[None, :], out.to(O.dtype.element_ty), mask=row_ok)
         if RETURN_LSE and WG == 0:
             gl.store(LSE + b64 * stride_lb + (o_m % num_heads).to(gl.int64) * stride_lh + o_m // num_heads,
                      lse2 * LN2, mask=o_m < rows)
     else:
-        mbarrier.arrive(q_empty)
-        om = r0 + gl.arange(0, BLOCK_M, layout=o_row)
-        oc = WG * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
         base = out_slot.to(gl.int64) * rows
-        gl.store(OP + ((base + om) * (2 * DH))[:, None] + oc[None, :], out, mask=(om < rows)[:, None])
+        gl.store(OP + ((base + om) * (2 * DH))[:, None] + oc[None, :], out, mask=row_ok)
         if WG == 0:
             gl.store(LSEP + base + o_m, lse2, mask=o_m < rows)
 
@@ -289,12 +270,10 @@ def mla_split_sm90_kernel(
     qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
     qp_buf = gl.allocate_shared_memory(qp_desc.dtype, [1] + qp_desc.block_type.shape, qp_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    q_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready.index(0), count=1)
-    mbarrier.init(q_done.index(0), count=2)  # both warpgroups' last score wgmmas (the epilogue then stages O there)
     mbarrier.init(q_empty.index(0), count=2)
     for s in gl.static_range(STAGES):
         # fp8 caches: a step is ready when both warpgroups widened their shares
@@ -314,12 +293,12 @@ def mla_split_sm90_kernel(
         l_c, l_p, l_ready, l_empty, l_stages = c_bufs, p_bufs, kv_ready, kv_empty, STAGES
 
     gl.warp_specialize([
-        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_done, q_empty, kv_ready, kv_empty, fp8, WORK,
-                     SEQLENS, O, LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads,
-                     q_len, num_tiles, row_blocks, sm_scale, 0, STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
-        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_done, q_empty, kv_ready, kv_empty, fp8, WORK,
-                     SEQLENS, O, LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads,
-                     q_len, num_tiles, row_blocks, sm_scale, 1, STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O,
+                     LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                     num_tiles, row_blocks, sm_scale, 0, STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+        (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O,
+                     LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                     num_tiles, row_blocks, sm_scale, 1, STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
         (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, l_c, l_p, q_ready, q_empty, l_ready,
                    l_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, l_stages)),
     ], [4, 1], [CONSUMER_REGS, 24])

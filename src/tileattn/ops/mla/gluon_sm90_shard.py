@@ -116,7 +116,7 @@ def _own_pv(acc, alpha, p16, v_smem, n0, seqlen, o_row: gl.constexpr, p_layout: 
 
 
 @gluon.jit
-def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_done, q_empty, kv_ready, kv_empty, p_ready,
+def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
               p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
               stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
               WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
@@ -225,7 +225,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_done, 
                               p_layout)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 mbarrier.arrive(kv_empty.index(s))
-            mbarrier.arrive(q_done.index(0))  # every score wgmma of this warpgroup's was waited on
+            mbarrier.arrive(q_empty.index(0))  # every score wgmma of this warpgroup's was waited on
             last = n_blocks - 1
             if last % 2 == OTHER:  # the tile ends on the other's step
                 sl = (kv + last) % STAGES
@@ -239,8 +239,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_done, 
                 mbarrier.arrive(kv_empty.index(sl))
 
             _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LSEP, stride_ob, stride_os,
-                      stride_oh, stride_lb, stride_lh, num_heads, rows, _buf(qn_bufs, WG), q_done.index(0),
-                      q_empty.index(0), j & 1, WG, RETURN_LSE, o_layout)
+                      stride_oh, stride_lb, stride_lh, num_heads, rows, WG, RETURN_LSE, o_layout)
             j += 1
             kv += n_blocks
             c0 += (n_blocks + 1) // 2
@@ -273,14 +272,12 @@ def mla_split_sm90_shard_kernel(
     m_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], st_layout)
     r_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], st_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    q_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready.index(0), count=1)
-    mbarrier.init(q_done.index(0), count=2)  # both warpgroups' last score wgmmas (the epilogue then stages O there)
     mbarrier.init(q_empty.index(0), count=2)
     for s in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(s), count=1)
@@ -290,14 +287,14 @@ def mla_split_sm90_shard_kernel(
         mbarrier.init(p_free.index(w), count=1)
 
     gl.warp_specialize([
-        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_done, q_empty, kv_ready, kv_empty,
-                     p_ready, p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
-                     stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 0,
-                     STAGES, CAUSAL, RETURN_LSE)),
-        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_done, q_empty, kv_ready, kv_empty,
-                     p_ready, p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
-                     stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 1,
-                     STAGES, CAUSAL, RETURN_LSE)),
+        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
+                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
+                     stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 0, STAGES,
+                     CAUSAL, RETURN_LSE)),
+        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
+                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
+                     stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 1, STAGES,
+                     CAUSAL, RETURN_LSE)),
         (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
                    kv_ready, kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES, False)),
     ], [4, 1], [CONSUMER_REGS, 24])
