@@ -22,6 +22,9 @@ kernels proves it with --compare against the file of the revision before (identi
 
 Triton compiles through its bundled ptxas; a stand-in driver reports an H100 (sm90, 132 SMs, 227 KB), the
 Triton launch is replaced by a compile, and the host code runs on CPU tensors as it would on the GPU.
+
+Another Triton than the environment's (the GPU machines' 3.6, whose compiler fails on code that 3.9 takes):
+unpack its wheel into a directory and put that first, `PYTHONPATH=DIR python scripts/compile_sm90_cpu.py ...`.
 """
 import argparse
 import contextlib
