@@ -95,8 +95,9 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
     DH: gl.constexpr = ckv_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
-    # (an empty range still reads a page id: the tile's last step's, never past the sequence's row)
-    page = _page_of(bt_row, start + gl.minimum(it_lo, it_hi - 1) * BLOCK_N, num_pages, PAGE)
+    # (an empty range still reads a page id, within the tile's steps: its last step's, or its first's for the
+    # empty range [0, 0) that a CTA's first tile starts with, never outside the sequence's row of the table)
+    page = _page_of(bt_row, start + gl.maximum(gl.minimum(it_lo, it_hi - 1), 0) * BLOCK_N, num_pages, PAGE)
     for it in range(it_lo, it_hi):
         s = (kv + it) % STAGES
         n0 = start + it * BLOCK_N
