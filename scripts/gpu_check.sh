@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ab-mla] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -207,6 +207,20 @@ for s in $steps; do
     sweep-bwd-large-d)
       timeout ${BWDL_TIMEOUT:-400} python3 scripts/sweep.py bwd-large-d ${BWDL_ARGS:-} > "$OUT/sweep_bwd_large_d.log" 2>&1; rc=$?
       summary+=("sweep-bwd-large-d rc=$rc"); grep -E "^BWDL" "$OUT/sweep_bwd_large_d.log" | cut -c1-400 ;;
+    ab-mla)
+      # MLA decode (MLADecodePlan.run, outputs checked) of the trees before this change (.ab/src, .ab2/src where
+      # carried) and of this one, alternated twice: "shape tree eager ms graph ms" lines sorted by shape
+      # (AB_MLA_SHAPES: `sweep.py mla-sched --shapes`, BxKVxHQxSQ;...)
+      rc=0
+      for rep in 1 2; do for tree in .ab/src .ab2/src src; do
+        [ -d $tree ] || continue
+        PYTHONPATH=$PWD/$tree:${T39_PATH:-}$PWD timeout 200 python3 scripts/sweep.py mla-sched --shapes \
+          "${AB_MLA_SHAPES:-128x1024x16x1;128x1024x64x1;128x2048x64x1;128x1024x128x1;768x1024x16x1;768x1024x64x1}" \
+          2>&1 | sed "s#^#$tree #" >> "$OUT/ab_mla.log" || rc=$?
+      done; done
+      summary+=("ab-mla rc=$rc, outputs wrong: $(grep -c WRONG "$OUT/ab_mla.log")")
+      awk '/SCHED/{sh=$3" "$4" "$5} /eager/{for(i=1;i<=NF;i++){if($i=="eager")e=$(i+1); if($i=="graph")g=$(i+1)};
+           print sh, $1, "eager", e, "graph", g}' "$OUT/ab_mla.log" | sort -s -k1,3 ;;
     ab-bwd)
       # the Hopper backward of the trees before this change (.ab/src, .ab2/src where carried) and of this one,
       # in the same run
