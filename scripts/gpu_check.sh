@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ab-mla] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ab-mla] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [sanitize-mla] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -105,6 +105,14 @@ for s in $steps; do
       # Sq != Sk, GQA, the persistent walks; plan replays (the workspace's pieces passed as addresses), D=64 too
       memcheck_synccheck sanitize-bwd 300 tests/dense/test_backward.py \
         "gpu_backward_sm90 and fp16 and D128 or persistent_walks or poisoned_counters or zeroed_sums or plan_replay" ;;
+    sanitize-mla)
+      # the MLA Hopper kernels under memcheck and synccheck, every tensor its own allocation (no caching allocator:
+      # a read just outside a tensor is then outside any allocation, which memcheck reports), page sizes 32-128,
+      # several tiles per CTA (the QK_SHARD tests at page 32: 2a5fc90's loader read 4 bytes before the block table
+      # there, 6fb06b0 fixed it)
+      export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+      memcheck_synccheck sanitize-mla 400 tests/mla/test_mla.py "gpu_mla_sm90 or gpu_mla_fp8_cache"
+      unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
     sanitize-large-d)
       timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
         tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal) or gpu_large_d_sm90 and Sq300 and (D576 or D520 or D256 or D200 or D264)" \
