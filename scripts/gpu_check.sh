@@ -107,12 +107,11 @@ for s in $steps; do
         "gpu_backward_sm90 and fp16 and D128 or persistent_walks or poisoned_counters or zeroed_sums or plan_replay" ;;
     sanitize-mla)
       # the MLA Hopper kernels under memcheck and synccheck, every tensor its own allocation (no caching allocator:
-      # a read just outside a tensor is then outside any allocation, which memcheck reports), page sizes 32-128,
-      # several tiles per CTA (the QK_SHARD tests at page 32: 2a5fc90's loader read 4 bytes before the block table
-      # there, 6fb06b0 fixed it)
-      export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-      memcheck_synccheck sanitize-mla 400 tests/mla/test_mla.py "gpu_mla_sm90 or gpu_mla_fp8_cache"
-      unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
+      # a read just outside a tensor is then outside any allocation, which memcheck reports): the QK_SHARD kernel
+      # at page 32 (2a5fc90's loader read 4 bytes before the block table there; 6fb06b0 fixed it), and several
+      # tiles per CTA (16-bit and fp8 caches, page 64)
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 memcheck_synccheck sanitize-mla 280 tests/mla/test_mla.py \
+        "qk_shard and (causal-64-1-32 or full-128-1-32) or few_ctas" ;;
     sanitize-large-d)
       timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider \
         tests/dense/test_large_d.py -k "gpu_large_d and fp16 and (D320-Dv320 or D576-Dv512 or D1024) and (full or causal) or gpu_large_d_sm90 and Sq300 and (D576 or D520 or D256 or D200 or D264)" \
@@ -217,18 +216,19 @@ for s in $steps; do
       summary+=("sweep-bwd-large-d rc=$rc"); grep -E "^BWDL" "$OUT/sweep_bwd_large_d.log" | cut -c1-400 ;;
     ab-mla)
       # MLA decode (MLADecodePlan.run, outputs checked) of the trees before this change (.ab/src, .ab2/src where
-      # carried) and of this one, alternated twice: "shape tree eager ms graph ms" lines sorted by shape
-      # (AB_MLA_SHAPES: `sweep.py mla-sched --shapes`, BxKVxHQxSQ;...)
+      # carried) and of this one, alternated twice: "shape tree eager ms graph ms" lines sorted by shape, a line
+      # per tree and repeat (AB_MLA_SHAPES: `sweep.py mla-sched --shapes`, BxKVxHQxSQ;...)
       rc=0
       for rep in 1 2; do for tree in .ab/src .ab2/src src; do
         [ -d $tree ] || continue
         PYTHONPATH=$PWD/$tree:${T39_PATH:-}$PWD timeout 200 python3 scripts/sweep.py mla-sched --shapes \
           "${AB_MLA_SHAPES:-128x1024x16x1;128x1024x64x1;128x2048x64x1;128x1024x128x1;768x1024x16x1;768x1024x64x1}" \
-          2>&1 | sed "s#^#$tree #" >> "$OUT/ab_mla.log" || rc=$?
+          > "$OUT/ab_mla_tmp.log" 2>&1 || rc=$?
+        sed "s#^#$tree #" "$OUT/ab_mla_tmp.log" >> "$OUT/ab_mla.log"
       done; done
       summary+=("ab-mla rc=$rc, outputs wrong: $(grep -c WRONG "$OUT/ab_mla.log")")
-      awk '/SCHED/{sh=$3" "$4" "$5} /eager/{for(i=1;i<=NF;i++){if($i=="eager")e=$(i+1); if($i=="graph")g=$(i+1)};
-           print sh, $1, "eager", e, "graph", g}' "$OUT/ab_mla.log" | sort -s -k1,3 ;;
+      awk '/SCHED/{sh=$3" "$4" "$5" "$6} /eager/{for(i=1;i<=NF;i++){if($i=="eager")e=$(i+1); if($i=="graph")g=$(i+1)};
+           print sh, $1, "eager", e, "graph", g}' "$OUT/ab_mla.log" | sort -s -k1,4 ;;
     ab-bwd)
       # the Hopper backward of the trees before this change (.ab/src, .ab2/src where carried) and of this one,
       # in the same run

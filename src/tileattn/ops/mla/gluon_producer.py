@@ -69,8 +69,8 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
             # buffers are freed by the previous tile's consumers, which need nothing more from the loader).
             # A CTA's first tile finds the slot free: Q goes first there, ahead of the steps that every CTA
             # requests at the kernel's start (behind them, Q kept the consumers waiting for ~10 step times at
-            # batch 128, kv 1K; first Q measured 85 -> 81 us per run there on the H100: docs/design/mla.md, open
-            # lever 4)
+            # batch 128, kv 1K; first Q measured 85 -> 81 us per run there on the H100: docs/design/mla.md, the
+            # session of 2026-11-28)
             first = gl.minimum(n_blocks, STAGES) * (j > 0).to(gl.int32)
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, 0, first, start, bt_row,
                         num_pages, PAGE, STAGES)
