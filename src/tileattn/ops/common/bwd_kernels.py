@@ -20,6 +20,13 @@ def seq_rows(i_b, cu_q, cu_k, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
         return 0, 0, seqlen_q, seqlen_k
 
 
+# programmatic dependent launch's go-ahead (inline PTX, "=r"): a kernel launched after this one with PDL may start
+# once every program of this grid has run it (or exited). The preprocess below and the Gluon backward's loader
+# (gluon_bwd_sm90_loader.py) share it.
+LAUNCH_DEPENDENTS_PTX = "griddepcontrol.launch_dependents; mov.b32 $0, 0;"
+_LAUNCH_DEPENDENTS = tl.constexpr(LAUNCH_DEPENDENTS_PTX)
+
+
 @triton.jit
 def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
                           stride_lb, stride_lh, stride_glb, stride_glh, cu_q, seqlen_q, num_heads, num_bh, ZERO,
@@ -35,8 +42,7 @@ def bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh, s
     dense Hopper kernel, launched with programmatic dependent launch): each program lets that kernel launch at
     once, so that its programs start on the SMs this grid's tail frees (it waits for this grid's writes)."""
     if PDL_TRIGGER:
-        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, 0;", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        tl.inline_asm_elementwise(_LAUNCH_DEPENDENTS, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     if i_bh >= num_bh:

@@ -7,10 +7,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from . import softmax
+from .bwd_kernels import LAUNCH_DEPENDENTS_PTX
 from .gluon_bwd_sm90_walk import PLAIN, head_walk, program_item, program_items, walk_m0, walk_next, work_item
 from .gluon_compat import tma_load
 
 LOG2E = gl.constexpr(softmax.LOG2E)
+_LAUNCH_DEPENDENTS = gl.constexpr(LAUNCH_DEPENDENTS_PTX)
 
 
 @gluon.jit
@@ -26,8 +28,7 @@ def grid_dependency_wait():
 def _launch_dependents():
     """Lets a kernel launched after this one with programmatic dependent launch (the dQ conversion) start once
     every program of this grid has run this (or exited), instead of once the grid is done."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
+    gl.inline_asm_elementwise(_LAUNCH_DEPENDENTS, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
