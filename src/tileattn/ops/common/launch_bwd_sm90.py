@@ -39,8 +39,11 @@ class Config(NamedTuple):
 # so D=128 only. D=64 takes 128-row steps (2026-11-24, `sweep.py bwd --dims 64 --sm90-cfgs 64:2,2,240,40,4,0,64`,
 # two runs in either order): causal +3-6% at N 2K-8K, non-causal within +-2% at N 2K-8K; the 16K rows swung
 # +-15% between repeats of the same config. (D=128 cannot: S^T, dP^T, dK and dV would need 256 accumulator
-# registers.)
-CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 232, 40, 2, True, 64, True)}
+# registers.) Since the TMA reduce-adds the D=128 writers hold little state, and 240 / 24 beat 232 / 40 (2026-11-28,
+# `gpu_check.sh ab-bwd` twice, 232 / 40 and 240 / 24 alternated, fp16 B=4 H=32, TFLOPS: non-causal 2K 465 / 466 ->
+# 469 / 488, 16K 546 / 546 -> 553 / 554, 8K 527 / 527 -> 531 / 516; causal 1K 257 / 259 -> 264 / 263, 8K 470 / 460 ->
+# 476 / 481, 16K 432 / 443 -> 467 / 471; spill stores 36 -> 64 bytes non-causal, 416 -> 432 causal, the writers').
+CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 240, 24, 2, True, 64, True)}
 # the default takes problems whose sequences both have at least this many tokens (flex; dense passes its own,
 # ops/dense/launch_bwd_sm90.py): below, the Triton kernels measured faster or as fast (H100, B=4, H=32, fp16,
 # dense before the rotated walks: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128, 80-90 vs 47-136 at D=64: a
