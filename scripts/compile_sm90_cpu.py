@@ -6,7 +6,8 @@ them, before spending device time.
     python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse]
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
-    python scripts/compile_sm90_cpu.py --bwd-sm90 [--d 128] [--causal]   (the Hopper backward, TILEATTN_SM90_BWD=1)
+    python scripts/compile_sm90_cpu.py --bwd-sm90 [--d 128] [--causal] [--hkv 4] [--n 16384]
+                                       (the Hopper backward, TILEATTN_SM90_BWD=1; it prints the walks N takes)
     python scripts/compile_sm90_cpu.py --bwd-large-d [--d 512] [--causal] [--hkv 4] [--softcap X] [--window L]
                                                   (D > 128 backward: split (D = 256: the Hopper score kernel), varlen)
     python scripts/compile_sm90_cpu.py --fingerprint OUT.json [--compare OLD.json] [--only NAME_PREFIX]
@@ -117,13 +118,19 @@ def varlen(dt, D, backend="dense.triton", N=4096, **opts):
         tileattn.varlen_attention(q, k, v, cu, cu, N, N, **opts)
 
 
-def backward(dt, D, causal, varlen=False, hkv=2, softcap=0.0, window=(-1, -1)):
+def backward(dt, D, causal, varlen=False, hkv=2, softcap=0.0, window=(-1, -1), n=None):
     """The backward kernels on random forward results (no forward compiled); 4 query heads over hkv kv heads (4:
-    no GQA, the bench grid's case, where Triton specializes the group size of 1 away)."""
+    no GQA, the bench grid's case, where Triton specializes the group size of 1 away), N = 1024. n: the sequence
+    length instead, with the bench's 32 query heads (and 8 * hkv kv heads) in one batch, inputs left empty: the
+    Hopper backward's schedule (launch_bwd_sm90.grid: plain, rotated or paired walks) depends on N and the heads."""
     from tileattn.ops.dense.bwd import attn_bwd
     from tileattn.ops.dense.problem import AttnOptions, AttnProblem, Call
-    q, k, v = _rand(2, 1024, 4, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt)
-    do, o, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(2, 4, 1024)
+    if n is None:
+        q, k, v = _rand(2, 1024, 4, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt), _rand(2, 1024, hkv, D, dtype=dt)
+        do, o, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(2, 4, 1024)
+    else:
+        q, k, v = (torch.empty(1, n, h, D, dtype=dt) for h in (32, 8 * hkv, 8 * hkv))
+        do, o, lse = torch.empty_like(q), torch.empty_like(q), torch.empty(1, 32, n)
     cu, opts = None, AttnOptions(scale=D ** -0.5, window=(window[0], 0 if causal else window[1]), softcap=softcap)
     if varlen:
         q, k, v, do, o = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v, do, o))
@@ -348,7 +355,9 @@ def main():
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--hkv", type=int, default=2, choices=(1, 2, 4),
                    help="--bwd-sm90, --bwd-large-d: kv heads of the 4 query heads")
-    p.add_argument("--sq", type=int, default=1)
+    p.add_argument("--sq", type=int, default=1, help="--mla: query rows per sequence")
+    p.add_argument("--n", type=int, default=None,
+                   help="--bwd-sm90: the sequence length, with the bench's 32 query heads (default: N=1024, 4 heads)")
     p.add_argument("--fingerprint", default=None, help="write the SASS hashes of every variant to this file")
     p.add_argument("--compare", default=None, help="with --fingerprint: an earlier file that must be equal")
     p.add_argument("--only", default=None, help="with --fingerprint: the variants whose names start so")
@@ -371,7 +380,16 @@ def main():
         return max(report(next(k for n, k in COMPILED if n == name), a.out) for name in compiled)
     if a.bwd_sm90:
         os.environ["TILEATTN_SM90_BWD"] = "1"
-        backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv)
+        from tileattn.ops.common import launch_bwd_sm90
+        grid = launch_bwd_sm90.grid
+
+        def grid_shown(*args):  # which walks the problem takes (a constexpr of the kernel)
+            g = grid(*args)
+            print(f"schedule: {('plain', 'rotated', 'paired')[g[2]]} walks, grid {g[0]}, {g[1]} work items")
+            return g
+        launch_bwd_sm90.grid = grid_shown
+        backward(DT[a.dtype], a.d, a.causal, hkv=a.hkv, n=a.n)
+        launch_bwd_sm90.grid = grid
         name = "attn_bwd_sm90_kernel"
     elif a.bwd:
         from tileattn import force_backend

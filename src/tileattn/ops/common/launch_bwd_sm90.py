@@ -42,7 +42,8 @@ class Config(NamedTuple):
 # registers.) Since the TMA reduce-adds the D=128 writers hold little state, and 240 / 24 beat 232 / 40 (2026-11-28,
 # `gpu_check.sh ab-bwd` twice, 232 / 40 and 240 / 24 alternated, fp16 B=4 H=32, TFLOPS: non-causal 2K 465 / 466 ->
 # 469 / 488, 16K 546 / 546 -> 553 / 554, 8K 527 / 527 -> 531 / 516; causal 1K 257 / 259 -> 264 / 263, 8K 470 / 460 ->
-# 476 / 481, 16K 432 / 443 -> 467 / 471; triton 3.6 SASS: spill stores 36 -> 64 bytes non-causal, 416 -> 432 causal;
+# 476 / 481, 16K 432 / 443 -> 467 / 471; triton 3.6 SASS at N=1K (rotated, paired walks): spill stores 36 -> 64 bytes,
+# 416 -> 432; the causal step loops lose descriptor reloads from local memory in their wgmma issue:
 # docs/design/backward.md, seventeenth round).
 CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 240, 24, 2, True, 64, True)}
 # the default takes problems whose sequences both have at least this many tokens (flex; dense passes its own,
