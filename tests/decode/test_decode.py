@@ -221,6 +221,99 @@ def test_decode_errors(device):
         plan.run(q.clone().requires_grad_(), k, v, table)
 
 
+def test_decode_knew_needs_room(device):
+    """With k_new every length must be >= its q_len (the new tokens are the sequence's last q_len positions):
+    a shorter one would be written before its first position, into another sequence's page."""
+    k, v, table = make_cache([10, 10], 16, 2, 64, F16, device)
+    k0 = k.clone()
+    q, kn = randn(2, 2, 4, 64, dtype=F16, device=device), randn(2, 2, 2, 64, dtype=F16, device=device)
+    plan = tileattn.KVCachePlan(torch.tensor([0, 10], dtype=torch.int32, device=device), num_heads=4,
+                                num_kv_heads=2, head_dim=64, page_size=16, q_len=2, dtype=F16)
+    plan.run(q, k, v, table)  # without k_new a short sequence is fine (its rows see nothing)
+    with pytest.raises(ValueError, match="seqlens: with k_new.*sequence 0 has 0 < 2"):
+        plan.run(q, k, v, table, k_new=kn, v_new=kn)
+    plan.update(torch.tensor([5, 1], dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="sequence 1 has 1 < 2"):
+        plan.run(q, k, v, table, k_new=kn, v_new=kn)
+    with pytest.raises(ValueError, match="cache_seqlens must be >= 0"):
+        tileattn.kvcache_attention(q, k, v, torch.tensor([-1, 5], dtype=torch.int32, device=device), table,
+                                   k_new=kn, v_new=kn)
+    assert torch.equal(k.isnan(), k0.isnan()) and torch.equal(k.nan_to_num(), k0.nan_to_num())
+
+
+def test_decode_host_seqlens_checked(device):
+    """host_seqlens holds one int per sequence (a short list left sequences uncomputed)."""
+    seqlens = torch.tensor([20, 5], dtype=torch.int32, device=device)
+    kw = dict(num_heads=4, num_kv_heads=2, head_dim=64, page_size=16, dtype=F16)
+    with pytest.raises(ValueError, match=r"host_seqlens: expected one length per sequence \(batch 2\), got 1"):
+        tileattn.KVCachePlan(seqlens, host_seqlens=[20], **kw)
+    plan = tileattn.KVCachePlan(seqlens, host_seqlens=[20, 5], **kw)
+    with pytest.raises(ValueError, match="host_seqlens"):
+        plan.update(seqlens, host_seqlens=[20, 5, 1])
+    with pytest.raises(TypeError, match="host_seqlens: expected a list of ints"):
+        plan.update(seqlens, host_seqlens="ab")
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"window": (2 ** 63, 0)}, "window"), ({"window": (2 ** 64, 0)}, "window"), ({"window": (2 ** 31, 0)}, "window"),
+    ({"window": (True, 0)}, "window"), ({"window": (0, 2 ** 31 - 1), "causal": False}, "window: bounds"),
+    ({"scale": float("inf")}, "scale"), ({"scale": True}, "scale"), ({"scale": "0.1"}, "scale"),
+    ({"softcap": float("inf")}, "softcap"), ({"softcap": "1"}, "softcap"),
+    ({"k_scale": True}, "k_scale"), ({"causal": "False"}, "causal"),
+    ({"alibi_slopes": torch.rand(8)[::2]}, "alibi_slopes: expected a contiguous"),
+    ({"sinks": torch.randn(8)[::2]}, "sinks: expected a contiguous"),
+], ids=["window2p63", "window2p64", "window2p31", "window_bool", "window_int32_overflow", "scale_inf", "scale_bool",
+        "scale_str", "softcap_inf", "softcap_str", "k_scale_bool", "causal_str", "alibi_strided", "sinks_strided"])
+def test_decode_bad_options(device, kw, match):
+    """Numbers must be finite numbers (not bools or strings), window bounds fit int32, causal a bool, the per-head
+    vectors contiguous: each raised before, or ran with a silent wrong answer (zeros, NaN, a stride ignored)."""
+    k, v, table = make_cache([20, 9], 8, 2, 64, F16, device)
+    seqlens = torch.tensor([20, 9], dtype=torch.int32, device=device)
+    q = randn(2, 1, 4, 64, dtype=F16, device=device)
+    kw = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
+    with pytest.raises((ValueError, TypeError), match=match):
+        tileattn.kvcache_attention(q, k, v, seqlens, table, **kw)
+    plan_kw = {n: x for n, x in kw.items() if n in ("window", "scale", "softcap", "causal")}
+    if plan_kw:
+        with pytest.raises((ValueError, TypeError), match=match):
+            tileattn.KVCachePlan(seqlens, num_heads=4, num_kv_heads=2, head_dim=64, page_size=8, dtype=F16, **plan_kw)
+
+
+def test_decode_numpy_bool_causal(device):
+    np = pytest.importorskip("numpy")
+    run_case(device, [20, 9], 1, 4, 2, 64, 8, causal=np.bool_(False))
+
+
+def test_decode_plan_int_args(device):
+    seqlens = torch.tensor([20, 9], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="head_dim"):
+        tileattn.KVCachePlan(seqlens, num_heads=4, num_kv_heads=2, head_dim=64.0, page_size=8, dtype=F16)
+    with pytest.raises(ValueError, match="page_size"):
+        tileattn.KVCachePlan(seqlens, num_heads=4, num_kv_heads=2, head_dim=64, page_size=True, dtype=F16)
+
+
+def test_decode_overlapping_outputs(device):
+    """An out / lse whose elements share memory (expand) would be written by several rows: rejected."""
+    k, v, table = make_cache([20, 9], 8, 2, 64, F16, device)
+    seqlens = torch.tensor([20, 9], dtype=torch.int32, device=device)
+    q = randn(2, 1, 4, 64, dtype=F16, device=device)
+    plan = tileattn.KVCachePlan(seqlens, num_heads=4, num_kv_heads=2, head_dim=64, page_size=8, dtype=F16)
+    with pytest.raises(ValueError, match="out: its elements overlap"):
+        plan.run(q, k, v, table, out=torch.empty(2, 1, 1, 64, dtype=F16, device=device).expand(2, 1, 4, 64))
+    with pytest.raises(ValueError, match="lse: its elements overlap"):
+        plan.run(q, k, v, table, lse=torch.empty(2, 1, 1, device=device).expand(2, 4, 1), return_lse=True)
+
+
+def test_decode_cu_seqlens_q_list(device):
+    """cu_seqlens_q given as a list with k_new: a clear error (it was subtracted before being checked)."""
+    k, v, table = make_cache([20, 9], 8, 2, 64, F16, device)
+    seqlens = torch.tensor([17, 7], dtype=torch.int32, device=device)
+    kn = randn(5, 2, 64, dtype=F16, device=device)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected an int32 tensor"):
+        tileattn.kvcache_attention(randn(5, 4, 64, dtype=F16, device=device), k, v, seqlens, table,
+                                   cu_seqlens_q=[0, 3, 5], k_new=kn, v_new=kn)
+
+
 # ---- GPU -------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 64, None])

@@ -202,6 +202,48 @@ def test_mla_bad_inputs(device):
         plan.update(torch.tensor([1, 2, 3], dtype=torch.int32, device=device))
 
 
+@pytest.mark.parametrize("kw,match", [
+    ({"scale": float("inf")}, "scale"), ({"scale": True}, "scale"), ({"scale": "0.1"}, "scale"),
+    ({"kv_scale": True}, "kv_scale"), ({"causal": "False"}, "causal"),
+], ids=["scale_inf", "scale_bool", "scale_str", "kv_scale_bool", "causal_str"])
+def test_mla_bad_options(device, kw, match):
+    """scale / kv_scale finite numbers (not bools or strings), causal a bool: these ran with all-NaN output,
+    a bool read as a number, "False" read as True, or an unclear TypeError."""
+    ckv, kpe, table, seqlens = make_cache([10, 20], 16, 64, 16, torch.float16, device)
+    qn = randn(2, 1, 4, 64, dtype=torch.float16, device=device)
+    qp = randn(2, 1, 4, 16, dtype=torch.float16, device=device)
+    with pytest.raises((ValueError, TypeError), match=match):
+        tileattn.mla_decode(qn, qp, ckv, kpe, table, seqlens, **kw)
+    if "kv_scale" not in kw:
+        with pytest.raises((ValueError, TypeError), match=match):
+            tileattn.MLADecodePlan(seqlens, num_heads=4, head_dim_ckv=64, head_dim_kpe=16, page_size=16,
+                                   dtype=torch.float16, **kw)
+
+
+@pytest.mark.parametrize("kw,name", [({"num_heads": 4.0}, "num_heads"), ({"q_len": 1.5}, "q_len"),
+                                     ({"q_len": True}, "q_len"), ({"page_size": 16.0}, "page_size"),
+                                     ({"head_dim_ckv": 64.0}, "head_dim_ckv")])
+def test_mla_plan_int_args(device, kw, name):
+    seqlens = torch.tensor([4], dtype=torch.int32, device=device)
+    args = dict(num_heads=4, head_dim_ckv=64, head_dim_kpe=16, page_size=16, dtype=torch.float16) | kw
+    with pytest.raises(TypeError, match=f"{name}.*: expected an int"):
+        tileattn.MLADecodePlan(seqlens, **args)
+
+
+def test_mla_overlapping_outputs(device):
+    """An out / lse whose elements share memory (expand) would be written by several rows: rejected."""
+    ckv, kpe, table, seqlens = make_cache([10, 20], 16, 64, 16, torch.float16, device)
+    qn = randn(2, 1, 4, 64, dtype=torch.float16, device=device)
+    qp = randn(2, 1, 4, 16, dtype=torch.float16, device=device)
+    plan = tileattn.MLADecodePlan(seqlens, num_heads=4, head_dim_ckv=64, head_dim_kpe=16, page_size=16,
+                                  dtype=torch.float16)
+    with pytest.raises(ValueError, match="out: its elements overlap"):
+        plan.run(qn, qp, ckv, kpe, table, out=torch.empty(2, 1, 1, 64, dtype=torch.float16,
+                                                           device=device).expand(2, 1, 4, 64))
+    with pytest.raises(ValueError, match="lse: its elements overlap"):
+        plan.run(qn, qp, ckv, kpe, table, lse=torch.empty(2, 1, 1, device=device).expand(2, 4, 1), return_lse=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("hq,sq", [(16, 1), (128, 1), (16, 4), (128, 4)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..common.paging import check_pages, check_seqlens
-from .checks import check_run_args
+from .checks import check_cu_seqlens_q, check_run_args
 from .plan import DecodeRun, KVCachePlan
 
 
@@ -55,6 +55,8 @@ def kvcache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     check_seqlens(cache_seqlens, None, q.device)
     seqlens = cache_seqlens
     if k_new is not None:
+        if cu_seqlens_q is not None:
+            check_cu_seqlens_q(cu_seqlens_q, cache_seqlens)  # before the subtraction below
         new = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]) if cu_seqlens_q is not None else q.shape[1]
         seqlens = (cache_seqlens + new).to(torch.int32)
     fp8_cache = k_cache.dtype == torch.float8_e4m3fn

@@ -1,5 +1,9 @@
 """Argument checks of attention over a KV cache: a clear ValueError / TypeError naming the argument, before any
 launch."""
+import math
+import numbers
+import sys
+
 import torch
 
 from ... import hw
@@ -8,12 +12,53 @@ from .configs import HEAD_DIMS
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = torch.float8_e4m3fn
+_INT32_MAX = 2 ** 31 - 1  # the kernel's positions and window bounds are int32
+
+
+def is_int(x):
+    """A Python int, not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_real(x):
+    """A real number (numpy's too), not a bool: True is no scale."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def is_bool(x):
+    """A bool or a numpy bool (numpy is not imported for it: a numpy bool's caller has imported it)."""
+    np = sys.modules.get("numpy")
+    return isinstance(x, bool) or (np is not None and isinstance(x, np.bool_))
+
+
+def check_causal(causal):
+    if not is_bool(causal):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
 
 
 def check_window(window):
+    # the kernel takes the bounds as int32 (larger ones overflow or do not fit the launch)
     if not (isinstance(window, (tuple, list)) and len(window) == 2
-            and all(isinstance(w, int) and w >= -1 for w in window)):
-        raise ValueError(f"window: expected (left, right) ints >= -1 (-1: unbounded), got {window!r}")
+            and all(is_int(w) and -1 <= w <= _INT32_MAX for w in window)):
+        raise ValueError(f"window: expected (left, right) ints in -1..2**31 - 1 (-1: unbounded), got {window!r}")
+
+
+def check_window_reach(window, max_len, max_q_len):
+    """The kernel computes pos + right + 1 and pos - left in int32 (pos in [-max_q_len, max_len)): a bound that
+    overflows them with these lengths is rejected (-1 is the unbounded window)."""
+    left, right = window
+    if max_len + right > _INT32_MAX or max_q_len + left > _INT32_MAX + 1:
+        raise ValueError(f"window: bounds {tuple(window)} overflow the kernel's int32 positions (sequences of up "
+                         f"to {max_len} tokens, {max_q_len} queries); use -1 for an unbounded side")
+
+
+def check_cu_seqlens_q(cu_seqlens_q, seqlens):
+    if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dtype != torch.int32 \
+            or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] != seqlens.shape[0] + 1:
+        raise ValueError(f"cu_seqlens_q: expected an int32 tensor of B + 1 = {seqlens.shape[0] + 1} "
+                         f"cumulative query counts, got {type(cu_seqlens_q).__name__}")
+    if cu_seqlens_q.device != seqlens.device:
+        raise ValueError(f"cu_seqlens_q: on {cu_seqlens_q.device}, seqlens is on {seqlens.device}")
 
 
 def check_plan_args(seqlens, plan, cu_seqlens_q):
@@ -21,35 +66,42 @@ def check_plan_args(seqlens, plan, cu_seqlens_q):
     check_seqlens(seqlens, None, None, "seqlens")
     hw.check_kernel_device(seqlens.device, "seqlens")
     hq, hkv, d = plan.num_heads, plan.num_kv_heads, plan.head_dim
-    if not (isinstance(hq, int) and isinstance(hkv, int) and 1 <= hkv <= hq and hq % hkv == 0):
+    if not (is_int(hq) and is_int(hkv) and 1 <= hkv <= hq and hq % hkv == 0):
         raise ValueError(f"num_heads, num_kv_heads: expected num_kv_heads >= 1 dividing num_heads (GQA), got "
                          f"{hq}, {hkv}")
     if hq // hkv > 64:
         raise ValueError(f"num_heads // num_kv_heads: at most 64 query heads per KV head, got {hq // hkv}")
-    if d not in HEAD_DIMS:
+    if not is_int(d) or d not in HEAD_DIMS:
         raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {d}")
-    if plan.page_size is not None and not (isinstance(plan.page_size, int) and 1 <= plan.page_size <= 256):
+    if plan.page_size is not None and not (is_int(plan.page_size) and 1 <= plan.page_size <= 256):
         raise ValueError(f"page_size: expected an int in 1..256 (None: a contiguous cache), got {plan.page_size!r}")
     if cu_seqlens_q is None:
-        if not (isinstance(plan.q_len, int) and plan.q_len >= 1):
+        if not (is_int(plan.q_len) and plan.q_len >= 1):
             raise ValueError(f"q_len: expected an int >= 1, got {plan.q_len!r}")
     else:
-        if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dtype != torch.int32 \
-                or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] != seqlens.shape[0] + 1:
-            raise ValueError(f"cu_seqlens_q: expected an int32 tensor of B + 1 = {seqlens.shape[0] + 1} "
-                             f"cumulative query counts")
-        if cu_seqlens_q.device != seqlens.device:
-            raise ValueError(f"cu_seqlens_q: on {cu_seqlens_q.device}, seqlens is on {seqlens.device}")
+        check_cu_seqlens_q(cu_seqlens_q, seqlens)
     if plan.dtype not in _DTYPES:
         raise TypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {plan.dtype}")
     if plan.cache_dtype not in (plan.dtype, _FP8):
         raise TypeError(f"cache_dtype: expected {plan.dtype} (q's dtype) or torch.float8_e4m3fn, got "
                         f"{plan.cache_dtype}")
-    if plan.scale is not None and not plan.scale > 0:
-        raise ValueError(f"scale: expected a positive number, got {plan.scale}")
+    if plan.scale is not None and not (is_real(plan.scale) and math.isfinite(plan.scale) and plan.scale > 0):
+        raise ValueError(f"scale: expected a positive finite number, got {plan.scale!r}")
+    check_causal(plan.causal)
     check_window(plan.window)
-    if not (isinstance(plan.softcap, (int, float)) and plan.softcap >= 0):
-        raise ValueError(f"softcap: expected a number >= 0 (0: off), got {plan.softcap!r}")
+    if not (plan.softcap is None or (is_real(plan.softcap) and math.isfinite(plan.softcap) and plan.softcap >= 0)):
+        raise ValueError(f"softcap: expected a finite number >= 0 (0: off), got {plan.softcap!r}")
+
+
+def check_host_seqlens(host_seqlens, batch):
+    """update's host_seqlens: a sequence of `batch` ints (the lengths seqlens holds; not compared with it, that
+    would need a sync)."""
+    if isinstance(host_seqlens, (str, bytes)) or not hasattr(host_seqlens, "__len__") \
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in host_seqlens):
+        raise TypeError(f"host_seqlens: expected a list of ints, got {host_seqlens!r}")
+    if len(host_seqlens) != batch:
+        raise ValueError(f"host_seqlens: expected one length per sequence (batch {batch}), got "
+                         f"{len(host_seqlens)}")
 
 
 def check_lengths(lens):
@@ -71,7 +123,7 @@ def check_scale(name, x, plan):
             raise ValueError(f"{name}: expected a float32 tensor on {plan.device} holding one element (any shape) "
                              f"or one per KV head [num_kv_heads={plan.num_kv_heads}], got {x.dtype} of shape "
                              f"{tuple(x.shape)} on {x.device}")
-    elif not (isinstance(x, (int, float)) and 0 < x < float("inf")):
+    elif not (is_real(x) and 0 < x < float("inf")):
         raise ValueError(f"{name}: expected a positive finite number or a float32 tensor, got {x!r}")
 
 
@@ -83,6 +135,15 @@ def check_head_vector(name, x, plan):
         raise ValueError(f"{name}: expected a float32 tensor of num_heads={plan.num_heads} values on "
                          f"{plan.device}, got {getattr(x, 'dtype', type(x).__name__)} "
                          f"{tuple(getattr(x, 'shape', ()))}")
+    if x.shape[0] > 1 and x.stride(0) != 1:  # the kernel reads it at offset h (a copy here would not be captured)
+        raise ValueError(f"{name}: expected a contiguous tensor (stride 1), got stride {x.stride(0)}")
+
+
+def check_no_overlap(name, t):
+    """An output whose elements share memory (an expanded tensor: stride 0) would be written by several rows."""
+    if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
+        raise ValueError(f"{name}: its elements overlap in memory (stride 0 in shape {list(t.shape)}, strides "
+                         f"{list(t.stride())}, e.g. from expand); pass a tensor that owns each element")
 
 
 def _check_tensor(name, t, plan):
@@ -148,6 +209,11 @@ def check_run_args(plan, r):
                 raise ValueError(f"{name}: expected {want} (q's tokens, num_kv_heads, head_dim), got {list(t.shape)}")
             if t.dtype != plan.dtype:
                 raise TypeError(f"{name}: expected {plan.dtype} (q's dtype), got {t.dtype}")
+        if plan.short is not None:
+            b, n, m = plan.short
+            raise ValueError(f"seqlens: with k_new, each sequence's length must be >= its q_len (the new tokens "
+                             f"are its last q_len positions), sequence {b} has {n} < {m} (kvcache_attention: "
+                             f"cache_seqlens must be >= 0)")
     check_scale("k_scale", r.k_scale, plan)
     check_scale("v_scale", r.v_scale, plan)
     check_head_vector("alibi_slopes", r.alibi_slopes, plan)
@@ -156,7 +222,11 @@ def check_run_args(plan, r):
                               or r.out.device != plan.device or r.out.stride(-1) != 1):
         raise ValueError(f"out: expected a {plan.dtype} {q_dims} = {q_shape} tensor with a contiguous last "
                          f"dimension on {plan.device}")
+    if r.out is not None:
+        check_no_overlap("out", r.out)
     lse_shape = [H, plan.total_q] if plan.varlen else [B, H, plan.q_len]
     if r.lse is not None and (list(r.lse.shape) != lse_shape or r.lse.dtype != torch.float32
                               or r.lse.device != plan.device):
         raise ValueError(f"lse: expected a float32 {lse_shape} tensor on {plan.device}")
+    if r.lse is not None:
+        check_no_overlap("lse", r.lse)

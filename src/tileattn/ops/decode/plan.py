@@ -18,7 +18,7 @@ import torch
 from ... import hw
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
-from .checks import check_lengths, check_plan_args, check_run_args
+from .checks import check_host_seqlens, check_lengths, check_plan_args, check_run_args, check_window_reach
 from .configs import block_m, occupancy
 
 # The split schedule, measured on the H100 (2026-11-23, scripts/sweep.py decode --quick, GB/s of a 2934 read
@@ -121,10 +121,11 @@ class KVCachePlan:
                  host_seqlens: Sequence[int] | None = None) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim, self.page_size = num_heads, num_kv_heads, head_dim, \
             page_size
-        self.q_len, self.dtype, self.causal, self.scale = q_len, dtype, bool(causal), scale
-        self.window, self.softcap = tuple(window), float(softcap) if softcap else 0.0
+        self.q_len, self.dtype, self.causal, self.scale = q_len, dtype, causal, scale
+        self.window, self.softcap = window, softcap
         self.cache_dtype = dtype if cache_dtype is None else cache_dtype
         check_plan_args(seqlens, self, cu_seqlens_q)
+        self.causal, self.window, self.softcap = bool(causal), tuple(window), float(softcap) if softcap else 0.0
         if self.causal and self.window[1] > 0:
             self.window = (self.window[0], 0)  # causal clips the right bound
         self.device = seqlens.device
@@ -184,9 +185,15 @@ class KVCachePlan:
         """Re-plan for new lengths of the same batch composition (a device sync, unless host_seqlens gives
         them as a list of ints), into the plan's buffers."""
         check_seqlens(seqlens, self.batch, self.device, "seqlens")
-        lens = seqlens.to("cpu", torch.int64).tolist() if host_seqlens is None else list(host_seqlens)
+        if host_seqlens is not None:
+            check_host_seqlens(host_seqlens, self.batch)
+        lens = seqlens.to("cpu", torch.int64).tolist() if host_seqlens is None else [int(n) for n in host_seqlens]
         check_lengths(lens)
+        check_window_reach(self.window, max(lens, default=0), self.max_q_len)
         self.max_len = max(lens, default=0)
+        # the first sequence shorter than its queries, (b, length, q_len): run's k_new would be written before
+        # its first position (into another sequence's page), so run rejects k_new then
+        self.short = next(((b, n, m) for b, (n, m) in enumerate(zip(lens, self.q_lens)) if n < m), None)
         tiles = tile_ranges(lens, self.q_lens, self.group, self.block_m, self.causal, self.window)
         step = self.config.block_n
         if self.may_split:

@@ -1,4 +1,8 @@
 """Argument checks of MLA decode: a clear ValueError / TypeError naming the argument, before any launch."""
+import math
+import numbers
+import sys
+
 import torch
 
 from ... import hw
@@ -6,6 +10,30 @@ from ..common.paging import check_seqlens
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = torch.float8_e4m3fn
+
+
+def is_int(x):
+    """A Python int, not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_real(x):
+    """A real number (numpy's too), not a bool: True is no scale."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_causal(causal):
+    """A bool or a numpy bool (numpy is not imported for it: a numpy bool's caller has imported it)."""
+    np = sys.modules.get("numpy")
+    if not (isinstance(causal, bool) or (np is not None and isinstance(causal, np.bool_))):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+
+
+def check_no_overlap(name, t):
+    """An output whose elements share memory (an expanded tensor: stride 0) would be written by several rows."""
+    if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
+        raise ValueError(f"{name}: its elements overlap in memory (stride 0 in shape {list(t.shape)}, strides "
+                         f"{list(t.stride())}, e.g. from expand); pass a tensor that owns each element")
 
 
 def is_pow2(x):
@@ -18,6 +46,10 @@ def check_plan_args(cache_seqlens, plan):
     hw.check_kernel_device(cache_seqlens.device, "cache_seqlens")
     num_heads, q_len, dc, dr, page_size = plan.num_heads, plan.q_len, plan.dc, plan.dr, plan.page_size
     dtype, cache_dtype, scale = plan.dtype, plan.cache_dtype, plan.scale
+    for name, x in (("num_heads", num_heads), ("q_len", q_len), ("head_dim_ckv (Dc)", dc), ("head_dim_kpe (Dr)", dr),
+                    ("page_size", page_size)):
+        if not is_int(x):
+            raise TypeError(f"{name}: expected an int, got {type(x).__name__} {x!r}")
     if not 1 <= num_heads <= 128:
         raise ValueError(f"num_heads: expected 1..128, got {num_heads}")
     if q_len < 1:
@@ -31,8 +63,9 @@ def check_plan_args(cache_seqlens, plan):
         raise TypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
     if cache_dtype not in (dtype, _FP8):
         raise TypeError(f"cache_dtype: expected {dtype} (q's dtype) or torch.float8_e4m3fn, got {cache_dtype}")
-    if scale is not None and not scale > 0:
-        raise ValueError(f"scale: expected a positive number, got {scale}")
+    if scale is not None and not (is_real(scale) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
+    check_causal(plan.causal)
 
 
 def check_kv_scale(kv_scale, plan):
@@ -43,7 +76,7 @@ def check_kv_scale(kv_scale, plan):
         if kv_scale.dtype != torch.float32 or kv_scale.numel() != 1 or kv_scale.device != plan.device:
             raise ValueError(f"kv_scale: expected a one-element float32 tensor on {plan.device}, got "
                              f"{kv_scale.dtype} of shape {tuple(kv_scale.shape)} on {kv_scale.device}")
-    elif not (isinstance(kv_scale, (int, float)) and kv_scale > 0 and kv_scale != float("inf")):
+    elif not (is_real(kv_scale) and kv_scale > 0 and kv_scale != float("inf")):
         raise ValueError(f"kv_scale: expected a positive finite number or a float32 tensor, got {kv_scale!r}")
 
 
@@ -94,3 +127,6 @@ def check_run_args(plan, r):
                             or lse.device != plan.device or lse.stride(-1) != 1):
         raise ValueError(f"lse: expected a float32 [B, num_heads, q_len] = {[B, H, S]} tensor with a contiguous "
                          f"last dimension on {plan.device}")
+    for name, t in (("out", out), ("lse", lse)):
+        if t is not None:
+            check_no_overlap(name, t)
