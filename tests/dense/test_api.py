@@ -43,6 +43,7 @@ def test_bad_inputs_raise(name, mutate, exc, msg, device):
 @pytest.mark.parametrize("kw,msg", [
     (dict(window=(-2, 0)), "window bounds"), (dict(window=(1,)), "pair of ints"), (dict(softcap=-1.0), "softcap"),
     (dict(scale=float("nan")), "scale"), (dict(causal=1), "causal must be a bool"),
+    (dict(causal="False"), "causal must be a bool"), (dict(scale=True), "scale"), (dict(softcap=True), "softcap"),
 ])
 def test_bad_options_raise(kw, msg, device):
     with pytest.raises((ValueError, TypeError), match=msg):
@@ -67,6 +68,53 @@ def test_bad_cu_seqlens_raise(cu_q, cu_k, maxq, msg, device):
     ck = torch.tensor(cu_k, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match=msg):
         tileattn.varlen_attention(q, q, q, cq, ck, maxq, 5)
+
+
+def test_cu_seqlens_noncontiguous_raises(device):
+    """The kernels read cu_seqlens[b] at offset b: a strided view (values [0, 10, 16] here) is refused."""
+    q = randn(16, 2, 32, dtype=torch.float16, device=device)
+    cu = torch.tensor([0, 99, 10, 99, 16], dtype=torch.int32, device=device)[::2]
+    ok = cu.contiguous()
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be contiguous \(stride\(0\) == 1\), got stride 2"):
+        tileattn.varlen_attention(q, q, q, cu, ok, 10, 10)
+    with pytest.raises(ValueError, match="cu_seqlens_k must be contiguous"):
+        tileattn.varlen_attention(q, q, q, ok, cu, 10, 10)
+
+
+@pytest.mark.parametrize("maxq,maxk", [(17, 10), (2 ** 31, 10), (10, 2 ** 40)])
+def test_max_seqlen_above_packed_length(maxq, maxk, device):
+    """max_seqlen sizes the launch grid: one longer than the packed tensor (a model's maximum, which FlashAttention
+    takes; 2^31 was a grid that never ends) counts as the packed length."""
+    q = randn(16, 2, 32, dtype=torch.float16, device=device)
+    cu = torch.tensor([0, 10, 16], dtype=torch.int32, device=device)
+    want = tileattn.varlen_attention(q, q, q, cu, cu, 10, 10)
+    assert torch.equal(tileattn.varlen_attention(q, q, q, cu, cu, maxq, maxk), want)
+
+
+def test_huge_window_is_unbounded(device):
+    """A window bound >= 2^30 is -1 (unbounded): passed on, 2^63 (Triton's uint64) gave all zeros, 2^31 - 2 (int32
+    overflow in the bounds) and 2^64 (OverflowError) failed."""
+    q = randn(1, 24, 2, 32, dtype=torch.float16, device=device)
+    k, v = (randn(1, 16, 2, 32, dtype=torch.float16, device=device) for _ in range(2))
+    causal = tileattn.attention(q, k, v, causal=True)
+    assert torch.equal(tileattn.attention(q, k, v, causal=True, window=(2 ** 63, 0)), causal)
+    assert torch.equal(tileattn.attention(q, k, v, causal=True, window=[2 ** 64, 2 ** 30]), causal)
+    assert torch.equal(tileattn.attention(q, k, v, window=(2 ** 31 - 2, 2 ** 31 - 2)), tileattn.attention(q, k, v))
+
+
+def test_flags_take_bools_only(device):
+    """A truthy non-bool (is_causal="False") is refused as torch refuses it; numpy bools are bools."""
+    np = pytest.importorskip("numpy")
+    q = randn(1, 2, 16, 32, dtype=torch.float16, device=device)
+    with pytest.raises(TypeError, match="is_causal must be a bool, got str"):
+        tileattn.scaled_dot_product_attention(q, q, q, is_causal="False")
+    with pytest.raises(TypeError, match="enable_gqa must be a bool, got str"):
+        tileattn.scaled_dot_product_attention(q, q, q, enable_gqa="no")
+    ref = tileattn.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert torch.equal(tileattn.scaled_dot_product_attention(q, q, q, is_causal=np.bool_(True)), ref)
+    qb = q.transpose(1, 2)
+    ref = tileattn.attention(qb, qb, qb, causal=True)
+    assert torch.equal(tileattn.attention(qb, qb, qb, causal=np.bool_(True)), ref)
 
 
 def test_cu_seqlens_dtype_raises(device):

@@ -142,6 +142,29 @@ def test_bad_inputs(device):
         tileattn.flex_attention(q, k, v, block_mask=bm)
 
 
+
+def test_bad_arguments_raise(device):
+    """Arguments that ran before as something else: an infinite or bool scale (all-NaN rows, or 1.0), a truthy
+    enable_gqa, an empty captured tensor (the kernel read past it), a capture on another device, a mask_mod
+    returning floats (torch refuses them)."""
+    q, k, v = qkv(1, 2, 32, 32, 32, DT, device)
+    for scale in (float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="scale: expected a finite positive number"):
+            tileattn.flex_attention(q, k, v, scale=scale)
+    with pytest.raises(TypeError, match="enable_gqa: expected a bool, got str"):
+        tileattn.flex_attention(q, k, v, enable_gqa="no")
+    empty = torch.zeros(0, device=device)
+    with pytest.raises(tileattn.FlexCompileError, match=r"captured tensor .* of shape \(0,\) is empty"):
+        tileattn.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + empty[h])
+    elsewhere = torch.zeros(2, device="meta")
+    with pytest.raises(ValueError, match="score_mod's captured tensor 0 .* is on meta"):
+        tileattn.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + elsewhere[h])
+    bm = flex_mod.create_block_mask(mods.causal, None, None, 32, 32, device=device, BLOCK_SIZE=16)
+    bm = flex_mod.BlockMask.from_kv_blocks(bm.kv_num_blocks, bm.kv_indices, BLOCK_SIZE=16, seq_lengths=(32, 32),
+                                           mask_mod=lambda b, h, qi, kv: (qi - kv).float())
+    with pytest.raises(tileattn.FlexCompileError, match="mask_mod .*must return a bool tensor"):
+        tileattn.flex_attention(q, k, v, block_mask=bm)
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("D", [64, 128])

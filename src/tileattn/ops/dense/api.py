@@ -11,6 +11,7 @@ from . import custom_ops, plans
 from .problem import (
     MAX_GRAD_HEAD_DIM,
     AttnOptions,
+    check_bool,
     check_cu_seqlens_meta,
     check_device,
     check_inputs,
@@ -37,7 +38,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | fp8.Fp8V, *, c
             with Sq > Sk the first Sq - Sk query rows see nothing).
         scale: multiplier of q.k; default D ** -0.5.
         window: (left, right) local attention, i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 leaves
-            that side unbounded. With causal=True the right bound is clipped to 0.
+            that side unbounded, as does any bound >= 2 ** 30 (longer than any sequence). With causal=True the
+            right bound is clipped to 0.
         softcap: if > 0, scores s become softcap * tanh(s / softcap) (s already scaled).
         return_lse: also return the log-sum-exp of the (scaled, capped) scores.
         q_descale, k_descale, v_descale: fp8 only. The real value of an element is its stored value times
@@ -94,7 +96,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         cu_seqlens_q, cu_seqlens_k: int32 [B + 1] cumulative lengths starting at 0; sequence b is rows
             cu[b]:cu[b + 1]. Empty sequences are allowed. The values are checked on the host (one small
             device-to-host copy per call).
-        max_seqlen_q, max_seqlen_k: ints >= the longest sequence (they size the launch grid).
+        max_seqlen_q, max_seqlen_k: ints >= the longest sequence (they size the launch grid; a value above the
+            packed length counts as the packed length).
         causal, scale, window, softcap, return_lse: as in `attention`, per sequence (causal aligned
             bottom-right within each sequence).
         q_descale, k_descale, v_descale, out_dtype: fp8 as in `attention`, descale tensors of shape
@@ -111,9 +114,14 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     fp8.check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, cu_seqlens_q.shape[0] - 1)
     check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
     qk_factor, out_scale, descales = fp8.split_descales(q_descale, k_descale, v_descale)
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    if isinstance(q.shape[0], int) and isinstance(k.shape[0], int):  # (static shapes: not a symbol to guard on)
+        # no sequence is longer than the packed rows: a larger bound (a model's maximum, as FlashAttention takes
+        # it) would only size a larger grid (2^31: one that never ends)
+        max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     opts = AttnOptions(scale=_scale(q, scale) * qk_factor, window=effective_window(causal, window),
-                       softcap=float(softcap), return_lse=bool(return_lse), max_seqlen_q=int(max_seqlen_q),
-                       max_seqlen_k=int(max_seqlen_k), out_scale=out_scale, out_dtype=_out_dtype(q, out_dtype))
+                       softcap=float(softcap), return_lse=bool(return_lse), max_seqlen_q=max_seqlen_q,
+                       max_seqlen_k=max_seqlen_k, out_scale=out_scale, out_dtype=_out_dtype(q, out_dtype))
     return _run(q, k, v, (cu_seqlens_q, cu_seqlens_k), descales, opts)
 
 
@@ -224,6 +232,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     Returns the output [B, Hq, Sq, Dv] in the input dtype, contiguous in that layout.
     """
+    check_bool("is_causal", is_causal)  # a truthy "False" is no bool: torch refuses it too
+    check_bool("enable_gqa", enable_gqa)
     if attn_mask is not None or dropout_p > 0.0:
         what = "attn_mask" if attn_mask is not None else "dropout_p > 0"
         _warn_once(what, f"tileattn.scaled_dot_product_attention: {what} is not supported by tileattn's "

@@ -216,11 +216,23 @@ def check_device(*tensors, name="q"):
     hw.check_interpreter_dtype(tensors[0].dtype, name)
 
 
+def is_bool(x):
+    """Whether x is a bool: Python's, or numpy's (numpy.bool_), as torch's bool arguments take them."""
+    return isinstance(x, bool) or (type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_"))
+
+
+def check_bool(name, x):
+    """A flag argument must be a bool: a truthy string ("False") or number is refused, as torch refuses it."""
+    if not is_bool(x):
+        raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
+
+
 def check_options(causal, scale, window, softcap):
     # runs on every call (the tensor checks only once per problem key): no generator, no tuple building
-    if not isinstance(causal, bool):
+    if not is_bool(causal):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if scale is not None and (not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale == 0):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale == 0):
         raise ValueError(f"scale must be a finite non-zero number or None, got {scale!r}")
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window must be a pair of ints (left, right), got {window!r}")
@@ -229,7 +241,7 @@ def check_options(causal, scale, window, softcap):
         raise TypeError(f"window must be a pair of ints (left, right), got {window!r}")
     if left < -1 or right < -1:
         raise ValueError(f"window bounds must be >= 0, or -1 for unbounded, got {tuple(window)}")
-    if not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
 
 
@@ -293,6 +305,9 @@ def check_cu_seqlens(cu_q, cu_k, total_q, total_k, max_q, max_k):
             raise ValueError(f"{name}[-1] = {vals[-1]} exceeds the packed length {total}")
         if lens and max(lens) > mx:
             raise ValueError(f"max_seqlen {mx} is smaller than the longest sequence in {name} ({max(lens)})")
+        if mx > total:  # max_seqlen sizes the grid (varlen_attention clamps it where the shapes are static)
+            raise ValueError(f"max_seqlen_{name[-1]} = {mx} is larger than the packed length of {name[-1]} "
+                             f"({total}): it must be at most {name[-1]}.shape[0]")
 
 
 def check_cu_seqlens_meta(cu_q, cu_k, max_q, max_k):
@@ -302,6 +317,9 @@ def check_cu_seqlens_meta(cu_q, cu_k, max_q, max_k):
         if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
             raise ValueError(f"{name} must be a 1-D int32 tensor of length B + 1 >= 2, got {cu.dtype} "
                              f"shape {tuple(cu.shape)}")
+        if cu.stride(0) != 1:  # the kernels read cu[b] at offset b
+            raise ValueError(f"{name} must be contiguous (stride(0) == 1), got stride {cu.stride(0)}; pass "
+                             f"{name}.contiguous()")
     if cu_q.shape != cu_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
                          f"{cu_q.shape[0]} and {cu_k.shape[0]}")
@@ -310,9 +328,20 @@ def check_cu_seqlens_meta(cu_q, cu_k, max_q, max_k):
             raise ValueError(f"{name} must be an int >= 0, got {m!r}")
 
 
+# A window bound from here up reaches past any sequence the kernels serve: it is unbounded, as -1. The kernels
+# compute window limits in int32 (position + offset + bound), which a bound near 2^31 overflows, and Triton
+# passes an int from 2^63 up as uint64: passed on, such bounds gave wrong (or all-zero) results.
+UNBOUNDED_WINDOW = 2 ** 30
+
+
 def effective_window(causal, window):
-    """(left, right) with -1 = unbounded; causal clips the right bound to 0 (the diagonal)."""
+    """(left, right) with -1 = unbounded (a bound >= UNBOUNDED_WINDOW becomes -1); causal clips the right bound
+    to 0 (the diagonal)."""
     left, right = int(window[0]), int(window[1])
+    if left >= UNBOUNDED_WINDOW:
+        left = -1
+    if right >= UNBOUNDED_WINDOW:
+        right = -1
     if causal:
         right = 0 if right < 0 else min(right, 0)
     return left, right

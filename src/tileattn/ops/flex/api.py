@@ -13,7 +13,16 @@ from ..common.fp8 import FP8_DTYPES, Descale, Fp8V, check_fp8_options
 from . import custom_ops, dispatch, plans
 from .bwd import flex_bwd
 from .captures import traced_mod
-from .problem import DTYPES, FlexCall, FlexOptions, FlexProblem, check_inputs, mask_tensors, transposed_lists
+from .problem import (
+    DTYPES,
+    FlexCall,
+    FlexOptions,
+    FlexProblem,
+    check_bool,
+    check_inputs,
+    mask_tensors,
+    transposed_lists,
+)
 from .trace import compile_mod
 
 if TYPE_CHECKING:
@@ -56,6 +65,7 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor |
     graph inputs include the mods' captured tensors and the block mask's lists, so new values (or new tensors
     of the same shapes) need no recompile; the mods must be made outside the compiled function (captures.py).
     """
+    check_bool("enable_gqa", enable_gqa)
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (query, key, value))
     eager = isinstance(query, torch.Tensor) and not torch.compiler.is_compiling()

@@ -11,6 +11,7 @@ Every check raises TypeError / ValueError naming the argument, before any launch
 """
 import ast
 import functools
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -115,8 +116,11 @@ def mod_captures(p, c):
         for spec, caps in zip((p.score_mod, p.mask_mod), c.captures):
             if spec is not None:
                 spec.check_captures(caps)
-        return c.captures
-    return (p.score_mod.captures if p.score_mod else (), p.mask_mod.captures if p.mask_mod else ())
+        captures = c.captures
+    else:
+        captures = (p.score_mod.captures if p.score_mod else (), p.mask_mod.captures if p.mask_mod else ())
+    check_captures_device(p, captures)
+    return captures
 
 
 def value_shape(value):
@@ -172,8 +176,25 @@ def check_inputs(query, key, value, enable_gqa, scale):
 
 
 def check_scale(scale):
-    if scale is not None and not scale > 0:
-        raise ValueError(f"scale: expected a positive number, got {scale}")
+    # (comparisons, not math.isfinite: a scale that Dynamo traces as a symbol compares without a guard)
+    if scale is not None and (isinstance(scale, bool) or not 0 < scale < math.inf):
+        raise ValueError(f"scale: expected a finite positive number, got {scale!r}")
+
+
+def check_bool(name, x):
+    """A flag argument must be a bool (Python's or numpy's, as torch takes): a truthy string ("no") or number is
+    refused. (dense/problem.is_bool's test: ops share only common/)"""
+    if not (isinstance(x, bool) or (type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_"))):
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+
+
+def check_captures_device(p, captures):
+    """Every captured tensor (mod_captures' pair of tuples) on the device of the call's query."""
+    for kind, caps in zip(("score", "mask"), captures):
+        for i, t in enumerate(caps):
+            if t.device != p.device:
+                raise ValueError(f"the {kind}_mod's captured tensor {i} {tuple(t.shape)} is on {t.device}, query "
+                                 f"is on {p.device}: move it to the query's device")
 
 
 def mask_tensors(block_mask, batch, heads, seqlen_q, seqlen_k, device):

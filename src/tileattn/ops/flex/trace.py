@@ -246,6 +246,9 @@ class _Writer(FloatIndex):
         if t.dtype not in _DTYPES or t.dtype == torch.float64:
             raise FlexCompileError(f"{self.name}: captured tensor of dtype {t.dtype} (use float32/16, int32/64 "
                                    f"or bool)")
+        if t.numel() == 0:  # (the kernel clamps indices into range: an empty tensor has none)
+            raise FlexCompileError(f"{self.name}: captured tensor {node.target} of shape {tuple(t.shape)} is empty: "
+                                   f"there is no element to read")
         for i, c in enumerate(self.captures):
             if c is t:
                 return i
@@ -485,6 +488,11 @@ def _emit(gm, kind, name, grad):
     w = _Writer(gm, name, arg_names, grad=grad)
     result = w.write()
     if kind == "mask":
+        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        if isinstance(out, float) or (isinstance(out, torch.fx.Node) and (out in w.floats or out in w.low)):
+            # (known floats only: the tracer does not type every value, so others are read as != 0)
+            raise FlexCompileError(f"{name}: must return a bool tensor (True: the key is visible), got a "
+                                   f"floating-point value; compare it instead (e.g. `x > 0`)")
         result = f"(({result}) != 0)"
     else:
         result = f"({result}).to(tl.float32)"
