@@ -106,7 +106,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
     Returns:
         out [total_q, Hq, Dv] in q's dtype (fp8: out_dtype); with return_lse, (out, lse) with lse
-        [Hq, total_q] float32.
+        [Hq, total_q] float32. Rows (and lse entries) from cu_seqlens_q[-1] on (padding after the last
+        sequence) are left unwritten, as in FlashAttention.
     """
     check_inputs(q, k, v, varlen=True)
     check_options(causal, scale, window, softcap)
