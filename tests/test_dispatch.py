@@ -120,6 +120,12 @@ def test_forcing(h100, monkeypatch):
     with pytest.raises(ValueError, match="is for backend dense.triton"):
         with tileattn.force_backend("dense.sm90", config=AttnConfig(64, 64, 4, 2)):
             pass
+    with pytest.raises(TypeError, match="force_backend\\(config\\): expected a config"):  # was silently ignored
+        with tileattn.force_backend(config=object()):
+            pass
+    with pytest.raises(TypeError, match="force_backend\\(name\\): expected a str"):  # was an AttributeError
+        with tileattn.force_backend(123):
+            pass
     with pytest.raises(ValueError, match="TILEATTN_BACKEND: expected"):
         monkeypatch.setenv("TILEATTN_BACKEND", "sm90")
         dense.select(p)

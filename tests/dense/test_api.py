@@ -115,6 +115,9 @@ def test_flags_take_bools_only(device):
     qb = q.transpose(1, 2)
     ref = tileattn.attention(qb, qb, qb, causal=True)
     assert torch.equal(tileattn.attention(qb, qb, qb, causal=np.bool_(True)), ref)
+    for _ in range(2):  # the first call of a shape and a later one (checked on separate paths)
+        with pytest.raises(TypeError, match="return_lse must be a bool, got str"):
+            tileattn.attention(qb, qb, qb, return_lse="no")
 
 
 def test_cu_seqlens_dtype_raises(device):

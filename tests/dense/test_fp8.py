@@ -142,6 +142,9 @@ def test_quantize_fp8_and_v_layout(device):
         assert not torch.equal(v.view().float(), x8.float())  # keys are reordered within groups of 16
     q8, qd = quantize_fp8(randn(1, 5, 8, 32, dtype=torch.float32, device=device), group=4)
     assert qd.shape == (1, 2)
+    for empty in (torch.zeros(2, 0, 4, 64, device=device), torch.zeros(0, 4, 64, device=device)):  # no tokens
+        e8, ed = quantize_fp8(empty)  # (amax of nothing raised from torch)
+        assert e8.shape == empty.shape and (ed == 1).all() and ed.shape == ((2, 4) if empty.dim() == 4 else ())
 
 
 def test_fp8_bad_inputs(device):

@@ -151,6 +151,8 @@ def test_bad_arguments_raise(device):
     for scale in (float("inf"), float("nan"), True):
         with pytest.raises(ValueError, match="scale: expected a finite positive number"):
             tileattn.flex_attention(q, k, v, scale=scale)
+    with pytest.raises(TypeError, match="scale: expected a finite positive number, got str"):
+        tileattn.flex_attention(q, k, v, scale="0.1")
     with pytest.raises(TypeError, match="enable_gqa: expected a bool, got str"):
         tileattn.flex_attention(q, k, v, enable_gqa="no")
     empty = torch.zeros(0, device=device)

@@ -61,6 +61,8 @@ _forced = _Forced()  # process-wide (see the module docstring)
 
 def _parse(spec, what):
     """{op: backend name} (or TRITON, or None) from a spec "triton" / "dense.sm90,mla.triton" / "" / "auto"."""
+    if spec is not None and not isinstance(spec, str):
+        raise TypeError(f"{what}: expected a str such as 'dense.sm90' or 'triton', got {type(spec).__name__}")
     spec = (spec or "").strip()
     if spec in ("", "auto"):
         return None
@@ -85,6 +87,9 @@ def force_backend(name: str | None = None, *, config: object | None = None) -> I
     the outer one; plans made inside are keyed by it. Process-wide (backward threads see it too)."""
     names = _parse(name, "force_backend(name)")
     if config is not None:
+        if not hasattr(type(config), "backend"):  # (every config class of ops/*/configs.py names its backend)
+            raise TypeError(f"force_backend(config): expected a config of ops/*/configs.py (AttnConfig, "
+                            f"Sm90Config, BwdConfig, ...), got {type(config).__name__}")
         implied = getattr(type(config), "backend", None)
         if names is None and implied:
             names = {implied.partition(".")[0]: implied}

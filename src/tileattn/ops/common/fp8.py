@@ -52,7 +52,7 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     Returns:
         (x_fp8, descale): x_fp8 in `dtype`, x's shape, contiguous; descale float32 [B, H // group] (4-D x) or
         a 0-dim tensor (3-D x), with x ~= x_fp8 * descale (the attention descale convention). Groups whose
-        values are all 0 get descale 1.
+        values are all 0 (or that hold none) get descale 1.
     """
     if dtype not in FP8_DTYPES:
         raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
@@ -60,14 +60,14 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
         raise ValueError("x must be a floating-point tensor [B, S, H, D] or [total, H, D]")
     if x.dim() == 3:
         xf = x.float()
-        amax = xf.abs().amax()
+        amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())  # (no tokens: descale 1)
         descale = torch.where(amax > 0, amax / _FP8_MAX[dtype], torch.ones_like(amax))
         return (xf / descale).to(dtype).contiguous(), descale
     B, S, H, D = x.shape
     if not isinstance(group, int) or group < 1 or H % group:
         raise ValueError(f"group must be a positive divisor of the {H} heads, got {group!r}")
     xf = x.float().reshape(B, S, H // group, group * D)
-    amax = xf.abs().amax(dim=(1, 3))
+    amax = xf.abs().amax(dim=(1, 3)) if S * D else xf.new_zeros(B, H // group)  # (no tokens: descale 1)
     descale = torch.where(amax > 0, amax / _FP8_MAX[dtype], torch.ones_like(amax))
     x8 = (xf / descale[:, None, :, None]).to(dtype).reshape(B, S, H, D)
     return x8, descale

@@ -72,7 +72,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | fp8.Fp8V, *, c
     if v_packed:
         v = v.view()  # the sequence-major view the kernels take (keys in packed order)
     check_inputs(q, k, v, varlen=False)
-    check_options(causal, scale, window, softcap)
+    check_options(causal, scale, window, softcap, return_lse)
     fp8.check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, q.shape[0])
     check_device(q, k, v)
     qk_factor, out_scale, descales = fp8.split_descales(q_descale, k_descale, v_descale)
@@ -110,7 +110,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         sequence) are left unwritten, as in FlashAttention.
     """
     check_inputs(q, k, v, varlen=True)
-    check_options(causal, scale, window, softcap)
+    check_options(causal, scale, window, softcap, return_lse)
     check_cu_seqlens_meta(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     fp8.check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, cu_seqlens_q.shape[0] - 1)
     check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
@@ -155,7 +155,7 @@ def _attention_tracked(q, k, v, causal, scale, window, softcap, return_lse):
     (plans.checked): the options checked, their string for custom_ops.EagerAttn built once per option values
     (AttnOptions.encode costs ~10 us of Python a call, scripts/host_overhead.py --cpu), then the same forward and
     backward as _run's."""
-    check_options(causal, scale, window, softcap)
+    check_options(causal, scale, window, softcap, return_lse)
     _check_grad_head_dim(q, v)
     key = (scale, causal, window[0], window[1], softcap, bool(return_lse), q.shape[-1])
     options = _tracked_options.get(key)

@@ -127,11 +127,11 @@ def attention_eager(q, k, v, causal, scale, window, softcap, return_lse):
     entry = _entries.get(key)
     if entry is None:
         check_inputs(q, k, v, varlen=False)  # the order of the API's checks: a bad tensor is reported first
-        check_options(causal, scale, window, softcap)
+        check_options(causal, scale, window, softcap, return_lse)
         check_device(q, k, v)
         entry = _new_entry(key, q, v, False)
     else:
-        check_options(causal, scale, window, softcap)
+        check_options(causal, scale, window, softcap, return_lse)
         if entry.on_cpu:
             check_device(q, k, v)
     left, right = effective_window(causal, window)

@@ -227,10 +227,12 @@ def check_bool(name, x):
         raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
 
 
-def check_options(causal, scale, window, softcap):
+def check_options(causal, scale, window, softcap, return_lse=False):
     # runs on every call (the tensor checks only once per problem key): no generator, no tuple building
     if not is_bool(causal):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if return_lse is not False and return_lse is not True and not is_bool(return_lse):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
                               or not math.isfinite(scale) or scale == 0):
         raise ValueError(f"scale must be a finite non-zero number or None, got {scale!r}")

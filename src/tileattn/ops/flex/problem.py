@@ -177,7 +177,13 @@ def check_inputs(query, key, value, enable_gqa, scale):
 
 def check_scale(scale):
     # (comparisons, not math.isfinite: a scale that Dynamo traces as a symbol compares without a guard)
-    if scale is not None and (isinstance(scale, bool) or not 0 < scale < math.inf):
+    if scale is None:
+        return
+    try:
+        ok = not isinstance(scale, bool) and 0 < scale < math.inf
+    except TypeError:  # a string, a list ...: no number to compare
+        raise TypeError(f"scale: expected a finite positive number, got {type(scale).__name__} {scale!r}") from None
+    if not ok:
         raise ValueError(f"scale: expected a finite positive number, got {scale!r}")
 
 
