@@ -191,7 +191,7 @@ for s in $steps; do
       summary+=("flex-small rc=$rc")
       grep -E "^FLEX|[Ss]ync" "$OUT/flex_small.log" | head -30 ;;
     bwd-tests)
-      # ~290 tests: more than 400 s on the H100 machine with 4 workers (2026-11-28), so it no longer fits one device
+      # 254 tests: more than 400 s on the H100 machine with 4 workers (2026-11-28), so it no longer fits one device
       # command beside bench-bwd; BWD_TESTS_K narrows it (a pytest -k expression)
       timeout ${BWD_TESTS_TIMEOUT:-560} python3 -m pytest -q -n ${TEST_WORKERS:-4} -p no:cacheprovider tests/dense/test_backward.py tests/dense/test_backward_split.py tests/flex/test_flex_backward.py ${BWD_TESTS_K:+-k "$BWD_TESTS_K"} > "$OUT/bwd_tests.log" 2>&1; rc=$?
       summary+=("bwd-tests rc=$rc: $(tail -n 1 "$OUT/bwd_tests.log")")
