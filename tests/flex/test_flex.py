@@ -153,7 +153,7 @@ def test_bad_arguments_raise(device):
             tileattn.flex_attention(q, k, v, scale=scale)
     with pytest.raises(TypeError, match="scale: expected a finite positive number, got str"):
         tileattn.flex_attention(q, k, v, scale="0.1")
-    with pytest.raises(TypeError, match="enable_gqa: expected a bool, got str"):
+    with pytest.raises(TypeError, match="enable_gqa must be a bool, got str"):
         tileattn.flex_attention(q, k, v, enable_gqa="no")
     empty = torch.zeros(0, device=device)
     with pytest.raises(tileattn.FlexCompileError, match=r"captured tensor .* of shape \(0,\) is empty"):

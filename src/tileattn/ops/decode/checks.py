@@ -2,38 +2,17 @@
 launch."""
 import math
 import numbers
-import sys
 
 import torch
 
 from ... import hw
+from ..common.args import check_bool, check_no_overlap, is_int, is_real
 from ..common.paging import check_seqlens
 from .configs import HEAD_DIMS
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = torch.float8_e4m3fn
 _INT32_MAX = 2 ** 31 - 1  # the kernel's positions and window bounds are int32
-
-
-def is_int(x):
-    """A Python int, not a bool."""
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def is_real(x):
-    """A real number (numpy's too), not a bool: True is no scale."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def is_bool(x):
-    """A bool or a numpy bool (numpy is not imported for it: a numpy bool's caller has imported it)."""
-    np = sys.modules.get("numpy")
-    return isinstance(x, bool) or (np is not None and isinstance(x, np.bool_))
-
-
-def check_causal(causal):
-    if not is_bool(causal):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
 
 
 def check_window(window):
@@ -87,7 +66,7 @@ def check_plan_args(seqlens, plan, cu_seqlens_q):
                         f"{plan.cache_dtype}")
     if plan.scale is not None and not (is_real(plan.scale) and math.isfinite(plan.scale) and plan.scale > 0):
         raise ValueError(f"scale: expected a positive finite number, got {plan.scale!r}")
-    check_causal(plan.causal)
+    check_bool("causal", plan.causal)
     check_window(plan.window)
     if not (plan.softcap is None or (is_real(plan.softcap) and math.isfinite(plan.softcap) and plan.softcap >= 0)):
         raise ValueError(f"softcap: expected a finite number >= 0 (0: off), got {plan.softcap!r}")
@@ -137,13 +116,6 @@ def check_head_vector(name, x, plan):
                          f"{tuple(getattr(x, 'shape', ()))}")
     if x.shape[0] > 1 and x.stride(0) != 1:  # the kernel reads it at offset h (a copy here would not be captured)
         raise ValueError(f"{name}: expected a contiguous tensor (stride 1), got stride {x.stride(0)}")
-
-
-def check_no_overlap(name, t):
-    """An output whose elements share memory (an expanded tensor: stride 0) would be written by several rows."""
-    if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
-        raise ValueError(f"{name}: its elements overlap in memory (stride 0 in shape {list(t.shape)}, strides "
-                         f"{list(t.stride())}, e.g. from expand); pass a tensor that owns each element")
 
 
 def _check_tensor(name, t, plan):

@@ -7,11 +7,11 @@ import warnings
 import torch
 
 from ..common import fp8
+from ..common.args import check_bool
 from . import custom_ops, plans
 from .problem import (
     MAX_GRAD_HEAD_DIM,
     AttnOptions,
-    check_bool,
     check_cu_seqlens_meta,
     check_device,
     check_inputs,

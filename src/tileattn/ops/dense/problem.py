@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ... import hw
+from ..common.args import is_bool
 from ..common.fp8 import FP8_DTYPES, is_fp8, is_seq_major
 from ..common.tma import tma_ok
 
@@ -214,17 +215,6 @@ def check_device(*tensors, name="q"):
             raise ValueError(f"all tensors must be on one device: q is on {dev}, {other} on {t.device}")
     hw.check_kernel_device(dev, "q, k, v")
     hw.check_interpreter_dtype(tensors[0].dtype, name)
-
-
-def is_bool(x):
-    """Whether x is a bool: Python's, or numpy's (numpy.bool_), as torch's bool arguments take them."""
-    return isinstance(x, bool) or (type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_"))
-
-
-def check_bool(name, x):
-    """A flag argument must be a bool: a truthy string ("False") or number is refused, as torch refuses it."""
-    if not is_bool(x):
-        raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
 
 
 def check_options(causal, scale, window, softcap, return_lse=False):

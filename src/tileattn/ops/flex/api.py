@@ -9,6 +9,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask  # noqa: F401 - re-exported
 
 from ... import hw
+from ..common.args import check_bool
 from ..common.fp8 import FP8_DTYPES, Descale, Fp8V, check_fp8_options
 from . import custom_ops, dispatch, plans
 from .bwd import flex_bwd
@@ -18,7 +19,6 @@ from .problem import (
     FlexCall,
     FlexOptions,
     FlexProblem,
-    check_bool,
     check_inputs,
     mask_tensors,
     transposed_lists,

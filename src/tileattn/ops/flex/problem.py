@@ -187,13 +187,6 @@ def check_scale(scale):
         raise ValueError(f"scale: expected a finite positive number, got {scale!r}")
 
 
-def check_bool(name, x):
-    """A flag argument must be a bool (Python's or numpy's, as torch takes): a truthy string ("no") or number is
-    refused. (dense/problem.is_bool's test: ops share only common/)"""
-    if not (isinstance(x, bool) or (type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_"))):
-        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
-
-
 def check_captures_device(p, captures):
     """Every captured tensor (mod_captures' pair of tuples) on the device of the call's query."""
     for kind, caps in zip(("score", "mask"), captures):

@@ -1,39 +1,14 @@
 """Argument checks of MLA decode: a clear ValueError / TypeError naming the argument, before any launch."""
 import math
-import numbers
-import sys
 
 import torch
 
 from ... import hw
+from ..common.args import check_bool, check_no_overlap, is_int, is_real
 from ..common.paging import check_seqlens
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = torch.float8_e4m3fn
-
-
-def is_int(x):
-    """A Python int, not a bool."""
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def is_real(x):
-    """A real number (numpy's too), not a bool: True is no scale."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def check_causal(causal):
-    """A bool or a numpy bool (numpy is not imported for it: a numpy bool's caller has imported it)."""
-    np = sys.modules.get("numpy")
-    if not (isinstance(causal, bool) or (np is not None and isinstance(causal, np.bool_))):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
-
-
-def check_no_overlap(name, t):
-    """An output whose elements share memory (an expanded tensor: stride 0) would be written by several rows."""
-    if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
-        raise ValueError(f"{name}: its elements overlap in memory (stride 0 in shape {list(t.shape)}, strides "
-                         f"{list(t.stride())}, e.g. from expand); pass a tensor that owns each element")
 
 
 def is_pow2(x):
@@ -65,7 +40,7 @@ def check_plan_args(cache_seqlens, plan):
         raise TypeError(f"cache_dtype: expected {dtype} (q's dtype) or torch.float8_e4m3fn, got {cache_dtype}")
     if scale is not None and not (is_real(scale) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
-    check_causal(plan.causal)
+    check_bool("causal", plan.causal)
 
 
 def check_kv_scale(kv_scale, plan):

@@ -1,0 +1,37 @@
+"""Type checks of scalar, flag and output arguments shared by the ops' argument checks: a bool is no number
+(True would run as 1), a truthy string is no bool ("False" would run as True), and an output whose elements
+overlap would be written by several rows."""
+import numbers
+import sys
+
+
+def is_int(x):
+    """A Python int, not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_real(x):
+    """A real number (numpy's too), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def is_bool(x):
+    """A bool: Python's, or numpy's (numpy.bool_), as torch's flags take them (numpy is not imported for it: a
+    numpy bool's caller has imported it)."""
+    if isinstance(x, bool):
+        return True
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.bool_)
+
+
+def check_bool(name, x):
+    """A flag argument must be a bool: a truthy string ("False") or a number is refused, as torch refuses it."""
+    if not is_bool(x):
+        raise TypeError(f"{name} must be a bool, got {type(x).__name__} {x!r}")
+
+
+def check_no_overlap(name, t):
+    """An output tensor whose elements share memory (stride 0 in a dimension of size > 1, e.g. from expand)."""
+    if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
+        raise ValueError(f"{name}: its elements overlap in memory (stride 0 in shape {list(t.shape)}, strides "
+                         f"{list(t.stride())}, e.g. from expand); pass a tensor that owns each element")
