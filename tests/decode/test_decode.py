@@ -252,6 +252,13 @@ def test_decode_host_seqlens_checked(device):
         plan.update(seqlens, host_seqlens=[20, 5, 1])
     with pytest.raises(TypeError, match="host_seqlens: expected a list of ints"):
         plan.update(seqlens, host_seqlens="ab")
+    np = pytest.importorskip("numpy")
+    for lens in (torch.tensor([20, 5]), (20, 5), [np.int64(20), np.int64(5)]):  # a CPU tensor, numpy's ints
+        assert plan.update(seqlens, host_seqlens=lens).max_len == 20
+    with pytest.raises(TypeError, match="host_seqlens: expected a 1-D integer tensor on the CPU"):
+        plan.update(seqlens, host_seqlens=torch.tensor([20.0, 5.0]))
+    plan = tileattn.KVCachePlan(seqlens, host_seqlens=[20, 5], **(kw | dict(head_dim=np.int64(64))))
+    assert type(plan.head_dim) is int
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -159,6 +159,19 @@ def test_torch_compile_fullgraph(device):
     assert out.shape == q4.shape and torch.equal(out, s(q4, q4, q4, is_causal=True))
 
 
+def test_varlen_compile_packed_lengths_change(device):
+    """varlen_attention under torch.compile with a max_seqlen above the packed length, the packed length changing
+    between calls (dynamic shapes): no graph break (clamping it at the API broke the graph on a symbol)."""
+    def f(q, cu, m):
+        return tileattn.varlen_attention(q, q, q, cu, cu, m, m)
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    for total in (20, 28, 36):
+        q = randn(total, 2, 32, dtype=torch.float16, device=device)
+        cu = torch.tensor([0, 7, total], dtype=torch.int32, device=device)
+        assert torch.equal(compiled(q, cu, 64), f(q, cu, 64))
+
+
 def test_opcheck(device):
     """torch.library's own consistency checks of the registration (schema, fake vs real)."""
     from tileattn.ops.dense import custom_ops  # noqa: F401 - registers the ops (lazily imported by the package)

@@ -228,6 +228,10 @@ def test_mla_plan_int_args(device, kw, name):
     args = dict(num_heads=4, head_dim_ckv=64, head_dim_kpe=16, page_size=16, dtype=torch.float16) | kw
     with pytest.raises(TypeError, match=f"{name}.*: expected an int"):
         tileattn.MLADecodePlan(seqlens, **args)
+    np = pytest.importorskip("numpy")  # numpy's ints are ints
+    plan = tileattn.MLADecodePlan(seqlens, **(args | {name: np.int64(4 if name in ("num_heads", "q_len") else 16
+                                                                        if name == "page_size" else 64)}))
+    assert type(getattr(plan, {"head_dim_ckv": "dc"}.get(name, name))) is int
 
 
 def test_mla_overlapping_outputs(device):

@@ -6,8 +6,8 @@ import sys
 
 
 def is_int(x):
-    """A Python int, not a bool."""
-    return isinstance(x, int) and not isinstance(x, bool)
+    """An integer (numpy's too), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def is_real(x):
@@ -16,8 +16,8 @@ def is_real(x):
 
 
 def is_bool(x):
-    """A bool: Python's, or numpy's (numpy.bool_), as torch's flags take them (numpy is not imported for it: a
-    numpy bool's caller has imported it)."""
+    """A bool: Python's, or numpy's (numpy.bool_, taken as Python's; numpy is not imported for it: a numpy
+    bool's caller has imported it)."""
     if isinstance(x, bool):
         return True
     np = sys.modules.get("numpy")

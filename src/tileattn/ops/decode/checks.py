@@ -72,15 +72,26 @@ def check_plan_args(seqlens, plan, cu_seqlens_q):
         raise ValueError(f"softcap: expected a finite number >= 0 (0: off), got {plan.softcap!r}")
 
 
-def check_host_seqlens(host_seqlens, batch):
-    """update's host_seqlens: a sequence of `batch` ints (the lengths seqlens holds; not compared with it, that
-    would need a sync)."""
-    if isinstance(host_seqlens, (str, bytes)) or not hasattr(host_seqlens, "__len__") \
-            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in host_seqlens):
-        raise TypeError(f"host_seqlens: expected a list of ints, got {host_seqlens!r}")
-    if len(host_seqlens) != batch:
-        raise ValueError(f"host_seqlens: expected one length per sequence (batch {batch}), got "
-                         f"{len(host_seqlens)}")
+def host_lengths(host_seqlens, batch):
+    """update's host_seqlens as a list of `batch` ints (the lengths seqlens holds; not compared with it, that
+    would need a sync): a list or tuple of ints (numpy's too), or a 1-D integer tensor on the CPU. A list of
+    Python ints is taken as it is (a decode step's host time)."""
+    if type(host_seqlens) is list and all(type(n) is int for n in host_seqlens):
+        lens = host_seqlens
+    elif isinstance(host_seqlens, torch.Tensor):
+        if host_seqlens.device.type != "cpu" or host_seqlens.dim() != 1 or host_seqlens.dtype.is_floating_point \
+                or host_seqlens.dtype == torch.bool:
+            raise TypeError(f"host_seqlens: expected a 1-D integer tensor on the CPU (or a list of ints), got "
+                            f"{host_seqlens.dtype} of shape {tuple(host_seqlens.shape)} on {host_seqlens.device}")
+        lens = host_seqlens.tolist()
+    else:
+        if isinstance(host_seqlens, (str, bytes)) or not hasattr(host_seqlens, "__len__") \
+                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in host_seqlens):
+            raise TypeError(f"host_seqlens: expected a list of ints, got {type(host_seqlens).__name__}")
+        lens = [int(n) for n in host_seqlens]
+    if len(lens) != batch:
+        raise ValueError(f"host_seqlens: expected one length per sequence (batch {batch}), got {len(lens)}")
+    return lens
 
 
 def check_lengths(lens):

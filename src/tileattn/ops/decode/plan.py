@@ -10,6 +10,7 @@ a CUDA graph. `update(seqlens)` re-plans into the same buffers (a captured graph
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ import torch
 from ... import hw
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
-from .checks import check_host_seqlens, check_lengths, check_plan_args, check_run_args, check_window_reach
+from .checks import check_lengths, check_plan_args, check_run_args, check_window_reach, host_lengths
 from .configs import block_m, occupancy
 
 # The split schedule, measured on the H100 (2026-11-23, scripts/sweep.py decode --quick, GB/s of a 2934 read
@@ -109,7 +110,8 @@ class KVCachePlan:
 
     The plan owns its outputs: `run` returns out (q's shape) and, with return_lse, lse float32 (natural log;
     [B, Hq, q_len], or [Hq, total_q] for packed queries), overwritten by the next run unless `out` / `lse` are
-    passed. host_seqlens: the lengths as a list of ints, when the caller knows them (no device read).
+    passed. host_seqlens: the lengths as a list of ints (or a CPU tensor), when the caller knows them (no device
+    read).
     `run` does not check page ids (that would need a sync); out-of-range ids are clamped in the kernel,
     so they never read outside the cache but give wrong rows: `tileattn.kvcache_attention` checks them.
     """
@@ -125,7 +127,12 @@ class KVCachePlan:
         self.window, self.softcap = window, softcap
         self.cache_dtype = dtype if cache_dtype is None else cache_dtype
         check_plan_args(seqlens, self, cu_seqlens_q)
-        self.causal, self.window, self.softcap = bool(causal), tuple(window), float(softcap) if softcap else 0.0
+        self.causal, self.window, self.softcap = bool(causal), tuple(int(w) for w in window), \
+            float(softcap) if softcap else 0.0
+        # (numpy's ints as Python's: they reach the kernels)
+        self.num_heads, self.num_kv_heads, self.head_dim = int(num_heads), int(num_kv_heads), int(head_dim)
+        self.page_size = None if page_size is None else int(page_size)
+        self.q_len = int(q_len) if isinstance(q_len, numbers.Integral) else q_len
         if self.causal and self.window[1] > 0:
             self.window = (self.window[0], 0)  # causal clips the right bound
         self.device = seqlens.device
@@ -185,9 +192,10 @@ class KVCachePlan:
         """Re-plan for new lengths of the same batch composition (a device sync, unless host_seqlens gives
         them as a list of ints), into the plan's buffers."""
         check_seqlens(seqlens, self.batch, self.device, "seqlens")
-        if host_seqlens is not None:
-            check_host_seqlens(host_seqlens, self.batch)
-        lens = seqlens.to("cpu", torch.int64).tolist() if host_seqlens is None else [int(n) for n in host_seqlens]
+        if host_seqlens is None:
+            lens = seqlens.to("cpu", torch.int64).tolist()
+        else:
+            lens = host_lengths(host_seqlens, self.batch)
         check_lengths(lens)
         check_window_reach(self.window, max(lens, default=0), self.max_q_len)
         self.max_len = max(lens, default=0)

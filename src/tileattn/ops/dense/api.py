@@ -115,14 +115,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     fp8.check_fp8_options(q, k, q_descale, k_descale, v_descale, out_dtype, cu_seqlens_q.shape[0] - 1)
     check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
     qk_factor, out_scale, descales = fp8.split_descales(q_descale, k_descale, v_descale)
-    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-    if isinstance(q.shape[0], int) and isinstance(k.shape[0], int):  # (static shapes: not a symbol to guard on)
-        # no sequence is longer than the packed rows: a larger bound (a model's maximum, as FlashAttention takes
-        # it) would only size a larger grid (2^31: one that never ends)
-        max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     opts = AttnOptions(scale=_scale(q, scale) * qk_factor, window=effective_window(causal, window),
-                       softcap=float(softcap), return_lse=bool(return_lse), max_seqlen_q=max_seqlen_q,
-                       max_seqlen_k=max_seqlen_k, out_scale=out_scale, out_dtype=_out_dtype(q, out_dtype))
+                       softcap=float(softcap), return_lse=bool(return_lse), max_seqlen_q=int(max_seqlen_q),
+                       max_seqlen_k=int(max_seqlen_k), out_scale=out_scale, out_dtype=_out_dtype(q, out_dtype))
     return _run(q, k, v, (cu_seqlens_q, cu_seqlens_k), descales, opts)
 
 
@@ -240,8 +235,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         _warn_once(what, f"tileattn.scaled_dot_product_attention: {what} is not supported by tileattn's "
                          f"kernels; falling back to torch.nn.functional.scaled_dot_product_attention")
         return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            enable_gqa=enable_gqa)
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=bool(is_causal), scale=scale,
+            enable_gqa=bool(enable_gqa))  # (numpy bools as Python's: torch takes only these)
     if _plain_eager(query, key, value):
         return plans.sdpa_eager(query, key, value, bool(is_causal), scale, enable_gqa)
     check_sdpa_inputs(query, key, value, enable_gqa)

@@ -110,7 +110,10 @@ class AttnProblem:
         q, k, v, out = c.q, c.k, c.v, c.out
         varlen = c.cu_q is not None
         if varlen:
-            batch, seqlen_q, seqlen_k = c.cu_q.shape[0] - 1, opts.max_seqlen_q, opts.max_seqlen_k
+            # (no sequence is longer than the packed rows: a larger max_seqlen, a model's maximum as FlashAttention
+            # takes it, would only size a larger grid; 2^31 one that never ends)
+            batch = c.cu_q.shape[0] - 1
+            seqlen_q, seqlen_k = min(opts.max_seqlen_q, q.shape[0]), min(opts.max_seqlen_k, k.shape[0])
         else:
             batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         return cls(batch, seqlen_q, seqlen_k, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.dtype, out.dtype,
@@ -297,9 +300,6 @@ def check_cu_seqlens(cu_q, cu_k, total_q, total_k, max_q, max_k):
             raise ValueError(f"{name}[-1] = {vals[-1]} exceeds the packed length {total}")
         if lens and max(lens) > mx:
             raise ValueError(f"max_seqlen {mx} is smaller than the longest sequence in {name} ({max(lens)})")
-        if mx > total:  # max_seqlen sizes the grid (varlen_attention clamps it where the shapes are static)
-            raise ValueError(f"max_seqlen_{name[-1]} = {mx} is larger than the packed length of {name[-1]} "
-                             f"({total}): it must be at most {name[-1]}.shape[0]")
 
 
 def check_cu_seqlens_meta(cu_q, cu_k, max_q, max_k):

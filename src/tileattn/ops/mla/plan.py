@@ -114,7 +114,10 @@ class MLADecodePlan:
         self.dtype, self.causal, self.scale = dtype, causal, scale
         self.cache_dtype = dtype if cache_dtype is None else cache_dtype
         check_plan_args(cache_seqlens, self)
-        self.causal = bool(causal)
+        self.causal = bool(causal)  # (and numpy's ints as Python's: they reach the kernels)
+        self.num_heads, self.q_len, self.dc, self.dr, self.page_size = (int(x) for x in (num_heads, q_len,
+                                                                                          head_dim_ckv, head_dim_kpe,
+                                                                                          page_size))
         self.device = cache_seqlens.device
         self.batch = cache_seqlens.shape[0]
         self.scale = (head_dim_ckv + head_dim_kpe) ** -0.5 if scale is None else float(scale)
