@@ -411,8 +411,8 @@ def test_gpu_decode_append_prefill(device):
 
 
 # ---- attention(...) with Sq = 1 takes the split-KV route ----------------------------------------------------------
-@pytest.mark.parametrize("opts", [{}, {"causal": True, "window": (40, 0)}, {"softcap": 5.0, "scale": 0.2}],
-                         ids=lambda o: "-".join(o) or "plain")
+@pytest.mark.parametrize("opts", [{}, {"causal": True, "window": (40, 0)}, {"softcap": 5.0, "scale": 0.2},
+                                  {"scale": -0.3}], ids=lambda o: "-".join(o) or "plain")
 def test_dense_decode_route(device, opts):
     from tileattn.ops.dense import dispatch
     from tileattn.ops.dense.problem import AttnOptions, AttnProblem
@@ -423,6 +423,9 @@ def test_dense_decode_route(device, opts):
     v = randn(B, Sk, Hkv, D, dtype=F16, device=device)
     p = AttnProblem(B, 1, Sk, Hq, Hkv, D, D, F16, F16, torch.device(device), AttnOptions(scale=0.125))
     assert dispatch.select(p)[0].name == "dense.decode"
+    if opts.get("scale", 1) < 0:  # the decode kernels take a positive scale: the dense kernels serve it
+        p = AttnProblem(B, 1, Sk, Hq, Hkv, D, D, F16, F16, torch.device(device), AttnOptions(scale=-0.3))
+        assert dispatch.select(p)[0].name != "dense.decode"
     out, lse = tileattn.attention(q, k, v, return_lse=True, **opts)
     ref, ref_lse = attention_ref(q, k, v, **opts)
     ref_lp, ref_lse_lp = attention_ref(q, k, v, dtype=F16, **opts)

@@ -42,6 +42,8 @@ class DecodeBackend(Backend):
             return False, f"{p.heads_q // p.heads_kv} query heads per KV head: it serves at most 64"
         if not p.opts.bottom_right and p.opts.window != (-1, -1):
             return False, "a top-left aligned mask (SDPA's is_causal) takes the dense kernels"
+        if not p.opts.scale > 0:
+            return False, f"scale {p.opts.scale}: the decode kernels take a positive one (the dense kernels any)"
         return True, ""
 
     def prefers(self, p):
