@@ -9,6 +9,12 @@ is only applied when HAS_LEFT / HAS_RIGHT is set. Causal attention is RIGHT = 0.
 import triton
 import triton.language as tl
 
+# A window bound from here up reaches past any sequence the kernels serve: it means unbounded, as -1 does. The
+# kernels compute window limits in int32 (position + offset + bound), which a bound near 2^31 overflows, and Triton
+# passes an int from 2^63 up as uint64: passed on, such bounds gave wrong (or all-zero) results. The APIs map them
+# to -1 (dense: effective_window; decode: KVCachePlan).
+UNBOUNDED_WINDOW = 2 ** 30
+
 # The Hopper pipelines' FLEX modes (a constexpr; 0 / False: dense): whole mask blocks, or a last block that ends
 # past the sequence (forward: Sk, whose padding keys it hides; backward: Sq or Sk, whose padding rows and keys it
 # hides), in full blocks too

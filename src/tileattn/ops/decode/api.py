@@ -33,9 +33,9 @@ def kvcache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         together (each cache byte is read once).
     causal: query t of a sequence of n attended tokens and m queries sits at position n - m + t (bottom-right
         aligned) and sees positions <= its own; window (left, right) bounds them to [pos - left, pos + right]
-        (-1: unbounded); softcap > 0: scores s become softcap * tanh(s / softcap); scale: default D ** -0.5;
-        alibi_slopes: float32 [Hq], score - slope * |pos_q - pos_k|; sinks: float32 [Hq], one learned logit per
-        head that joins the softmax's denominator (gpt-oss).
+        (-1, or a bound >= 2 ** 30: unbounded); softcap > 0: scores s become softcap * tanh(s / softcap);
+        scale: default D ** -0.5; alibi_slopes: float32 [Hq], score - slope * |pos_q - pos_k|; sinks: float32
+        [Hq], one learned logit per head that joins the softmax's denominator (gpt-oss).
 
     Returns out (q's shape and dtype), and with return_lse also lse float32 (natural log; [B, Hq, Sq], or
     [Hq, total_q] for packed queries). A row that sees no key gets out = 0 and lse = -inf (or its sink).

@@ -16,10 +16,9 @@ _INT32_MAX = 2 ** 31 - 1  # the kernel's positions and window bounds are int32
 
 
 def check_window(window):
-    # the kernel takes the bounds as int32 (larger ones overflow or do not fit the launch)
-    if not (isinstance(window, (tuple, list)) and len(window) == 2
-            and all(is_int(w) and -1 <= w <= _INT32_MAX for w in window)):
-        raise ValueError(f"window: expected (left, right) ints in -1..2**31 - 1 (-1: unbounded), got {window!r}")
+    # (bounds from UNBOUNDED_WINDOW up are unbounded: KVCachePlan maps them to -1, as dense attention does)
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and all(is_int(w) and w >= -1 for w in window)):
+        raise ValueError(f"window: expected (left, right) ints >= -1 (-1: unbounded), got {window!r}")
 
 
 def check_window_reach(window, max_len, max_q_len):

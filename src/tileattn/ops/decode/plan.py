@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import hw
+from ..common.masking import UNBOUNDED_WINDOW
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
 from .checks import check_lengths, check_plan_args, check_run_args, check_window_reach, host_lengths
@@ -105,7 +106,7 @@ class KVCachePlan:
     or 256. page_size: 1..256 for a paged cache [num_pages, page_size, Hkv, D] read through a block table
     [B, max_pages] int32; None for a contiguous cache [B, max_seqlen, Hkv, D]. dtype: float16 / bfloat16 (q,
     out); cache_dtype: dtype (the default) or float8_e4m3fn (with run's k_scale / v_scale).
-    scale (default head_dim ** -0.5), window (left, right) as `attention`'s (-1: unbounded), softcap (> 0:
+    scale (default head_dim ** -0.5), window (left, right) as `attention`'s (-1 or >= 2 ** 30: unbounded), softcap (> 0:
     scores s become softcap * tanh(s / softcap)).
 
     The plan owns its outputs: `run` returns out (q's shape) and, with return_lse, lse float32 (natural log;
@@ -127,8 +128,8 @@ class KVCachePlan:
         self.window, self.softcap = window, softcap
         self.cache_dtype = dtype if cache_dtype is None else cache_dtype
         check_plan_args(seqlens, self, cu_seqlens_q)
-        self.causal, self.window, self.softcap = bool(causal), tuple(int(w) for w in window), \
-            float(softcap) if softcap else 0.0
+        self.causal, self.softcap = bool(causal), float(softcap) if softcap else 0.0
+        self.window = tuple(-1 if w >= UNBOUNDED_WINDOW else int(w) for w in window)  # (longer than any sequence)
         # (numpy's ints as Python's: they reach the kernels)
         self.num_heads, self.num_kv_heads, self.head_dim = int(num_heads), int(num_kv_heads), int(head_dim)
         self.page_size = None if page_size is None else int(page_size)

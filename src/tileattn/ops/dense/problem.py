@@ -20,6 +20,7 @@ import torch
 from ... import hw
 from ..common.args import is_bool
 from ..common.fp8 import FP8_DTYPES, is_fp8, is_seq_major
+from ..common.masking import UNBOUNDED_WINDOW
 from ..common.tma import tma_ok
 
 
@@ -318,12 +319,6 @@ def check_cu_seqlens_meta(cu_q, cu_k, max_q, max_k):
     for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
         if not isinstance(m, int) or isinstance(m, bool) or m < 0:
             raise ValueError(f"{name} must be an int >= 0, got {m!r}")
-
-
-# A window bound from here up reaches past any sequence the kernels serve: it is unbounded, as -1. The kernels
-# compute window limits in int32 (position + offset + bound), which a bound near 2^31 overflows, and Triton
-# passes an int from 2^63 up as uint64: passed on, such bounds gave wrong (or all-zero) results.
-UNBOUNDED_WINDOW = 2 ** 30
 
 
 def effective_window(causal, window):
