@@ -12,7 +12,6 @@ from .configs import HEAD_DIMS
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = torch.float8_e4m3fn
-_INT32_MAX = 2 ** 31 - 1  # the kernel's positions and window bounds are int32
 
 
 def check_window(window):
@@ -21,20 +20,13 @@ def check_window(window):
         raise ValueError(f"window: expected (left, right) ints >= -1 (-1: unbounded), got {window!r}")
 
 
-def check_window_reach(window, max_len, max_q_len):
-    """The kernel computes pos + right + 1 and pos - left in int32 (pos in [-max_q_len, max_len)): a bound that
-    overflows them with these lengths is rejected (-1 is the unbounded window)."""
-    left, right = window
-    if max_len + right > _INT32_MAX or max_q_len + left > _INT32_MAX + 1:
-        raise ValueError(f"window: bounds {tuple(window)} overflow the kernel's int32 positions (sequences of up "
-                         f"to {max_len} tokens, {max_q_len} queries); use -1 for an unbounded side")
-
-
 def check_cu_seqlens_q(cu_seqlens_q, seqlens):
     if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dtype != torch.int32 \
             or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] != seqlens.shape[0] + 1:
+        got = (f"{cu_seqlens_q.dtype} of shape {tuple(cu_seqlens_q.shape)}" if isinstance(cu_seqlens_q, torch.Tensor)
+               else type(cu_seqlens_q).__name__)
         raise ValueError(f"cu_seqlens_q: expected an int32 tensor of B + 1 = {seqlens.shape[0] + 1} "
-                         f"cumulative query counts, got {type(cu_seqlens_q).__name__}")
+                         f"cumulative query counts, got {got}")
     if cu_seqlens_q.device != seqlens.device:
         raise ValueError(f"cu_seqlens_q: on {cu_seqlens_q.device}, seqlens is on {seqlens.device}")
 
@@ -93,12 +85,19 @@ def host_lengths(host_seqlens, batch):
     return lens
 
 
-def check_lengths(lens):
+def check_lengths(lens, q_lens):
     """Host lengths of the batch, >= 0. A sequence may hold fewer tokens than its queries (e.g. an empty slot
-    of a padded batch): the queries sit at positions n - m + t, and those below 0 see nothing when causal."""
-    for b, n in enumerate(lens):
-        if n < 0:
-            raise ValueError(f"seqlens: lengths must be >= 0, sequence {b} has {n}")
+    of a padded batch): the queries sit at positions n - m + t, and those below 0 see nothing when causal.
+    Returns the first such sequence, (b, length, q_len), or None: run's k_new would be written before its first
+    position (into another sequence's page), so run refuses k_new then."""
+    short = None
+    for b, (n, m) in enumerate(zip(lens, q_lens)):
+        if n < m:
+            if n < 0:
+                raise ValueError(f"seqlens: lengths must be >= 0, sequence {b} has {n}")
+            if short is None:
+                short = (b, n, m)
+    return short
 
 
 def check_scale(name, x, plan):

@@ -20,7 +20,7 @@ from ... import hw
 from ..common.masking import UNBOUNDED_WINDOW
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
-from .checks import check_lengths, check_plan_args, check_run_args, check_window_reach, host_lengths
+from .checks import check_lengths, check_plan_args, check_run_args, host_lengths
 from .configs import block_m, occupancy
 
 # The split schedule, measured on the H100 (2026-11-23, scripts/sweep.py decode --quick, GB/s of a 2934 read
@@ -197,12 +197,9 @@ class KVCachePlan:
             lens = seqlens.to("cpu", torch.int64).tolist()
         else:
             lens = host_lengths(host_seqlens, self.batch)
-        check_lengths(lens)
-        check_window_reach(self.window, max(lens, default=0), self.max_q_len)
+        self.short = check_lengths(lens, self.q_lens)  # (b, length, q_len) of the first sequence shorter than its
+        # queries, or None: run refuses k_new while there is one
         self.max_len = max(lens, default=0)
-        # the first sequence shorter than its queries, (b, length, q_len): run's k_new would be written before
-        # its first position (into another sequence's page), so run rejects k_new then
-        self.short = next(((b, n, m) for b, (n, m) in enumerate(zip(lens, self.q_lens)) if n < m), None)
         tiles = tile_ranges(lens, self.q_lens, self.group, self.block_m, self.causal, self.window)
         step = self.config.block_n
         if self.may_split:
