@@ -97,14 +97,40 @@ _tanh = gluon.jit(softmax.tanh.fn)
 
 # ---- consumers -----------------------------------------------------------------------------------------------
 @gluon.jit
-def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs, dq_bufs, stat_bufs, q_ready,
-          q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale,
-          softcap_scale, softcap_out, fm, full, caps_s, caps_m, WG: gl.constexpr, MASKED: gl.constexpr,
+def _kv_views(k_bufs, v_bufs, i, WG: gl.constexpr, BUFS: gl.constexpr):
+    """(this warpgroup's K rows, its V rows, the whole K tile): of buffer i of k_bufs / v_bufs ([1, 1, BLOCK_N, 1, D];
+    i is 0, but may be computed at run time: _step's KV_FRESH) where BUFS, else of the [1, BLOCK_N, 1, D] tiles
+    k_bufs / v_bufs themselves."""
+    BLOCK_N: gl.constexpr = k_bufs.shape[-3]
+    D: gl.constexpr = k_bufs.shape[-1]
+    DV: gl.constexpr = v_bufs.shape[-1]
+    if BUFS:
+        k_tile = k_bufs.index(i)
+        v_tile = v_bufs.index(i)
+    else:
+        k_tile = k_bufs
+        v_tile = v_bufs
+    k_full = k_tile.reshape([BLOCK_N, D])
+    v_half = v_tile.reshape([BLOCK_N, DV]).slice(WG * (BLOCK_N // 2), BLOCK_N // 2, dim=0)
+    return k_full.slice(WG * (BLOCK_N // 2), BLOCK_N // 2, dim=0), v_half, k_full
+
+
+@gluon.jit
+def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, k_bufs, v_bufs, ds_bufs, dq_bufs,
+          stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right,
+          qk_scale, softcap_scale, softcap_out, fm, full, caps_s, caps_m, WG: gl.constexpr, MASKED: gl.constexpr,
           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
-          DQ_BUFS: gl.constexpr, FLEX: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr):
+          DQ_BUFS: gl.constexpr, FLEX: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr,
+          KV_FRESH: gl.constexpr):
     """One query block of this warpgroup's 64 keys: returns (dK, dV) plus its contribution; stages its half of
     the block's dQ part for the writer. Flex: fm = (batch, query head, scale) for the mods; full: a block of the
-    mask's full list (mask_mod does not apply)."""
+    mask's full list (mask_mod does not apply). KV_FRESH: K's and V's wgmma operands are taken from k_bufs / v_bufs
+    at a buffer index computed from the step (always 0), instead of the views passed in, so that their descriptors
+    are not loop-invariant: hoisted out of the step loops, ptxas spilled them and reloaded them with LDL.64 inside
+    the S^T and dQ wgmma issue (triton 3.6 SASS of the causal plain-grid kernel, docs/design/backward.md,
+    seventeenth round)."""
+    if KV_FRESH:
+        k_half, v_half, k_smem = _kv_views(k_bufs, v_bufs, step >> 30, WG, True)  # step < 2^30: index 0
     BLOCK_M: gl.constexpr = q_bufs.shape[2]
     D: gl.constexpr = q_bufs.shape[4]
     DV: gl.constexpr = do_bufs.shape[4]
@@ -234,7 +260,7 @@ def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, ds_bufs
 
 
 @gluon.jit
-def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready, q_empty,
+def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready, q_empty,
               ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
               stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m,
               WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
@@ -250,7 +276,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
             i_b, i_hk, i_n, sched = work_item(program_item(it, SCHED), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                               NEEDS_MASK, FLEX, SCHED)
             mbarrier.wait(kv_ready, it & 1)
-            step = _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready,
+            step = _consume_item(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready,
                                  q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks,
                                  stride_kh, stride_vb, stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx,
                                  wk[3], wk[4], wk[5], wk[6], wk[7], scale, qk_scale, softcap_scale, softcap_out,
@@ -260,7 +286,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
         i_b, i_hk, i_n, sched = work_item(gl.program_id(0), wk, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, NEEDS_MASK, FLEX,
                                           SCHED)
         mbarrier.wait(kv_ready, 0)
-        _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready, q_empty,
+        _consume_item(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready, q_empty,
                       ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
                       stride_vs, stride_vh, i_b, i_hk, i_n, group_size, sched, fx, wk[3], wk[4], wk[5], wk[6], wk[7],
                       scale, qk_scale, softcap_scale, softcap_out, caps_s, caps_m, gl.to_tensor(0), WG, HAS_LEFT,
@@ -269,7 +295,7 @@ def _consumer(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_r
 
 
 @gluon.jit
-def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready, q_empty,
+def _consume_item(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, kv_empty, q_ready, q_empty,
                   ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                   stride_vh, i_b, i_hk, i_n, group_size, sched, fx, seqlen_q, seqlen_k, off_diag, left, right, scale,
                   qk_scale, softcap_scale, softcap_out, caps_s, caps_m, step, WG: gl.constexpr,
@@ -285,9 +311,7 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
     v_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DV, 16])
     n0 = i_n * 2 * HALF_N
-    k_full = k_smem.reshape([2 * HALF_N, D])
-    k_half = k_full.slice(WG * HALF_N, HALF_N, dim=0)
-    v_half = v_smem.reshape([2 * HALF_N, DV]).slice(WG * HALF_N, HALF_N, dim=0)
+    k_half, v_half, k_full = _kv_views(k_bufs, v_bufs, 0, WG, NEEDS_MASK and not FLEX)
     dk = gl.zeros([HALF_N, D], gl.float32, k_layout)
     dv = gl.zeros([HALF_N, DV], gl.float32, v_layout)
     for g in range(group_size):  # the query heads of the kv head: the loader and writers track which
@@ -300,11 +324,11 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                 m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, False)
                 full = merge[2] > merge[3]
                 merge = walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
-                dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, ds_bufs, dq_bufs,
-                               stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
-                               off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, full, caps_s,
-                               caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
-                               SCORE_GRAD, MASK_MOD)
+                dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, k_bufs, v_bufs,
+                               ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q,
+                               seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, full,
+                               caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
+                               SCORE_GRAD, MASK_MOD, False)
                 step += 1
         else:
             m_lo, f_lo, f_hi, m_hi, rot, desc = sched
@@ -339,10 +363,11 @@ def _consume_item(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, 
                         else:
                             m0 = m_start + t * BLOCK_M
                         dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half,
-                                       k_full, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full,
-                                       dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
-                                       softcap_out, fm, False, caps_s, caps_m, WG, r != 1, HAS_LEFT, HAS_RIGHT,
-                                       HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD)
+                                       k_full, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty,
+                                       ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right,
+                                       qk_scale, softcap_scale, softcap_out, fm, False, caps_s, caps_m, WG, r != 1,
+                                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD,
+                                       NEEDS_MASK)
                         step += 1
     if SCHED != PLAIN:  # every wgmma reading K / V has completed (each step waits for its last): the next
         # item's may load
@@ -390,8 +415,16 @@ def attn_bwd_pipeline(
     wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group_ptr)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    if NEEDS_MASK and not FLEX:  # K and V as one buffer each, which the consumers index at run time (KV_FRESH)
+        k_bufs = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)
+        k_smem = k_bufs.index(0)
+        v_smem = v_bufs.index(0)
+    else:  # (the tiles' own leading dimension of 1 stands in for it)
+        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+        k_bufs = k_smem
+        v_bufs = v_smem
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
     # a step's dQ part in two halves, one per consumer warpgroup: [BLOCK_M, D / 2] (the head dim split), or with
@@ -428,12 +461,12 @@ def attn_bwd_pipeline(
         mbarrier.init(dq_empty.index(s), count=1)
 
     gl.warp_specialize([
-        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
+        (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
                      q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
                      stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
                      caps_m, 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
                      SCORE_GRAD, MASK_MOD, SCHED)),
-        (_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
+        (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, kv_ready, kv_empty, q_ready,
                      q_empty, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
                      stride_vs, stride_vh, group_size, wk, fx, scale, qk_scale, softcap_scale, softcap_out, caps_s,
                      caps_m, 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, STAGES, DQ_BUFS, FLEX, Q_BLOCK,
