@@ -43,11 +43,14 @@ from .gluon_sm90 import _epilogue, _visible, _zero_tail
 
 
 @gluon.jit
-def _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, zero):
+def _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, zero, qz=0):
     """S = Q K^T of ring buffer s, issued asynchronously: the two nope halves from shared memory, then the rope
-    part with Q's from registers (qp_op); zero: a float32 tile in the scores' layout (not accumulated into)."""
-    qk = warpgroup_mma(_buf(qn_bufs, 0), _buf(c_bufs, 2 * s).permute((1, 0)), zero, use_acc=False, is_async=True)
-    qk = warpgroup_mma(_buf(qn_bufs, 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
+    part with Q's from registers (qp_op); zero: a float32 tile in the scores' layout (not accumulated into).
+    qz: 0; the step loop computes it from its counter so that the Q halves' wgmma descriptors are not hoisted out
+    of the loop (hoisted, ptxas kept them in registers it spilled, and warpgroup 0 reloaded them with LDL.64 at
+    the head of every step's score group: triton 3.6 SASS, docs/design/mla.md)."""
+    qk = warpgroup_mma(_buf(qn_bufs, qz), _buf(c_bufs, 2 * s).permute((1, 0)), zero, use_acc=False, is_async=True)
+    qk = warpgroup_mma(_buf(qn_bufs, qz + 1), _buf(c_bufs, 2 * s + 1).permute((1, 0)), qk, is_async=True)
     return warpgroup_mma(qp_op, _buf(p_bufs, s).permute((1, 0)), qk, is_async=True)
 
 
@@ -201,7 +204,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                 acc = _own_pv(acc, alpha, p16, _buf(c_bufs, 2 * spp + WG), n0 - 2 * BLOCK_N, seqlen, o_row,
                               p_layout)
                 mbarrier.wait(kv_ready.index(s), ((kv + o) // STAGES) & 1)
-                qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero)
+                qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero, k >> 30)  # 0 (k < 2^30), not loop-invariant
                 # the other's step o - 1 while the scores run: its P, m and row sums, then its P V
                 mbarrier.wait(kv_ready.index(sp), ((kv + o - 1) // STAGES) & 1)
                 alpha, m_i, l_i = _gather(m_i, l_i, m_bufs.index(OTHER), r_bufs.index(OTHER), p_ready.index(OTHER),
