@@ -307,7 +307,9 @@ def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=(), unchecked
     o = qh = kh = vh = None
     from tileattn.ops.dense import bwd as dense_bwd
     from tileattn.ops.dense import launch_bwd_sm90
-    table = dict(launch_bwd_sm90.CONFIGS)
+    # (a tree from before UNMASKED_CONFIGS, `gpu_check.sh ab-bwd`, gets a dict of its own that nothing reads)
+    unmasked_table = launch_bwd_sm90.pipeline.__dict__.setdefault("UNMASKED_CONFIGS", {})
+    table, unmasked = dict(launch_bwd_sm90.CONFIGS), dict(unmasked_table)
     extra = [(f"sm90{list(c)}", c) for d, c in sm90_cfgs if d == D]
     for name, cfg in BWD + [("sm90", None)] + extra:  # the Hopper backward (TILEATTN_SM90_BWD=1) last
         if only and name not in only and not name.startswith("sm90["):
@@ -315,6 +317,8 @@ def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=(), unchecked
         sm90 = name.startswith("sm90")
         os.environ["TILEATTN_SM90_BWD"] = "1" if sm90 else "0"
         launch_bwd_sm90.CONFIGS[D] = cfg if name.startswith("sm90[") else table[D]
+        unmasked_table.clear()  # a config given runs masked and unmasked problems alike
+        unmasked_table.update({} if name.startswith("sm90[") else unmasked)
         dense_bwd.clear_plans()  # (a launch plan keeps the config it was made with)
         try:
             with forced(None if sm90 else cfg):
@@ -328,6 +332,7 @@ def bwd_case(D, causal, N, B=4, H=32, only=None, tag="", sm90_cfgs=(), unchecked
             line.append(f"{name}: {err(e, 60)}")
     os.environ.pop("TILEATTN_SM90_BWD")
     launch_bwd_sm90.CONFIGS.update(table)
+    unmasked_table.update(unmasked)
     dense_bwd.clear_plans()
     print(f"{tag}D={D} causal={causal} N={N}: " + " | ".join(line), flush=True)
 

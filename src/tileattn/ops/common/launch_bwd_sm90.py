@@ -46,6 +46,16 @@ class Config(NamedTuple):
 # 416 -> 432; the causal step loops lose descriptor reloads from local memory in their wgmma issue:
 # docs/design/backward.md, seventeenth round).
 CONFIGS = {64: Config(2, 2, 240, 40, 4, False, 128, True), 128: Config(2, 2, 240, 24, 2, True, 64, True)}
+# Problems with no masked step (dense: no causal or window rule, whole tiles; they take the rotated walks up to 8K),
+# where they differ (the same block_m and persistence: the workspace and the grid do not know the mask). D=64 with
+# TMA reduce-adds and 24 writer registers: on an H200 (2026-11-28, triton 3.6, `sweep.py bwd --dims 64 --sm90-cfgs
+# 64:2,2,240,24,4,1,128,1`, fp16 B=4 H=32, TFLOPS, the table's config first): non-causal 1K 352 -> 359 (twice), 2K 394
+# -> 417, 4K 402 -> 421, 16K 438 -> 458; but causal 1K 232 -> 225 / 226, 2K 331 -> 328, 4K 383 -> 385, 16K 443 -> 453,
+# so masked problems (and flex) keep CONFIGS. Confirmed by `gpu_check.sh ab-bwd` (the tree before, then this one;
+# three runs): 1K 352 -> 359, 2K 411 -> 428, 4K 419 -> 439, 8K 426 / 430 / 430 -> 437 / 436 / 437, 16K 452 / 456 / 456
+# -> 424 / 459 / 461 (16K swings, as it did on the H100). (On triton 3.9 in 2026-11-24 the reduce-adds had lost 9-10%
+# at non-causal 2K-4K, with the 40-register writers and before the rotated walks.)
+UNMASKED_CONFIGS = {64: Config(2, 2, 240, 24, 4, True, 128, True)}
 # the default takes problems whose sequences both have at least this many tokens (flex; dense passes its own,
 # ops/dense/launch_bwd_sm90.py): below, the Triton kernels measured faster or as fast (H100, B=4, H=32, fp16,
 # dense before the rotated walks: at N=1K causal 187-215 vs 132-157 TFLOPS at D=128, 80-90 vs 47-136 at D=64: a
@@ -81,11 +91,18 @@ def reason(device, dtype, head_dim, head_dim_v, tensors, counts, seqlen, min_seq
     return ""
 
 
-def config(d):
-    """Head dim d's Config (checked)."""
+def config(d, masked=True):
+    """Head dim d's Config (checked): CONFIGS[d], or for a problem with no masked step (masked=False)
+    UNMASKED_CONFIGS[d] where there is one."""
     cfg = Config(*CONFIGS[d])
     if cfg.block_m not in (64, 128):  # the kernel splits a step's dQ between its two warpgroups by columns or rows
         raise ValueError(f"launch_bwd_sm90.CONFIGS[{d}].block_m = {cfg.block_m}: the kernel takes 64 or 128")
+    if not masked and d in UNMASKED_CONFIGS:
+        alt = Config(*UNMASKED_CONFIGS[d])
+        if (alt.block_m, alt.persistent) != (cfg.block_m, cfg.persistent):
+            raise ValueError(f"launch_bwd_sm90.UNMASKED_CONFIGS[{d}]: block_m and persistent must be CONFIGS[{d}]'s "
+                             "(the workspace and the grid are sized without the mask)")
+        cfg = alt
     return cfg
 
 
@@ -100,9 +117,9 @@ def dq_half(d):
     return [bm // 2, d] if bm >= 128 else [bm, d // 2]
 
 
-def meta(d):
-    """The kernel's config keywords for head dim d."""
-    c = config(d)
+def meta(d, masked=True):
+    """The kernel's config keywords for head dim d (masked=False: a problem with no masked step, config())."""
+    c = config(d, masked)
     return dict(STAGES=c.stages, DQ_BUFS=c.dq_bufs, CONSUMER_REGS=c.consumer_regs, WORKER_REGS=c.worker_regs,
                 WRITER_ROWS=c.writer_rows, TMA_DQ=c.tma_dq, num_warps=4)
 

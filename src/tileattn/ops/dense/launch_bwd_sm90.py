@@ -87,11 +87,11 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
     acc, counters = sums
     scale, qk_scale, softcap_scale, softcap_out, left, right = tail
     d = p.head_dim
-    meta = pipeline.meta(d)
     bm = pipeline.block_m(d)
     mb = triton.cdiv(p.seqlen_q, bm)
     # no masked step at all where no tile can need one (no window or causal rule, whole tiles)
-    needs_mask = left >= 0 or right >= 0 or p.seqlen_q % bm or p.seqlen_k % BLOCK_N
+    needs_mask = bool(left >= 0 or right >= 0 or p.seqlen_q % bm or p.seqlen_k % BLOCK_N)
+    meta = pipeline.meta(d, needs_mask)
     nk = triton.cdiv(p.seqlen_k, BLOCK_N)
     # a persistent grid where every key block sees every query block (each key block starting its walk at its
     # own query block, so that no add to dQ waits for another) or for square causal problems of whole tiles
@@ -110,6 +110,6 @@ def attn_bwd_sm90(p, c, do, delta, grads, sums, tail, launch):
         p.heads_kv, p.heads_q // p.heads_kv, mb, nk, items, scale, qk_scale, softcap_scale, softcap_out, left,
         right),
         dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
-             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=bool(needs_mask), SCHED=sched,
+             HAS_SOFTCAP=p.opts.softcap > 0, NEEDS_MASK=needs_mask, SCHED=sched,
              launch_cooperative_grid=sched != pipeline.PLAIN, launch_pdl=True, **meta))
     pipeline.convert(launch, acc, counters, dq, lse, (p.heads_kv, nk), scale, False)
