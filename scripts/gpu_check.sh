@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ab-mla] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [sanitize-mla] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ab-flex-bwd] [ab-mla] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [sanitize-mla] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -247,6 +247,19 @@ for s in $steps; do
           --only ${AB_ONLY:-sm90} --tag "$tree " ${AB_ARGS:-} >> "$OUT/ab_bwd.log" 2>&1
       done; rc=$?
       summary+=("ab-bwd rc=$rc"); grep -E "^(\.ab2?/src|src) D=" "$OUT/ab_bwd.log" | sort -t' ' -k2,4 -s ;;
+    ab-flex-bwd)
+      # the flex Hopper backward (N=8192 B=4 H=16 D=128 bf16, `sweep.py bwd-order` at the table's head group) of the
+      # trees before this change (.ab/src, .ab2/src where carried) and this one, alternated twice; torch's compiled
+      # backward timed beside each as the drift reference (AB_FLEX_MODS: the flex bench's mods, comma-separated).
+      # Gradients are not checked here: run tests/flex/test_flex_backward.py on the GPU with it
+      rc=0
+      for rep in 1 2; do for tree in .ab/src .ab2/src src; do
+        [ -d $tree ] || continue
+        PYTHONPATH=$PWD/$tree:${T39_PATH:-}$PWD timeout 200 python3 scripts/sweep.py bwd-order --groups 4 \
+          --flex-mods "${AB_FLEX_MODS:-alibi_causal,causal,document}" > "$OUT/ab_flex_tmp.log" 2>&1 || rc=$?
+        sed "s#^#$tree #" "$OUT/ab_flex_tmp.log" >> "$OUT/ab_flex_bwd.log"
+      done; done
+      summary+=("ab-flex-bwd rc=$rc"); grep "ORDER flex" "$OUT/ab_flex_bwd.log" | sort -s -k4,4 ;;
     host-ab)
       # host time to issue one backward (ours, cuDNN's, a trivial autograd node's) for the tree before this change
       # (.ab/src, carried) and this one, alternated twice (the host drifts); cProfile of this tree's backward last
