@@ -232,6 +232,11 @@ def variants():
                                                       descale=True)
     out["sm90-e5m2-D64"] = lambda: dense(e5, 64, backend="dense.sm90")
     out["sm90-e4m3-D64-causal"] = lambda: dense(e4, 64, backend="dense.sm90", causal=True)
+    # three consumer warpgroups (Sm90Config.consumers; no table holds them yet)
+    from tileattn.ops.common.configs import Sm90Config
+    three = Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=160, consumers=3)
+    out["sm90three-f16-D64"] = lambda: dense(f16, 64, backend="dense.sm90", config=three, N=2048)
+    out["sm90three-e4m3-D64-causal"] = lambda: dense(e4, 64, backend="dense.sm90", config=three, N=2048, causal=True)
     for D in (64, 128):
         for c in (False, True):
             for N in (1024, 4096, 16384):

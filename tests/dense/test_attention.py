@@ -284,6 +284,46 @@ def test_gpu_sm90_exp2_fma(dtype, D, exp2_fma, device):
     plans.clear_plans()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_sm90_three_consumers(dtype, device):
+    """Three consumer warpgroups (Sm90Config.consumers = 3: 192-row tiles, 160 registers each) at D = 64: tiles
+    whose last rows run past Sq, causal (the heaviest tiles first), a window whose first rows see no key, Sq > Sk
+    bottom-right (rows that see nothing: out 0, lse -inf), softcap, GQA, one CTA and 7 CTAs walking every tile."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the Gluon kernel serves sm90 only")
+    table = sm90_config(64, dtype)
+    cfg = dataclasses.replace(table, consumers=3, consumer_regs=160, pingpong=False)
+    q = randn(2, 333, 8, 64, dtype=dtype, device=device)  # 2 tiles of 192 rows per head, the second ragged
+    k = randn(2, 250, 2, 64, dtype=dtype, device=device)
+    v = randn(2, 250, 2, 64, dtype=dtype, device=device)
+    plans.clear_plans()
+    for programs in (0, 1, 7):
+        with force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=programs)):
+            for opts in (dict(), dict(causal=True), dict(window=(40, 0)), dict(causal=True, softcap=30.0)):
+                _check(q, k, v, **opts)
+    plans.clear_plans()
+
+
+def test_sm90_config_consumers():
+    """Sm90Config.consumers: 2 or 3; three take at most 160 registers each and no pingpong; the grid's tiles and the
+    shared memory count consumers * block_m query rows."""
+    from tileattn import hw
+    from tileattn.ops.common import launch_sm90
+    from tileattn.ops.common.configs import Sm90Config, sm90_smem_bytes
+    two = Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240)
+    three = dataclasses.replace(two, consumers=3, consumer_regs=160)
+    for bad in (dict(consumers=4), dict(consumers=3), dict(consumers=3, consumer_regs=160, pingpong=True)):
+        with pytest.raises(ValueError, match="consumers"):
+            dataclasses.replace(two, **bad)
+    assert sm90_smem_bytes(three, 64, 64, 2) - sm90_smem_bytes(two, 64, 64, 2) == 2 * 64 * 64 * 2  # a Q tile per slot
+    info = hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448)
+    import unittest.mock
+    with unittest.mock.patch.object(hw, "device_info", lambda device: info):
+        assert launch_sm90.grid(dataclasses.replace(three, persistent=False), 1000, 4, "cuda") == (6 * 4,)
+        assert launch_sm90.grid(dataclasses.replace(two, persistent=False), 1000, 4, "cuda") == (8 * 4,)
+
+
 def test_sm90_grid_per_shape(monkeypatch):
     """The Hopper forward's grid: one CTA per SM below the table's one_cta_from (D=128), one CTA per tile from it;
     flex keeps the persistent grid."""

@@ -312,6 +312,26 @@ def test_gpu_fp8_config_fields(D, field, value):
     plans.clear_plans()
 
 
+@pytest.mark.gpu
+def test_gpu_fp8_three_consumers():
+    """fp8 (e4m3 / e5m2) at D = 64 on three consumer warpgroups (Sm90Config.consumers = 3): causal, softcap, plain,
+    rows that see no key and a single key, as test_gpu_fp8_config_fields."""
+    if gluon_sm90_reason(torch.device("cuda")):
+        pytest.skip("the Gluon kernels need a Hopper GPU and triton 3.6")
+    cfg = dataclasses.replace(sm90_config(64, E4M3), consumers=3, consumer_regs=160, pingpong=False)
+    plans.clear_plans()
+    with tileattn.force_backend("dense.sm90", config=cfg):
+        q, k, v = (randn(2, 400, h, 64, dtype=torch.float32, device="cuda") for h in (4, 2, 2))
+        for opts in (dict(causal=True), dict(softcap=30.0), dict()):
+            _check(q, k, v, E4M3, "tensor", "packed", **opts)
+        for edge in ("window-rows-see-none", "Sk1-causal"):
+            (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
+            q, k, v = (randn(B, s, h, 64, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv),
+                                                                                          (Sk, Hkv)))
+            _check(q, k, v, E5M2, "tensor", "row", **opts)
+    plans.clear_plans()
+
+
 def test_bench_fp8_check_on_query_row_slices(device):
     """The benches' fp8 check (bench/fp8_check.py) on the last query rows of a causal problem, as the dense suite
     checks N past 16K: the kernel's output passes, the same output moved by a tenth fails."""

@@ -44,7 +44,7 @@ def bwd_config(d: int) -> BwdConfig:
 class Sm90Config:
     """A config of the Hopper forward pipeline (gluon_attn_sm90.py): the dense and the flex Gluon kernels."""
     backend: ClassVar = "dense.sm90"
-    block_m: int  # query rows per consumer warpgroup (the CTA computes 2 * block_m)
+    block_m: int  # query rows per consumer warpgroup (the CTA computes consumers * block_m)
     block_n: int  # keys per K/V tile
     stages: int  # K/V tiles in flight (shared-memory ring)
     consumer_regs: int  # registers per thread of the second consumer warpgroup (setmaxnreg)
@@ -55,6 +55,16 @@ class Sm90Config:
     max_programs: int = 0  # CTAs of the grid at most (0: one per SM; tests use few CTAs walking many tiles)
     pingpong: bool = False  # the consumers issue their wgmmas in strict turns (FA3's warp scheduler barrier)
     exp2_fma: int = 0  # of every 4 softmax exp2s, how many run on the FMA pipe (a polynomial) instead of the MUFU
+    # consumer warpgroups (2, or 3: tiles of 3 * block_m rows, 16 warps, so at most 160 registers each; no pingpong)
+    consumers: int = 2
+
+    def __post_init__(self):
+        if self.consumers not in (2, 3):
+            raise ValueError(f"Sm90Config.consumers = {self.consumers}: the pipeline takes 2 or 3")
+        if self.consumers == 3 and (self.consumer_regs > 160 or self.pingpong):
+            raise ValueError("Sm90Config with 3 consumers: consumer_regs <= 160 (3 x 128 threads x 160 + the loader's "
+                             f"128 x 24 fill the register file) and no pingpong; got {self.consumer_regs}, "
+                             f"pingpong={self.pingpong}")
 
 
 # Per head dim. Shared memory: 2 x q_slots Q tiles + stages x (K + V) tiles, within the 227 KB of an
@@ -121,5 +131,5 @@ def sm90_smem_bytes(cfg: Sm90Config, d: int, dv: int, elem_bytes: int, out_bytes
     """Shared memory of the kernel: q_slots Q tiles per consumer, `stages` K and V tiles, one O tile per
     consumer when the output dtype is wider than the input (fp8), 1 KB for barriers and alignment (matches the
     compiled kernel's figure within that KB, scripts/compile_sm90_cpu.py)."""
-    o = 2 * cfg.block_m * dv * out_bytes if out_bytes and out_bytes != elem_bytes else 0
-    return (2 * cfg.q_slots * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + o + 1024
+    o = cfg.consumers * cfg.block_m * dv * out_bytes if out_bytes and out_bytes != elem_bytes else 0
+    return (cfg.consumers * cfg.q_slots * cfg.block_m * d + cfg.stages * cfg.block_n * (d + dv)) * elem_bytes + o + 1024

@@ -456,11 +456,14 @@ def attn_fwd_pipeline(
     HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
     SEPARATE_O: gl.constexpr,
     FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
 ):
-    """The whole forward: shared memory, barriers, and the loader and two consumer partitions. The dense and
-    flex kernels' docstrings say what their arguments hold; fx, caps_s / caps_m, SCORE_MOD / MASK_MOD are the
-    flex mode's block mask and mods (placeholders for dense)."""
-    NUM_CONSUMERS: gl.constexpr = 2
+    """The whole forward: shared memory, barriers, and the loader and NUM_CONSUMERS (2 or 3) consumer partitions.
+    The dense and flex kernels' docstrings say what their arguments hold; fx, caps_s / caps_m, SCORE_MOD /
+    MASK_MOD are the flex mode's block mask and mods (placeholders for dense). Three consumers (tiles of 3 *
+    BLOCK_M rows, 16 warps: at most 160 registers each) take no PINGPONG (its turns alternate two)."""
+    gl.static_assert(NUM_CONSUMERS == 2 or (NUM_CONSUMERS == 3 and not PINGPONG),
+                     "2 consumer warpgroups, or 3 without pingpong")
     num_m = gl.cdiv(seqlen_q, NUM_CONSUMERS * BLOCK_M)
     num_tiles = num_m * num_bh
     if ALIGN_BOTTOM_RIGHT:
@@ -495,24 +498,52 @@ def attn_fwd_pipeline(
         for w in gl.static_range(NUM_CONSUMERS):
             mbarrier.init(turns.index(w), count=1)
 
-    gl.warp_specialize([
-        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
-                     lse_ptr,
-                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
-                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
-                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
-                     0, BLOCK_M, STAGES,
-                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)),
-        (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
-                     lse_ptr,
-                     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
-                     stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k,
-                     off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
-                     1, BLOCK_M, STAGES,
-                     NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE,
-                     P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)),
-        (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                   num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
-                   right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    # (the partitions' argument lists are written out: Gluon takes a literal tuple per partition, and a tuple built
+    # by concatenation loses its constexprs)
+    if NUM_CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
+                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
+                         caps_m, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
+                         MASK_MOD, PINGPONG)),
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
+                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
+                         caps_m, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
+                         MASK_MOD, PINGPONG)),
+            (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                      num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
+                      BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+    else:  # the first partition, two more consumer warpgroups, the loader
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
+                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
+                         caps_m, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
+                         MASK_MOD, PINGPONG)),
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
+                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
+                         caps_m, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
+                         MASK_MOD, PINGPONG)),
+            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
+                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
+                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
+                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
+                         caps_m, 2, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
+                         MASK_MOD, PINGPONG)),
+            (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                      num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
+                      BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])

@@ -38,8 +38,9 @@ def persistent(cfg, seqlen_q):
 
 
 def grid(cfg, seqlen_q, num_bh, device):
-    """(programs,): one per SM (persistent) or one per tile of 2 * block_m query rows, at most cfg.max_programs."""
-    tiles = triton.cdiv(seqlen_q, 2 * cfg.block_m) * num_bh
+    """(programs,): one per SM (persistent) or one per tile of consumers * block_m query rows, at most
+    cfg.max_programs."""
+    tiles = triton.cdiv(seqlen_q, cfg.consumers * cfg.block_m) * num_bh
     n = min(tiles, hw.device_info(device).num_sms) if persistent(cfg, seqlen_q) else tiles
     if cfg.max_programs:
         n = min(n, cfg.max_programs)

@@ -20,10 +20,10 @@ def attn_fwd_sm90_kernel(
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
     HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
     SEPARATE_O: gl.constexpr,
-    PINGPONG: gl.constexpr,
+    PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
 ):
-    """Grid: (programs,), any number up to the tile count cdiv(Sq, 2 * BLOCK_M) * num_bh (one per SM makes it
-    persistent; one per tile is a plain grid); num_warps = 4 (the first consumer warpgroup).
+    """Grid: (programs,), any number up to the tile count cdiv(Sq, NUM_CONSUMERS * BLOCK_M) * num_bh (one per SM
+    makes it persistent; one per tile is a plain grid); num_warps = 4 (the first consumer warpgroup).
 
     Descriptors: q/o over [B, Sq, Hq, D] with block [1, BLOCK_M, 1, D], k over [B, Sk, Hkv, D] with block
     [1, BLOCK_N, 1, D], v the same, or over [B, Hkv, D, Sk] with block [1, 1, D, BLOCK_N] (V_SEQ_MAJOR).
@@ -38,7 +38,7 @@ def attn_fwd_sm90_kernel(
         stride_kdb, stride_kdh, stride_vdb, stride_vdh, seqlen_q, seqlen_k, num_heads, group_size, num_bh, sm_scale,
         softcap_scale, softcap_out, out_scale, left, right, fx, (), (), BLOCK_M, Q_SLOTS, STAGES, CONSUMER_REGS,
         HAS_LEFT, HAS_RIGHT, ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA,
-        V_SEQ_MAJOR, SEPARATE_O, False, None, None, PINGPONG)
+        V_SEQ_MAJOR, SEPARATE_O, False, None, None, PINGPONG, NUM_CONSUMERS)
 
 
 # The same kernel, seqlen_k never a compile-time constant. Triton compiles an integer argument equal to 1 as the

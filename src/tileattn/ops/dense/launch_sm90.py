@@ -84,7 +84,8 @@ class Sm90Backend(Backend):
             HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
             HAS_SOFTCAP=c.softcap > 0, RETURN_LSE=p.opts.return_lse, REVERSE_M=right >= 0,
             HAS_DESCALE=p.descale, P_SHIFT=P_SHIFT if p.fp8 else 0, V_SEQ_MAJOR=p.fp8,
-            SEPARATE_O=p.out_dtype != p.dtype, PINGPONG=cfg.pingpong, EXP2_FMA=cfg.exp2_fma, num_warps=4,
+            SEPARATE_O=p.out_dtype != p.dtype, PINGPONG=cfg.pingpong, EXP2_FMA=cfg.exp2_fma,
+            NUM_CONSUMERS=cfg.consumers, num_warps=4,
         )
         grid = pipeline.grid(cfg, p.seqlen_q, p.batch * p.heads_q, p.device)
         kernel = attn_fwd_sm90_kernel_one_key if p.fp8 and p.seqlen_k == 1 else attn_fwd_sm90_kernel

@@ -95,7 +95,7 @@ class Sm90Backend(Backend):
         if p.fp8 and p.seqlen_k == 1:  # ptxas miscompiles the fp8 P of a key length specialized to 1 (fp8.md)
             return False, "fp8 with a single key (Sk = 1)"
         cfg = sm90_config(p.head_dim, p.dtype)
-        if 2 * cfg.block_m != BLOCK or cfg.block_n != BLOCK:
+        if cfg.consumers != 2 or 2 * cfg.block_m != BLOCK or cfg.block_n != BLOCK:  # (the kernel has two consumers)
             return False, f"its config {cfg} does not tile {BLOCK} x {BLOCK} mask blocks"
         if not p.tma:
             return False, "query, key or value is not aligned for tensor descriptors (16-byte base and strides)"
