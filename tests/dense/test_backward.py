@@ -721,6 +721,23 @@ def test_sm90_backward_config_rows_per_step(monkeypatch):
         pipeline.meta(64)
 
 
+def test_sm90_backward_unmasked_configs(monkeypatch):
+    """launch_bwd_sm90.UNMASKED_CONFIGS: problems with no masked step take them (D=64: TMA reduce-adds), masked ones
+    and flex CONFIGS; an entry must keep CONFIGS' block_m and persistence (the workspace and the grid are sized
+    without the mask), else the launch refuses it."""
+    from tileattn.ops.common import launch_bwd_sm90 as pipeline
+    for d in pipeline.CONFIGS:
+        assert pipeline.config(d) == pipeline.config(d, True) == pipeline.Config(*pipeline.CONFIGS[d])
+        alt = pipeline.config(d, False)
+        assert (alt.block_m, alt.persistent) == (pipeline.config(d).block_m, pipeline.config(d).persistent)
+        assert pipeline.meta(d, False)["TMA_DQ"] == alt.tma_dq
+    assert pipeline.config(64, False).tma_dq and not pipeline.config(64).tma_dq
+    monkeypatch.setitem(pipeline.UNMASKED_CONFIGS, 64, pipeline.UNMASKED_CONFIGS[64]._replace(block_m=64))
+    with pytest.raises(ValueError, match="block_m and persistent"):
+        pipeline.meta(64, False)
+    pipeline.meta(64)  # the masked config is unaffected
+
+
 def test_sm90_backward_grid(monkeypatch):
     """The Hopper backward's grid: one program per work item (key block, batch * kv head), or, with the table's
     persistent flag, whole heads per round up to one program per SM: a head's key blocks where the walks rotate
