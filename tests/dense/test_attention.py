@@ -259,6 +259,9 @@ def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
             _check(q, k, v, **opts)
     with force_backend("dense.sm90", config=dataclasses.replace(table, one_cta_from=256)):  # one CTA per tile
         _check(q, k, v, **opts)
+    for programs in (0, 7):  # causal and window tiles in the longest-first order table (Sm90Config.lpt)
+        with force_backend("dense.sm90", config=dataclasses.replace(table, lpt=True, max_programs=programs)):
+            _check(q, k, v, **opts)
     plans.clear_plans()
 
 
@@ -305,6 +308,38 @@ def test_gpu_sm90_three_consumers(dtype, device):
                 for opts in (dict(), dict(causal=True), dict(window=(40, 0)), dict(causal=True, softcap=30.0)):
                     _check(q, k, v, **opts)
     plans.clear_plans()
+
+
+def test_sm90_tile_order():
+    """launch_sm90.tile_order (Sm90Config.lpt): where it returns an order, every tile exactly once, each CTA's tiles
+    window by window of heads, and less work for the busiest CTA than the snake (tile_of) on the cost model; None
+    where the snake is as good."""
+    import numpy as np
+
+    from tileattn.ops.common import launch_sm90
+    snake_only = []
+    for seqlen, bh, programs in ((1000, 128, 132), (4096, 128, 132), (16384, 32, 132), (2048, 12, 132), (333, 144, 7)):
+        costs = launch_sm90.block_costs(seqlen, seqlen, 0, -1, 0, 128, 128)
+        num_m = len(costs)
+        assert costs[0] < costs[-1]  # causal: the last query block sees the most keys
+        snake = launch_sm90._snake_table(num_m, bh, programs)
+        assert sorted(snake[snake >= 0].tolist()) == list(range(num_m * bh))
+        table = launch_sm90.tile_order(costs, num_m, bh, programs)
+        if table is None:
+            snake_only.append(seqlen)
+            continue
+        assert table.shape[1] == programs and table.dtype == np.int32
+        assert sorted(table[table >= 0].tolist()) == list(range(num_m * bh))
+        for p in range(programs):  # -1 only after a CTA's last tile; heads in ascending windows (of any of the
+            # window sizes, which all divide the largest)
+            col = table[:, p]
+            n = int((col >= 0).sum())
+            assert (col[:n] >= 0).all() and (col[n:] == -1).all()
+            assert (np.diff(col[:n] // num_m // max(launch_sm90.LPT_HEADS)) >= 0).all()
+        assert launch_sm90._makespan(costs, num_m, table) < launch_sm90._makespan(costs, num_m, snake)
+    assert 4096 not in snake_only and 16384 not in snake_only  # the cost model's gain (docs/design/dense.md)
+    # a window bound: the key range starts at the window's first key block
+    assert launch_sm90.block_costs(512, 512, 0, 128, 0, 128, 128, overhead=0) == [1.0, 2.0, 2.0, 2.0]
 
 
 def test_sm90_config_consumers():

@@ -57,6 +57,9 @@ class Sm90Config:
     exp2_fma: int = 0  # of every 4 softmax exp2s, how many run on the FMA pipe (a polynomial) instead of the MUFU
     # consumer warpgroups (2, or 3: tiles of 3 * block_m rows, 16 warps, so at most 160 registers each; no pingpong)
     consumers: int = 2
+    # the persistent grid's tiles of problems with a right bound (causal) in a precomputed longest-first order within
+    # windows of heads where a cost model says it beats the snake (launch_sm90.tile_order; dense only)
+    lpt: bool = False
 
     def __post_init__(self):
         if self.consumers not in (2, 3):

@@ -47,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import masking, softmax
 from .gluon_compat import tma_store
-from .gluon_sm90_loader import block_start, loader, tile_blocks, tile_of
+from .gluon_sm90_loader import block_start, loader, rounds, tile_blocks, tile_of
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -317,17 +317,17 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
 def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
               stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
               stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
-              right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m,
+              right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order,
               WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr,
               EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr, FLEX: gl.constexpr,
-              SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr):
+              SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr, ORDERED: gl.constexpr):
     j = 0  # tiles done so far: Q slot and phase
     kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
     t = 0  # wgmma turns taken so far (PINGPONG)
-    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
-        valid, i_m, i_bh = tile_of(r, num_m, num_tiles, REVERSE_M)
+    for r in range(rounds(num_tiles, order, ORDERED)):
+        valid, i_m, i_bh = tile_of(r, num_m, num_tiles, REVERSE_M, order, ORDERED)
         if valid:
             i_b = i_bh // num_heads
             i_hk = (i_bh % num_heads) // group_size
@@ -456,9 +456,11 @@ def attn_fwd_pipeline(
     HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
     SEPARATE_O: gl.constexpr,
     FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr,
-    NUM_CONSUMERS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr, order, ORDERED: gl.constexpr,
 ):
     """The whole forward: shared memory, barriers, and the loader and NUM_CONSUMERS (2 or 3) consumer partitions.
+    order = (an int32 table, its rounds): with ORDERED the persistent grid takes its tiles from it (tile_of), else
+    (any placeholders) the snake order.
     The dense and flex kernels' docstrings say what their arguments hold; fx, caps_s / caps_m, SCORE_MOD /
     MASK_MOD are the flex mode's block mask and mods (placeholders for dense). Three consumers (tiles of 3 *
     BLOCK_M rows, 16 warps: at most 160 registers each) take no PINGPONG (its turns alternate two)."""
@@ -506,19 +508,20 @@ def attn_fwd_pipeline(
                          lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
                          stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
                          seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         caps_m, order, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
-                         MASK_MOD, PINGPONG)),
+                         MASK_MOD, PINGPONG, ORDERED)),
             (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
                          lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
                          stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
                          seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         caps_m, order, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
-                         MASK_MOD, PINGPONG)),
+                         MASK_MOD, PINGPONG, ORDERED)),
             (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
-                      BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),
+                      order, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
+                      ORDERED)),
         ], [4, 1], [CONSUMER_REGS, 24])
     else:  # the first partition, two more consumer warpgroups, the loader
         gl.warp_specialize([
@@ -526,24 +529,25 @@ def attn_fwd_pipeline(
                          lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
                          stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
                          seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         caps_m, order, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
-                         MASK_MOD, PINGPONG)),
+                         MASK_MOD, PINGPONG, ORDERED)),
             (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
                          lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
                          stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
                          seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         caps_m, order, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
-                         MASK_MOD, PINGPONG)),
+                         MASK_MOD, PINGPONG, ORDERED)),
             (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
                          lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
                          stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
                          seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, 2, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+                         caps_m, order, 2, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
-                         MASK_MOD, PINGPONG)),
+                         MASK_MOD, PINGPONG, ORDERED)),
             (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
-                      BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX)),
+                      order, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
+                      ORDERED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])

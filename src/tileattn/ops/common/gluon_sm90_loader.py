@@ -14,8 +14,21 @@ FLEX_TAIL = gl.constexpr(masking.FLEX_TAIL)
 
 
 @gluon.jit
-def tile_of(r, num_m, num_tiles, REVERSE_M: gl.constexpr):
+def rounds(num_tiles, order, ORDERED: gl.constexpr):
+    """Rounds of this CTA's tile loop: cdiv(num_tiles, programs), or with ORDERED the order table's (order =
+    (table, rounds): tile_of)."""
+    if ORDERED:
+        return order[1]
+    else:
+        return gl.cdiv(num_tiles, gl.num_programs(0))
+
+
+@gluon.jit
+def tile_of(r, num_m, num_tiles, REVERSE_M: gl.constexpr, order, ORDERED: gl.constexpr):
     """Tile of this CTA in round r of the persistent grid, as (valid, query block, batch * head).
+
+    ORDERED: read from order[0], an int32 table [rounds, programs] of tiles t = batch * head * num_m + query
+    block, -1 where a CTA has no tile that round (launch_sm90.tile_order: longest first within windows of heads).
 
     Rounds deal tiles out in a snake (CTA p takes r * nprog + p in even rounds, r * nprog + nprog - 1 - p in
     odd ones), so that with tiles in decreasing cost (REVERSE_M: the heaviest causal query blocks of a head
@@ -24,11 +37,15 @@ def tile_of(r, num_m, num_tiles, REVERSE_M: gl.constexpr):
     lost 10-40% at N = 1K-16K, docs/design/dense.md, 2026-11-21)."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    t = r * nprog + pid + (r % 2) * (nprog - 1 - 2 * pid)
-    i_m = t % num_m
-    if REVERSE_M:
-        i_m = num_m - 1 - i_m
-    return t < num_tiles, i_m, t // num_m
+    if ORDERED:
+        t = gl.load(order[0] + r * nprog + pid)
+        return t >= 0, t % num_m, t // num_m
+    else:
+        t = r * nprog + pid + (r % 2) * (nprog - 1 - 2 * pid)
+        i_m = t % num_m
+        if REVERSE_M:
+            i_m = num_m - 1 - i_m
+        return t < num_tiles, i_m, t // num_m
 
 
 @gluon.jit
@@ -109,14 +126,14 @@ def block_start(it, n_lo, lst, base, tail, BLOCK_N: gl.constexpr, FLEX: gl.const
 
 @gluon.jit
 def loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
+            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx, order,
             BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
-            FLEX: gl.constexpr):
+            FLEX: gl.constexpr, ORDERED: gl.constexpr):
     kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
     j = 0  # tiles started so far: Q slot and phase
-    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
-        valid, i_m, i_bh = tile_of(r, num_m, num_tiles, REVERSE_M)
+    for r in range(rounds(num_tiles, order, ORDERED)):
+        valid, i_m, i_bh = tile_of(r, num_m, num_tiles, REVERSE_M, order, ORDERED)
         if valid:
             j, kv = _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag,

@@ -47,6 +47,79 @@ def grid(cfg, seqlen_q, num_bh, device):
     return (max(1, n),)
 
 
+# heads per window of the longest-first order (tile_order tries each): a window's tiles are dealt out before the
+# next window's, so the CTAs of a round read few heads' K/V. A cost model of causal problems (B*H = 128 on 132
+# CTAs, docs/design/dense.md) gives the snake 97% of an even split at any N, windows of 8-17 heads 99-100% from N =
+# 4K; at 1K-2K no window size is reliably better than the snake (too few tiles per CTA to even out window by window)
+LPT_HEADS = (8, 16, 32, 64)
+
+
+def _makespan(costs, num_m, table):
+    """The most work any CTA gets from an order table (tile_order's)."""
+    return max(sum(costs[t % num_m] for t in col if t >= 0) for col in table.T)
+
+
+def _snake_table(num_m, num_bh, programs):
+    """tile_of's snake order (REVERSE_M) as a table."""
+    import numpy as np
+    tiles = num_m * num_bh
+    rounds = -(-tiles // programs)
+    table = np.full((rounds, programs), -1, dtype=np.int32)
+    for r in range(rounds):
+        for p in range(programs):
+            t = r * programs + p + (r % 2) * (programs - 1 - 2 * p)
+            if t < tiles:
+                table[r, p] = t - t % num_m + num_m - 1 - t % num_m
+    return table
+
+
+def _lpt_table(costs, num_m, num_bh, programs, heads):
+    """Window by window of `heads` (batch, head) pairs, each tile, heaviest first, to the CTA with the least work."""
+    import heapq
+
+    import numpy as np
+    loads = [(0.0, p) for p in range(programs)]
+    lists = [[] for _ in range(programs)]
+    for w0 in range(0, num_bh, heads):
+        window = sorted(((costs[i], bh * num_m + i) for bh in range(w0, min(w0 + heads, num_bh))
+                         for i in range(num_m)), key=lambda x: -x[0])
+        for c, t in window:
+            load, p = heapq.heappop(loads)
+            lists[p].append(t)
+            heapq.heappush(loads, (load + c, p))
+    table = np.full((max(len(x) for x in lists), programs), -1, dtype=np.int32)
+    for p, x in enumerate(lists):
+        table[:len(x), p] = x
+    return table
+
+
+def tile_order(costs, num_m, num_bh, programs):
+    """The persistent grid's tiles (t = batch * head * num_m + query block) for the kernel's ORDERED mode: of the
+    longest-first orders by windows of LPT_HEADS heads, the one whose busiest CTA gets the least work on the cost
+    model (costs[i_m]: query block i_m's work, the same for every head), or None where the snake (tile_of) is as
+    good. Returns an int32 numpy table [rounds, programs], round r of CTA p in row r, -1 where p has no tile left."""
+    best = _snake_table(num_m, num_bh, programs)
+    best_span, snake = _makespan(costs, num_m, best), True
+    for heads in LPT_HEADS:
+        table = _lpt_table(costs, num_m, num_bh, programs, heads)
+        span = _makespan(costs, num_m, table)
+        if span < best_span * (1 - 1e-9):
+            best, best_span, snake = table, span, False
+    return None if snake else best
+
+
+def block_costs(seqlen_q, seqlen_k, off_diag, left, right, rows, block_n, overhead=0.5):
+    """Each query block's work in key blocks (its tiles' key range, as the kernel walks it) plus a fixed per-tile
+    overhead (Q, epilogue)."""
+    out = []
+    for i in range((seqlen_q + rows - 1) // rows):
+        m0, m1 = i * rows, min(i * rows + rows, seqlen_q) - 1
+        lo = max(m0 + off_diag - left, 0) // block_n * block_n if left >= 0 else 0
+        hi = min(max(m1 + off_diag + right + 1, 0), seqlen_k) if right >= 0 else seqlen_k
+        out.append(max(hi - lo, 0) / block_n + overhead)
+    return out
+
+
 def scales(scale, softcap):
     """(sm_scale, softcap_scale, softcap_out) of the kernel: the scale times log2 e goes inside exp2, or the
     softcap maps raw scores to log2 units and exp2 takes them as they are."""

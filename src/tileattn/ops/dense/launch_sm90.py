@@ -6,6 +6,8 @@ be the view of an fp8.Fp8V: a plain fp8 V is packed once per call (fp8.fp8_v_lay
 (Sk = 1) launches attn_fwd_sm90_kernel_one_key, compiled with seqlen_k a run-time value (gluon_sm90.py says
 why).
 """
+import torch
+
 from ...launcher import KernelLauncher
 from ..common import launch_sm90 as pipeline
 from ..common.backend import Backend
@@ -79,14 +81,22 @@ class Sm90Backend(Backend):
             p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_q // p.heads_kv, p.batch * p.heads_q,
             *pipeline.scales(c.scale, c.softcap), float(c.out_scale), left, right,
         )
+        grid = pipeline.grid(cfg, p.seqlen_q, p.batch * p.heads_q, p.device)
+        order = None
+        if cfg.lpt and right >= 0 and pipeline.persistent(cfg, p.seqlen_q):
+            rows = cfg.consumers * cfg.block_m
+            costs = pipeline.block_costs(p.seqlen_q, p.seqlen_k, p.seqlen_k - p.seqlen_q if p.opts.bottom_right
+                                         else 0, left, right, rows, cfg.block_n)
+            table = pipeline.tile_order(costs, len(costs), p.batch * p.heads_q, grid[0])
+            order = None if table is None else torch.from_numpy(table).to(p.device)
+        args += (order, order.shape[0]) if order is not None else (lse, 0)
         kwargs = dict(
             BLOCK_M=cfg.block_m, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
             HAS_SOFTCAP=c.softcap > 0, RETURN_LSE=p.opts.return_lse, REVERSE_M=right >= 0,
             HAS_DESCALE=p.descale, P_SHIFT=P_SHIFT if p.fp8 else 0, V_SEQ_MAJOR=p.fp8,
             SEPARATE_O=p.out_dtype != p.dtype, PINGPONG=cfg.pingpong, EXP2_FMA=cfg.exp2_fma,
-            NUM_CONSUMERS=cfg.consumers, num_warps=4,
+            NUM_CONSUMERS=cfg.consumers, ORDERED=order is not None, num_warps=4,
         )
-        grid = pipeline.grid(cfg, p.seqlen_q, p.batch * p.heads_q, p.device)
         kernel = attn_fwd_sm90_kernel_one_key if p.fp8 and p.seqlen_k == 1 else attn_fwd_sm90_kernel
         return Sm90Launch(grid, KernelLauncher(kernel, args, kwargs, VARYING), v_prep)
