@@ -319,12 +319,40 @@ def fingerprint(path, compare, tmp, only=None):
     return 1 if failures else 0
 
 
-def report(ck, out_dir):
-    """ptxas's resources and verdict on one compiled kernel (1 when it spills or serializes the wgmmas)."""
+def loops(sass):
+    """[(first address, last address, instructions, wgmmas, LDL, STL)] of the SASS's loops that issue wgmmas, innermost
+    first: a loop is a branch back to an earlier address, and 'innermost' holds no other such loop. The step loops'
+    local-memory traffic (descriptor reloads, spills) shows here, per loop and warpgroup partition."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in
+           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s*(.*?);", line) for line in sass.splitlines()) if m]
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    spans = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in index:
+            spans.append((index[int(m.group(1), 16)], i))
+    spans = [(lo, hi) for lo, hi in spans if any("GMMA" in t for _, t in ins[lo:hi + 1])]
+    out = []
+    for lo, hi in spans:
+        if any(lo <= lo2 and hi2 <= hi and (lo2, hi2) != (lo, hi) for lo2, hi2 in spans):
+            continue  # holds another wgmma loop (barrier waits are loops too: they do not count)
+        body = [t for _, t in ins[lo:hi + 1]]
+        out.append((ins[lo][0], ins[hi][0], len(body), sum("GMMA" in t for t in body),
+                    sum(re.search(r"\bLDL\b", t) is not None for t in body),
+                    sum(re.search(r"\bSTL\b", t) is not None for t in body)))
+    return out
+
+
+def report(ck, out_dir, show_loops=False):
+    """ptxas's resources and verdict on one compiled kernel (1 when it spills or serializes the wgmmas);
+    show_loops: the wgmma loops' local-memory accesses too (loops())."""
     base = os.path.join(out_dir, "sm90_cpu")
     open(base + ".ptx", "w").write(ck.asm["ptx"])
     print("shared", ck.metadata.shared)
     sass = _sass(ck, base + ".cubin")
+    if show_loops:
+        for lo, hi, n, gmma, ldl, stl in loops(sass):
+            print(f"loop {lo:#07x}-{hi:#07x}: {n} instructions, {gmma} wgmma, LDL {ldl}, STL {stl}")
     res = subprocess.run([_tool("cuobjdump"), "-res-usage", base + ".cubin"], capture_output=True, text=True).stdout
     print(re.sub(r"\s+", " ", res.split("Function")[-1])[:300])
     for op in ("HGMMA", "QGMMA", "MUFU.EX2", "STL", "LDL", "SHFL", "PRMT", "LOP3", "SHF", "F2FP", "BAR.SYNC"):
@@ -369,6 +397,7 @@ def main():
     p.add_argument("--bwd-large-d", action="store_true",
                    help="the dense backward's kernels above D = 128 (the split backward's score kernel, varlen's)")
     p.add_argument("--out", default="/tmp")
+    p.add_argument("--loops", action="store_true", help="each innermost wgmma loop's length and local-memory accesses")
     a = p.parse_args()
     _setup()
     if a.fingerprint:
@@ -382,7 +411,7 @@ def main():
                  "bwd_dq_large_d_kernel")
         compiled = [name for name in names if any(n == name for n, _ in COMPILED)]  # (varlen D <= 256: whole rows)
         assert compiled, "no split backward kernel was compiled"
-        return max(report(next(k for n, k in COMPILED if n == name), a.out) for name in compiled)
+        return max(report(next(k for n, k in COMPILED if n == name), a.out, a.loops) for name in compiled)
     if a.bwd_sm90:
         os.environ["TILEATTN_SM90_BWD"] = "1"
         from tileattn.ops.common import launch_bwd_sm90
@@ -423,7 +452,7 @@ def main():
               config=cfg)
         name = "attn_fwd_sm90_kernel"
     ck = next(k for n, k in COMPILED if n == name)
-    return report(ck, a.out)
+    return report(ck, a.out, a.loops)
 
 
 if __name__ == "__main__":
