@@ -314,15 +314,16 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
 
 
 @gluon.jit
-def _consumer(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
-              stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
-              stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
-              right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order,
-              WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+def _consumer(args, WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr,
               EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr, FLEX: gl.constexpr,
               SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr, ORDERED: gl.constexpr):
+    """Consumer warpgroup WG; args: the run-time arguments every consumer shares (attn_fwd_pipeline's c_args)."""
+    (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
+     stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb,
+     stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
+     softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order) = args
     j = 0  # tiles done so far: Q slot and phase
     kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
     t = 0  # wgmma turns taken so far (PINGPONG)
@@ -500,54 +501,36 @@ def attn_fwd_pipeline(
         for w in gl.static_range(NUM_CONSUMERS):
             mbarrier.init(turns.index(w), count=1)
 
-    # (the partitions' argument lists are written out: Gluon takes a literal tuple per partition, and a tuple built
-    # by concatenation loses its constexprs)
+    # each partition's run-time arguments in one tuple (the constexprs stay literal elements of its partition's
+    # tuple: a tuple built by concatenation, or held in a variable, does not keep its elements constexpr)
+    c_args = (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
+              stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
+              stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
+              right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order)
+    l_args = (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+              num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx, order)
     if NUM_CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
-                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, order, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+            (_consumer, (c_args, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED)),
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
-                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, order, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+            (_consumer, (c_args, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED)),
-            (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                      num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
-                      order, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
+            (loader, (l_args, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
                       ORDERED)),
         ], [4, 1], [CONSUMER_REGS, 24])
     else:  # the first partition, two more consumer warpgroups, the loader
         gl.warp_specialize([
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
-                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, order, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+            (_consumer, (c_args, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED)),
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
-                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, order, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+            (_consumer, (c_args, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED)),
-            (_consumer, (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns,
-                         lse_ptr, stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb,
-                         stride_kdh, stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q,
-                         seqlen_k, off_diag, left, right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s,
-                         caps_m, order, 2, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
+            (_consumer, (c_args, 2, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE,
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED)),
-            (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                      num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
-                      order, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
+            (loader, (l_args, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
                       ORDERED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])

@@ -125,11 +125,12 @@ def block_start(it, n_lo, lst, base, tail, BLOCK_N: gl.constexpr, FLEX: gl.const
 
 
 @gluon.jit
-def loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-            num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx, order,
-            BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
-            FLEX: gl.constexpr, ORDERED: gl.constexpr):
+def loader(args, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
+           FLEX: gl.constexpr, ORDERED: gl.constexpr):
+    """The forward pipeline's loader partition; args: its run-time arguments (attn_fwd_pipeline's l_args)."""
+    (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, num_tiles, num_m,
+     num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx, order) = args
     kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
     j = 0  # tiles started so far: Q slot and phase
     for r in range(rounds(num_tiles, order, ORDERED)):
