@@ -116,21 +116,22 @@ def _kv_views(k_bufs, v_bufs, i, WG: gl.constexpr, BUFS: gl.constexpr):
 
 
 @gluon.jit
-def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_smem, k_bufs, v_bufs, ds_bufs, dq_bufs,
-          stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right,
-          qk_scale, softcap_scale, softcap_out, fm, full, caps_s, caps_m, WG: gl.constexpr, MASKED: gl.constexpr,
-          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
-          DQ_BUFS: gl.constexpr, FLEX: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr,
-          KV_FRESH: gl.constexpr):
+def _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty,
+          ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right, qk_scale, softcap_scale,
+          softcap_out, fm, full, caps_s, caps_m, WG: gl.constexpr, MASKED: gl.constexpr, HAS_LEFT: gl.constexpr,
+          HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
+          FLEX: gl.constexpr, SCORE_GRAD: gl.constexpr, MASK_MOD: gl.constexpr, KV_FRESH: gl.constexpr):
     """One query block of this warpgroup's 64 keys: returns (dK, dV) plus its contribution; stages its half of
     the block's dQ part for the writer. Flex: fm = (batch, query head, scale) for the mods; full: a block of the
-    mask's full list (mask_mod does not apply). KV_FRESH: K's and V's wgmma operands are taken from k_bufs / v_bufs
-    at a buffer index computed from the step (always 0), instead of the views passed in, so that their descriptors
+    mask's full list (mask_mod does not apply). K / V: k_bufs / v_bufs as _kv_views takes them. KV_FRESH (they are
+    one-buffer arrays): the index is computed from the step (always 0), so that K's and V's wgmma descriptors
     are not loop-invariant: hoisted out of the step loops, ptxas spilled them and reloaded them with LDL.64 inside
     the S^T and dQ wgmma issue (triton 3.6 SASS of the causal plain-grid kernel, docs/design/backward.md,
-    seventeenth round)."""
+    seventeenth and eighteenth rounds)."""
     if KV_FRESH:
         k_half, v_half, k_smem = _kv_views(k_bufs, v_bufs, step >> 30, WG, True)  # step < 2^30: index 0
+    else:
+        k_half, v_half, k_smem = _kv_views(k_bufs, v_bufs, 0, WG, False)
     BLOCK_M: gl.constexpr = q_bufs.shape[2]
     D: gl.constexpr = q_bufs.shape[4]
     DV: gl.constexpr = do_bufs.shape[4]
@@ -311,7 +312,6 @@ def _consume_item(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, 
     v_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DV, 16])
     n0 = i_n * 2 * HALF_N
-    k_half, v_half, k_full = _kv_views(k_bufs, v_bufs, 0, WG, NEEDS_MASK and not FLEX)
     dk = gl.zeros([HALF_N, D], gl.float32, k_layout)
     dv = gl.zeros([HALF_N, DV], gl.float32, v_layout)
     for g in range(group_size):  # the query heads of the kv head: the loader and writers track which
@@ -324,11 +324,10 @@ def _consume_item(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, 
                 m0 = walk_m0(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK, False)
                 full = merge[2] > merge[3]
                 merge = walk_next(t, walk, merge, BLOCK_M, FLEX, Q_BLOCK)
-                dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half, k_full, k_bufs, v_bufs,
-                               ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q,
-                               seqlen_k, off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, full,
-                               caps_s, caps_m, WG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
-                               SCORE_GRAD, MASK_MOD, False)
+                dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs,
+                               q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left,
+                               right, qk_scale, softcap_scale, softcap_out, fm, full, caps_s, caps_m, WG, True,
+                               HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD, False)
                 step += 1
         else:
             m_lo, f_lo, f_hi, m_hi, rot, desc = sched
@@ -362,12 +361,11 @@ def _consume_item(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, 
                             m0 = m_start + (t + desc * (n_r - 1 - 2 * t)) * BLOCK_M
                         else:
                             m0 = m_start + t * BLOCK_M
-                        dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_half, v_half,
-                                       k_full, k_bufs, v_bufs, ds_bufs, dq_bufs, stat_bufs, q_ready, q_empty,
-                                       ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k, off_diag, left, right,
-                                       qk_scale, softcap_scale, softcap_out, fm, False, caps_s, caps_m, WG, r != 1,
-                                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX, SCORE_GRAD, MASK_MOD,
-                                       NEEDS_MASK)
+                        dk, dv = _step(dk, dv, step, m0, n0, q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, dq_bufs,
+                                       stat_bufs, q_ready, q_empty, ds_ready, dq_full, dq_empty, seqlen_q, seqlen_k,
+                                       off_diag, left, right, qk_scale, softcap_scale, softcap_out, fm, False, caps_s,
+                                       caps_m, WG, r != 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, DQ_BUFS, FLEX,
+                                       SCORE_GRAD, MASK_MOD, NEEDS_MASK)
                         step += 1
     if SCHED != PLAIN:  # every wgmma reading K / V has completed (each step waits for its last): the next
         # item's may load
@@ -415,7 +413,7 @@ def attn_bwd_pipeline(
     wk = (num_items, num_kv_blocks, num_kv_heads, seqlen_q, seqlen_k, off_diag, left, right, head_group_ptr)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-    if NEEDS_MASK and not FLEX:  # K and V as one buffer each, which the consumers index at run time (KV_FRESH)
+    if NEEDS_MASK and not FLEX:  # K and V as one-buffer arrays, which the consumers index at run time (KV_FRESH)
         k_bufs = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)
         k_smem = k_bufs.index(0)
