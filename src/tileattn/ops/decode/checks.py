@@ -1,7 +1,6 @@
 """Argument checks of attention over a KV cache: a clear ValueError / TypeError naming the argument, before any
 launch."""
 import math
-import numbers
 
 import torch
 
@@ -77,7 +76,7 @@ def host_lengths(host_seqlens, batch):
         lens = host_seqlens.tolist()
     else:
         if isinstance(host_seqlens, (str, bytes)) or not hasattr(host_seqlens, "__len__") \
-                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in host_seqlens):
+                or not all(is_int(n) for n in host_seqlens):
             raise TypeError(f"host_seqlens: expected a list of ints, got {type(host_seqlens).__name__}")
         lens = [int(n) for n in host_seqlens]
     if len(lens) != batch:

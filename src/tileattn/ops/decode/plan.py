@@ -10,13 +10,13 @@ a CUDA graph. `update(seqlens)` re-plans into the same buffers (a captured graph
 """
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ... import hw
+from ..common.args import is_int
 from ..common.masking import UNBOUNDED_WINDOW
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
@@ -133,7 +133,7 @@ class KVCachePlan:
         # (numpy's ints as Python's: they reach the kernels)
         self.num_heads, self.num_kv_heads, self.head_dim = int(num_heads), int(num_kv_heads), int(head_dim)
         self.page_size = None if page_size is None else int(page_size)
-        self.q_len = int(q_len) if isinstance(q_len, numbers.Integral) else q_len
+        self.q_len = int(q_len) if is_int(q_len) else q_len
         if self.causal and self.window[1] > 0:
             self.window = (self.window[0], 0)  # causal clips the right bound
         self.device = seqlens.device
