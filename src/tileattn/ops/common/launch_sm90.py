@@ -6,6 +6,7 @@ import triton
 from ... import hw
 from .configs import SM90, SM90_FP8, sm90_config, sm90_smem_bytes
 from .fp8 import FP8_DTYPES, packed_pitch
+from .masking import key_span
 from .softmax import LOG2E
 from .tma import gluon_desc, gluon_sm90_reason
 
@@ -112,11 +113,9 @@ def block_costs(seqlen_q, seqlen_k, off_diag, left, right, rows, block_n, overhe
     """Each query block's work in key blocks (its tiles' key range, as the kernel walks it) plus a fixed per-tile
     overhead (Q, epilogue)."""
     out = []
-    for i in range((seqlen_q + rows - 1) // rows):
-        m0, m1 = i * rows, min(i * rows + rows, seqlen_q) - 1
-        lo = max(m0 + off_diag - left, 0) // block_n * block_n if left >= 0 else 0
-        hi = min(max(m1 + off_diag + right + 1, 0), seqlen_k) if right >= 0 else seqlen_k
-        out.append(max(hi - lo, 0) / block_n + overhead)
+    for m0 in range(0, seqlen_q, rows):
+        lo, hi = key_span(m0, min(m0 + rows, seqlen_q), seqlen_k, off_diag, left, right)
+        out.append((hi - lo // block_n * block_n) / block_n + overhead)  # (the walk starts on a block boundary)
     return out
 
 

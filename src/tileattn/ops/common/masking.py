@@ -15,6 +15,14 @@ import triton.language as tl
 # to -1 (dense: effective_window; decode: KVCachePlan).
 UNBOUNDED_WINDOW = 2 ** 30
 
+def key_span(m0, m1, seqlen_k, off_diag, left, right):
+    """Host side: keys [lo, hi) that query rows [m0, m1) see (query i sees key j iff i + off_diag - left <= j <=
+    i + off_diag + right; -1: unbounded)."""
+    lo = max(m0 + off_diag - left, 0) if left >= 0 else 0
+    hi = min(max(m1 - 1 + off_diag + right + 1, 0), seqlen_k) if right >= 0 else seqlen_k
+    return lo, max(hi, lo)
+
+
 # The Hopper pipelines' FLEX modes (a constexpr; 0 / False: dense): whole mask blocks, or a last block that ends
 # past the sequence (forward: Sk, whose padding keys it hides; backward: Sq or Sk, whose padding rows and keys it
 # hides), in full blocks too

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ... import hw, knobs
+from ..common.masking import key_span
 from ..common.tma import gluon_desc, gluon_sm90_reason, tma_ok
 from .kernels_bwd_large_d import bwd_scores_kernel
 from .launch_triton import MAX_GRID_Y
@@ -75,14 +76,6 @@ def _empty(*shape, like):
 
 def _debug_nan(t):
     return t.fill_(float("nan")) if knobs.debug_fill_nan() else t
-
-
-def _key_span(m0, m1, sk, off, left, right):
-    """Keys [lo, hi) that query rows [m0, m1) see (query i sees key j iff i + off - left <= j <= i + off +
-    right; -1: unbounded)."""
-    lo = max(m0 + off - left, 0) if left >= 0 else 0
-    hi = min(max(m1 - 1 + off + right + 1, 0), sk) if right >= 0 else sk
-    return lo, max(hi, lo)
 
 
 def _row_span(n0, n1, sq, off, left, right):
@@ -265,7 +258,7 @@ def _chunk_grads(p, c, do, delta, ch, grads, tail, launch):
     qc, doc, kc = ch.rows_of(q, ch.m0, ch.m1), ch.rows_of(do, ch.m0, ch.m1), ch.keys_of(k, ch.lo, ch.hi)
     for a in range(ch.m0, ch.m1, ch.row_piece):  # dQ by rows
         e = min(a + ch.row_piece, ch.m1)
-        lo, hi = (x - ch.lo for x in _key_span(a, e, p.seqlen_k, off, left, right))
+        lo, hi = (x - ch.lo for x in key_span(a, e, p.seqlen_k, off, left, right))
         r = slice((a - ch.m0) * g, (e - ch.m0) * g)
         if hi > lo:
             torch.bmm(ws_ds[:, r, lo:hi], kc[:, lo:hi], out=dq_out[:, r])
@@ -316,14 +309,14 @@ def attn_bwd_large_d(p, c, do, delta, grads, tail, launch):
             sums = [torch.zeros(units, sk, t.shape[-1], device=q.device, dtype=torch.float32
                                 if q.dtype != torch.float64 else q.dtype) for t in (dk, dv)] if acc else None
             if not acc:  # keys no row sees keep zero gradients
-                lo, hi = _key_span(0, sq, sk, off, left, right)
+                lo, hi = key_span(0, sq, sk, off, left, right)
                 if lo > 0 or hi < sk:
                     dk[b[0]:b[1], :, h[0]:h[1]].zero_()
                     dv[b[0]:b[1], :, h[0]:h[1]].zero_()
             for m0 in range(0, sq, mc):
                 m1 = min(m0 + mc, sq)
                 sm90 = operands and triton.cdiv(m1 - m0, 128) * units * g >= min_ctas
-                ch = _Chunk(b, h, (m0, m1), _key_span(m0, m1, sk, off, left, right), g, n_pieces,
+                ch = _Chunk(b, h, (m0, m1), key_span(m0, m1, sk, off, left, right), g, n_pieces,
                             operands if sm90 else None)
                 _chunk_grads(p, c, do, delta, ch, (dq, dk, dv, sums), tail, launch)
             if acc:
