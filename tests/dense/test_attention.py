@@ -345,7 +345,6 @@ def test_sm90_tile_order():
 def test_sm90_config_consumers():
     """Sm90Config.consumers: 2 or 3; three take at most 160 registers each and no pingpong; the grid's tiles and the
     shared memory count consumers * block_m query rows."""
-    from tileattn import hw
     from tileattn.ops.common import launch_sm90
     from tileattn.ops.common.configs import Sm90Config, sm90_smem_bytes
     two = Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240)
@@ -354,11 +353,9 @@ def test_sm90_config_consumers():
         with pytest.raises(ValueError, match="consumers"):
             dataclasses.replace(two, **bad)
     assert sm90_smem_bytes(three, 64, 64, 2) - sm90_smem_bytes(two, 64, 64, 2) == 2 * 64 * 64 * 2  # a Q tile per slot
-    info = hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448)
-    import unittest.mock
-    with unittest.mock.patch.object(hw, "device_info", lambda device: info):
-        assert launch_sm90.grid(dataclasses.replace(three, persistent=False), 1000, 4, "cuda") == (6 * 4,)
-        assert launch_sm90.grid(dataclasses.replace(two, persistent=False), 1000, 4, "cuda") == (8 * 4,)
+    # one CTA per tile (no persistent grid, so no device facts needed)
+    assert launch_sm90.grid(dataclasses.replace(three, persistent=False), 1000, 4, "cuda") == (6 * 4,)
+    assert launch_sm90.grid(dataclasses.replace(two, persistent=False), 1000, 4, "cuda") == (8 * 4,)
 
 
 def test_sm90_grid_per_shape(monkeypatch):
