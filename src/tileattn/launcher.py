@@ -102,6 +102,13 @@ class KernelLauncher:
         self._varying = tuple((names.index(n), -1) if isinstance(n, str) else (names.index(n[0]), n[1])
                               for n in varying)
         self._names = names
+        fixed = set(self._varying)
+        for i, val in enumerate(self._values):  # a tensor frozen into the template would outlive its call
+            items = enumerate(val) if isinstance(val, tuple) else [(-1, val)]
+            for k, item in items:
+                if (isinstance(item, torch.Tensor) or _is_descriptor(item)) and (i, k) not in fixed:
+                    where = names[i] if k < 0 else f"{names[i]}[{k}]"
+                    raise ValueError(f"KernelLauncher: tensor / descriptor parameter {where!r} must be varying")
         self._is_desc = tuple(k < 0 and _is_descriptor(self._values[i]) for i, k in self._varying)
         for (i, k), is_desc in zip(self._varying, self._is_desc):
             # keep no reference to the example's tensors (a plan may outlive them by far); a descriptor

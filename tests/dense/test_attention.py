@@ -358,6 +358,39 @@ def test_sm90_config_consumers():
     assert launch_sm90.grid(dataclasses.replace(two, persistent=False), 1000, 4, "cuda") == (8 * 4,)
 
 
+@pytest.mark.parametrize("lpt", [False, True], ids=["snake", "lpt"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn], ids=["fp16", "e4m3"])
+def test_sm90_plan_builds(dtype, lpt, monkeypatch):
+    """dense.sm90's launch plan builds with every tensor it passes varying per call (KernelLauncher refuses a
+    tensor frozen into the plan), with and without the longest-first tile table; the values a call replays match
+    the kernel's VARYING parameters. Runs without a GPU: the plan is built, not launched."""
+    from tileattn.ops.common import launch_sm90 as pipeline
+    from tileattn.ops.dense import launch_sm90
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("no fp8 dtype in this torch")
+    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
+    runs = []
+    monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append((self, self._values(c))))
+    q = randn(2, 1000, 64, 64, dtype=torch.float16, device="cpu")
+    opts = dict(causal=True)
+    if dtype != torch.float16:
+        (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(t, dtype=dtype) for t in (q, q.flip(1), q.flip(2)))
+        opts.update(q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        k, v = q.flip(1), q.flip(2)
+    plans.clear_plans()
+    cfg = dataclasses.replace(sm90_config(64, dtype), lpt=lpt)
+    with force_backend("dense.sm90", config=cfg):
+        tileattn.attention(q, k, v, **opts)
+    plans.clear_plans()
+    (launch, values), = runs
+    assert len(values) == len(launch_sm90.VARYING)
+    assert (launch.order is not None) == lpt  # 128 heads of 8 tiles on 132 CTAs: the table wins
+    if lpt:
+        assert values[-1] is launch.order
+
+
 def test_sm90_grid_per_shape(monkeypatch):
     """The Hopper forward's grid: one CTA per SM below the table's one_cta_from (D=128), one CTA per tile from it;
     flex keeps the persistent grid."""

@@ -17,7 +17,7 @@ from .gluon_sm90 import attn_fwd_sm90_kernel, attn_fwd_sm90_kernel_one_key
 
 # the kernel parameters that change between calls of one launch plan (launcher.KernelLauncher's `varying`)
 VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "qd_ptr", "kd_ptr", "vd_ptr", "sm_scale",
-           "softcap_scale", "softcap_out", "out_scale")
+           "softcap_scale", "softcap_out", "out_scale", "order_ptr")
 
 
 def _pack_v(v):
@@ -26,15 +26,18 @@ def _pack_v(v):
 
 class Sm90Launch:
     """A planned launch of attn_fwd_sm90_kernel: run(c) launches it on call c's tensors and values."""
-    __slots__ = ("grid", "launcher", "v_prep")
+    __slots__ = ("grid", "launcher", "v_prep", "order")
 
-    def __init__(self, grid, launcher, v_prep):
-        self.grid, self.launcher, self.v_prep = grid, launcher, v_prep
+    def __init__(self, grid, launcher, v_prep, order):
+        # order: the plan's tile-order table (Sm90Config.lpt) or None (the kernel then reads no table, and is
+        # passed the call's lse as a stand-in pointer)
+        self.grid, self.launcher, self.v_prep, self.order = grid, launcher, v_prep, order
 
     def _values(self, c):
         v = c.v if self.v_prep is None else self.v_prep(c.v)
         qd, kd, vd = c.descales if c.descales is not None else (c.lse, c.lse, c.lse)
-        return (c.q, c.k, v, c.out, c.lse, qd, kd, vd, *pipeline.scales(c.scale, c.softcap), c.out_scale)
+        return (c.q, c.k, v, c.out, c.lse, qd, kd, vd, *pipeline.scales(c.scale, c.softcap), c.out_scale,
+                c.lse if self.order is None else self.order)
 
     def run(self, c):
         self.launcher(self.grid, *self._values(c))
@@ -99,4 +102,4 @@ class Sm90Backend(Backend):
             NUM_CONSUMERS=cfg.consumers, ORDERED=order is not None, num_warps=4,
         )
         kernel = attn_fwd_sm90_kernel_one_key if p.fp8 and p.seqlen_k == 1 else attn_fwd_sm90_kernel
-        return Sm90Launch(grid, KernelLauncher(kernel, args, kwargs, VARYING), v_prep)
+        return Sm90Launch(grid, KernelLauncher(kernel, args, kwargs, VARYING), v_prep, order)
