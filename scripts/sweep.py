@@ -209,7 +209,7 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
     before it is timed: against cuDNN's (16-bit), or by the fp8 bench's tolerance rule on a slice (e4m3:
     tileattn/bench/fp8_check.py)."""
     from tileattn.bench.dense import sdpa
-    from tileattn.ops.common.configs import sm90_config
+    from tileattn.ops.common.configs import sm90_dense_config
     fp8 = dtype.itemsize == 1
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16 if fp8 else dtype) for _ in range(3))
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
@@ -231,7 +231,7 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
             return ok, info.get("err_vs_fp32", float("nan"))
         diff = max_abs(out, ref)
         return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
-    for name, cfg in sm90_variants(variants, sm90_config(D, dtype)):
+    for name, cfg in sm90_variants(variants, sm90_dense_config(D, dtype, N, causal)):
         try:
             if isinstance(cfg, Exception):
                 raise cfg

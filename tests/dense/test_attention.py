@@ -391,6 +391,38 @@ def test_sm90_plan_builds(dtype, lpt, monkeypatch):
         assert values[-1] is launch.order
 
 
+def test_sm90_dense_config_by_shape(monkeypatch):
+    """sm90_dense_config: the table's entry below SM90_THREE_FROM's query lengths (masked problems: the second),
+    three consumer warpgroups (<= 160 registers, no pingpong) from them, D = 128 never; a forced config as it is.
+    The dense plan falls back to the table's entry where the three-consumer tiles exceed the shared memory."""
+    from tileattn.ops.common import launch_sm90 as pipeline
+    from tileattn.ops.common.configs import SM90_THREE_FROM, sm90_dense_config
+    from tileattn.ops.dense import launch_sm90
+    for dt in (torch.float16, torch.bfloat16, torch.float8_e4m3fn):
+        base = sm90_config(64, dt)
+        for masked, start in zip((False, True), SM90_THREE_FROM[(64, dt.itemsize)]):
+            assert sm90_dense_config(64, dt, start - 1, masked) == base
+            three = sm90_dense_config(64, dt, start, masked)
+            assert (three.consumers, three.pingpong) == (3, False) and three.consumer_regs <= 160
+            assert dataclasses.replace(three, consumers=2, consumer_regs=base.consumer_regs,
+                                       pingpong=base.pingpong) == base
+    assert sm90_dense_config(128, torch.float16, 1 << 16, False) == sm90_config(128, torch.float16)
+    with force_backend("dense.sm90", config=sm90_config(64, torch.float16)):
+        assert sm90_dense_config(64, torch.float16, 1 << 16, False).consumers == 2
+    monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
+    runs = []
+    monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.grid))
+    q = randn(1, 4096, 2, 64, dtype=torch.float16, device="cpu")
+    for smem, rows in ((232448, 192), (170000, 128)):  # three consumers need 181,248 bytes here, two 164,864
+        monkeypatch.setattr(hw, "device_info", lambda device, smem=smem: hw.DeviceInfo(
+            arch=90, num_sms=132, smem_per_block=smem))
+        plans.clear_plans()
+        with force_backend("dense.sm90"):
+            tileattn.attention(q, q, q)
+        assert runs.pop() == (2 * -(-4096 // rows),)  # 2 heads of 22 or 32 tiles (fewer than the SMs)
+    plans.clear_plans()
+
+
 def test_sm90_grid_per_shape(monkeypatch):
     """The Hopper forward's grid: one CTA per SM below the table's one_cta_from (D=128), one CTA per tile from it;
     flex keeps the persistent grid."""

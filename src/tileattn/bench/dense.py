@@ -115,15 +115,16 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
     import tileattn
 
     from ..ops.common.backend import force_backend
-    from ..ops.common.configs import sm90_config
+    from ..ops.common.configs import sm90_dense_config
     from . import fp8_check
     fns, checks, contexts = {}, {}, {}
     rows = check_rows(qt.shape[1])
+    table = sm90_dense_config(D, dt, qt.shape[1], causal)  # (the S0 grid's rows force its grid on the shipped config)
     for p, fields in GRIDS.items():
         if p in providers:
             fns[p] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
             contexts[p] = (lambda fields: lambda: force_backend(
-                "dense.sm90", config=dataclasses.replace(sm90_config(D, dt), **fields)))(fields)
+                "dense.sm90", config=dataclasses.replace(table, **fields)))(fields)
     for name in fp8_check.FP8:
         if f"tileattn-{name}" not in providers:
             continue

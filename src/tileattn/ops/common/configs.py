@@ -1,6 +1,6 @@
 """Config tables more than one op reads: the Hopper forward pipeline's (dense and flex Gluon kernels) and the
 backward kernels' tiles (dense and flex backward). Each entry says which measurement chose it."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ... import hw
@@ -93,8 +93,11 @@ class Sm90Config:
 # 64K, causal and not) D=128 ran faster with one CTA per tile in 11 of 12 rows (persistent / one CTA 0.93-1.02,
 # mean 0.96; causal 16K 580 vs 624): one CTA per tile from 16K rows. D=64 there: persistent / one CTA 0.94-1.04 in
 # 12 rows (mean 0.99, within the run-to-run spread): left persistent.
+# lpt at D = 64 (2026-11-28, on the H200: `scripts/sweep.py fwd --causal 1 --variants "lpt=1;lpt=0;lpt=1"`, fp16 B=4
+# H=32, two runs, outputs checked; dense.md lever 5): causal N 1K/2K/4K/8K 241-244/346-347/390-391/415-416 -> 254-257/
+# 350/393-399/416-423 TFLOPS (+5% at 1K, +1% from 2K); fp8 +0..+2% at 2K-8K. D = 128: 1K -1%, 2K -2..-4%: off.
 SM90 = {
-    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, lpt=True),
     128: Sm90Config(block_m=64, block_n=128, stages=3, consumer_regs=240, q_slots=1, one_cta_from=16384),
     # D = 256: one Q slot (64 KB) and two stages of 64-key K/V tiles (128 KB); a 64 x 256 float32 accumulator
     # is 128 registers per thread. Against the portable kernel on the H100 (2026-11-21, tileattn bench dense
@@ -116,7 +119,7 @@ SM90 = {
 # 505 TFLOPS). D = 128 mixed (-6..+3%): off there. The flex kernel runs without it (flex/launch_sm90._table_config:
 # its fp8 rows measured slower with it at D = 64 and D = 128).
 SM90_FP8 = {
-    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, pingpong=True),
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, pingpong=True, lpt=True),
     128: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
     256: Sm90Config(block_m=64, block_n=64, stages=3, consumer_regs=240, q_slots=1),
 }
@@ -128,6 +131,30 @@ def sm90_config(d: int, dtype) -> Sm90Config:
     if forced is not None:
         return forced
     return (SM90_FP8 if dtype.itemsize == 1 else SM90)[d]
+
+
+# The dense forward at D = 64: three consumer warpgroups (192-row tiles, 160 registers each, no pingpong) from these
+# query lengths, (problems without a window or causal bound, problems with one); (d, bytes per input element) ->
+# first N. On the H200 (2026-11-28, `scripts/sweep.py fwd --dims 64 --variants "consumers=3,consumer_regs=160"` (fp8:
+# ",pingpong=0"), B=4 H=32, two runs, outputs checked; dense.md lever 3, fp8.md lever 1), table -> three, TFLOPS:
+# fp16 non-causal N 1K/2K/4K/8K/16K 382/420/435/439/414 -> 348/446/459/469-488/504, causal 4K/8K/16K
+# 396/415/425 -> 319/413-422/450-457 (at 1K 243 -> 135: most steps are masked ones, a third of them on rows the
+# 192-row tile adds past the diagonal); e4m3 non-causal 403/458/482/508/512 -> 378/502/543/605-610/626, causal
+# 436/475/491 -> 348/516-519/581. bf16 takes fp16's rule (the same kernel, unmeasured).
+SM90_THREE_FROM = {(64, 2): (2048, 16384), (64, 1): (2048, 8192)}
+
+
+def sm90_dense_config(d: int, dtype, seqlen_q: int, masked: bool) -> Sm90Config:
+    """The dense forward's config for one problem (masked: a causal or window bound): sm90_config's entry, with
+    three consumer warpgroups from SM90_THREE_FROM's query lengths on; a forced config as it is."""
+    forced = forced_config(Sm90Config)
+    if forced is not None:
+        return forced
+    cfg = sm90_config(d, dtype)
+    start = SM90_THREE_FROM.get((d, dtype.itemsize), (0, 0))[int(bool(masked))]
+    if start and seqlen_q >= start:
+        cfg = replace(cfg, consumers=3, consumer_regs=min(cfg.consumer_regs, 160), pingpong=False)
+    return cfg
 
 
 def sm90_smem_bytes(cfg: Sm90Config, d: int, dv: int, elem_bytes: int, out_bytes: int = None) -> int:

@@ -8,10 +8,11 @@ why).
 """
 import torch
 
+from ... import hw
 from ...launcher import KernelLauncher
 from ..common import launch_sm90 as pipeline
 from ..common.backend import Backend
-from ..common.configs import sm90_config
+from ..common.configs import sm90_config, sm90_dense_config, sm90_smem_bytes
 from ..common.fp8 import P_SHIFT, descale_strides, fp8_v_layout
 from .gluon_sm90 import attn_fwd_sm90_kernel, attn_fwd_sm90_kernel_one_key
 
@@ -71,10 +72,13 @@ class Sm90Backend(Backend):
         return True, ""
 
     def plan(self, p, c):
-        cfg = sm90_config(p.head_dim, p.dtype)
+        left, right = p.opts.window
+        cfg = sm90_dense_config(p.head_dim, p.dtype, p.seqlen_q, left >= 0 or right >= 0)
+        if sm90_smem_bytes(cfg, p.head_dim, p.head_dim, p.elem_bytes, p.out_dtype.itemsize) > \
+                hw.device_info(p.device).smem_per_block:  # (supports checked the table's entry)
+            cfg = sm90_config(p.head_dim, p.dtype)
         v_prep = _pack_v if p.fp8 and not p.opts.v_packed else None
         v = c.v if v_prep is None else v_prep(c.v)
-        left, right = p.opts.window
         lse = c.lse
         sl = (lse.stride(0), lse.stride(1)) if p.opts.return_lse else (0, 0)
         descales = c.descales or (None, None, None)
