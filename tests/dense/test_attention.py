@@ -393,19 +393,22 @@ def test_sm90_plan_builds(dtype, lpt, monkeypatch):
 
 def test_sm90_dense_config_by_shape(monkeypatch):
     """sm90_dense_config: the table's entry below SM90_THREE_FROM's query lengths (masked problems: the second),
-    three consumer warpgroups (<= 160 registers, no pingpong) from them, D = 128 never; a forced config as it is.
+    three consumer warpgroups (<= 160 registers, no pingpong) from them, D = 128 never; the longest-first order
+    off from SM90_LPT_BELOW rows; a forced config as it is.
     The dense plan falls back to the table's entry where the three-consumer tiles exceed the shared memory."""
     from tileattn.ops.common import launch_sm90 as pipeline
-    from tileattn.ops.common.configs import SM90_THREE_FROM, sm90_dense_config
+    from tileattn.ops.common.configs import SM90_LPT_BELOW, SM90_THREE_FROM, sm90_dense_config
     from tileattn.ops.dense import launch_sm90
     for dt in (torch.float16, torch.bfloat16, torch.float8_e4m3fn):
         base = sm90_config(64, dt)
         for masked, start in zip((False, True), SM90_THREE_FROM[(64, dt.itemsize)]):
-            assert sm90_dense_config(64, dt, start - 1, masked) == base
+            lpt = dict(lpt=base.lpt and start - 1 < SM90_LPT_BELOW)
+            assert sm90_dense_config(64, dt, start - 1, masked) == dataclasses.replace(base, **lpt)
             three = sm90_dense_config(64, dt, start, masked)
             assert (three.consumers, three.pingpong) == (3, False) and three.consumer_regs <= 160
+            assert three.lpt == (base.lpt and start < SM90_LPT_BELOW)
             assert dataclasses.replace(three, consumers=2, consumer_regs=base.consumer_regs,
-                                       pingpong=base.pingpong) == base
+                                       pingpong=base.pingpong, lpt=base.lpt) == base
     assert sm90_dense_config(128, torch.float16, 1 << 16, False) == sm90_config(128, torch.float16)
     with force_backend("dense.sm90", config=sm90_config(64, torch.float16)):
         assert sm90_dense_config(64, torch.float16, 1 << 16, False).consumers == 2

@@ -142,15 +142,23 @@ def sm90_config(d: int, dtype) -> Sm90Config:
 # 192-row tile adds past the diagonal); e4m3 non-causal 403/458/482/508/512 -> 378/502/543/605-610/626, causal
 # 436/475/491 -> 348/516-519/581. bf16 takes fp16's rule (the same kernel, unmeasured).
 SM90_THREE_FROM = {(64, 2): (2048, 16384), (64, 1): (2048, 8192)}
+# The longest-first order (lpt) for problems below this many query rows. At N = 16K causal, D = 64 (2026-11-28, the
+# H200, `sweep.py fwd --variants "lpt=0;lpt=1;lpt=0"`, three consumers) it lost: fp16 406-423 vs 454-459 TFLOPS,
+# e4m3 553 vs 580-581; at 8K it won (e4m3, three consumers: 544-549 vs 515). Its head windows put many heads' K/V
+# in one round where the snake keeps one or two (L2), which the cost model does not count.
+SM90_LPT_BELOW = 16384
 
 
 def sm90_dense_config(d: int, dtype, seqlen_q: int, masked: bool) -> Sm90Config:
     """The dense forward's config for one problem (masked: a causal or window bound): sm90_config's entry, with
-    three consumer warpgroups from SM90_THREE_FROM's query lengths on; a forced config as it is."""
+    three consumer warpgroups from SM90_THREE_FROM's query lengths on and the longest-first order off from
+    SM90_LPT_BELOW's; a forced config as it is."""
     forced = forced_config(Sm90Config)
     if forced is not None:
         return forced
     cfg = sm90_config(d, dtype)
+    if cfg.lpt and seqlen_q >= SM90_LPT_BELOW:
+        cfg = replace(cfg, lpt=False)
     start = SM90_THREE_FROM.get((d, dtype.itemsize), (0, 0))[int(bool(masked))]
     if start and seqlen_q >= start:
         cfg = replace(cfg, consumers=3, consumer_regs=min(cfg.consumer_regs, 160), pingpong=False)
