@@ -179,10 +179,11 @@ def flex(dt, D, which, gluon=True, bwd_sm90=False, N=1024):
 
 def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False, portable=False):
     import tileattn
-    from tileattn.ops.mla.configs import SM90_SHARD
+    from tileattn.ops.mla.configs import SM90_SHARD, SM90_SHARD_FP8
     B, P, DC, DR = 4, 64, 512, 64
     force = tileattn.force_backend("mla.triton") if portable else \
-        tileattn.force_backend(config=SM90_SHARD) if qk_shard else contextlib.nullcontext()
+        tileattn.force_backend(config=SM90_SHARD_FP8 if fp8_cache else SM90_SHARD) if qk_shard else \
+        contextlib.nullcontext()
     with force:
         plan = tileattn.MLADecodePlan(torch.full((B,), 1000, dtype=torch.int32), num_heads=hq, q_len=sq,
                                       page_size=P,
@@ -286,6 +287,7 @@ def variants():
     out["mla-triton-hq16"] = lambda: mla(hq=16, portable=True)
     out["mla-triton-hq64-fp8"] = lambda: mla(fp8_cache=True, portable=True)
     out["mla-sm90-hq64-fp8"] = lambda: mla(fp8_cache=True)
+    out["mla-sm90-shard-hq128-fp8"] = lambda: mla(hq=128, fp8_cache=True, qk_shard=True)
     return out
 
 

@@ -95,7 +95,8 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
 MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4), G(32, 2),
              G(16, 8), G(64, 2)]
 # mla-sched --fp8: (block_n, 16-bit stages, consumer registers, fp8 stages)
-MLA_SCHED_FP8 = [G(32, 3, fp8_stages=2), G(32, 3, 232, fp8_stages=2)]
+MLA_SCHED_FP8 = [G(32, 3, fp8_stages=2), G(32, 3, 232, fp8_stages=2), G(32, 3, qk_shard=True, fp8_stages=2),
+                 G(32, 3, 232, qk_shard=True, fp8_stages=2)]
 MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
 # decode: (block_n, warps, stages); then programs per SM with the table's config
 DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (128, 4, 2), (32, 4, 6), (64, 2, 3))]

@@ -5,13 +5,14 @@ reads a token it should not, or a page of another sequence, fails. The CPU runs 
 Dc / Dr; the `gpu` ones DeepSeek's 512 / 64.
 """
 import contextlib
+import dataclasses
 
 import pytest
 import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.mla.configs import SM90_FP8_CONFIGS, SM90_SHARD
+from tileattn.ops.mla.configs import SM90_FP8_CONFIGS, SM90_SHARD, SM90_SHARD_FP8
 from tileattn.ops.mla.reference import mla_decode_ref
 
 from tests.helpers import assert_close, paged_caches, randn
@@ -358,6 +359,23 @@ def test_gpu_mla_sm90_fp8_few_ctas(programs, hq, device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("programs", [0, 1, 3])
+@pytest.mark.parametrize("hq,sq,causal", [(128, 1, False), (64, 1, False), (20, 3, True), (128, 2, True)])
+def test_gpu_mla_sm90_qk_shard_fp8(programs, hq, sq, causal, device):
+    """e4m3 caches on the QK_SHARD kernel (SM90_SHARD_FP8: each warpgroup widens its half of every step at its
+    turns): tiles of 1, 2, 3 and more steps (the widening before a tile's first turn), odd and even step counts,
+    an empty sequence, split items; one CTA or three walking every tile (the fp8 ring's and the 16-bit ring's
+    phases across tiles), bf16 and fp16 q."""
+    if not _sm90(device):
+        pytest.skip("no Hopper kernel on this GPU")
+    for dtype in (torch.bfloat16, torch.float16):
+        plan = run_case([1, 31, 32, 33, 64, 65, 96, 0, 129, 3000, 191], 64, hq, sq, 512, 64, dtype, device,
+                        causal=causal, plan_form=True, programs=programs, config=SM90_SHARD_FP8,
+                        cache_dtype=torch.float8_e4m3fn, kv_scale=0.3)
+        assert plan.sm90 == SM90_SHARD_FP8, plan
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("budget", ["sm89", "sm80"])
 def test_gpu_mla_smem_budget(budget, device, monkeypatch):
     monkeypatch.setenv("TILEATTN_SMEM_BUDGET", budget)
@@ -365,6 +383,26 @@ def test_gpu_mla_smem_budget(budget, device, monkeypatch):
         plan = run_case([1, 65, 3000, 0, 200], 64, hq, 2, 512, 64, torch.bfloat16, device, plan_form=True)
         # the configuration chosen for the emulated budget must itself fit it
         assert plan.compiled.metadata.shared <= hw.device_info(plan.device).smem_per_block, plan
+
+
+def test_mla_sm90_fp8_configs(monkeypatch):
+    """The Hopper backend's config for an fp8 plan: the fp8 table's, or a forced QK_SHARD one with >= 3 16-bit and
+    >= 2 fp8 steps (its widening order needs both: gluon_sm90_shard._consumer), within the H100's shared memory."""
+    from types import SimpleNamespace
+
+    from tileattn import hw
+    from tileattn.ops.mla.configs import smem_bytes
+    from tileattn.ops.mla.launch_sm90 import Sm90Backend
+    monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=torch.float8_e4m3fn, rows=128, device="cuda")
+    backend = Sm90Backend()
+    assert backend.config(plan) == FP8
+    assert smem_bytes(SM90_SHARD_FP8, 512, 64) <= 232448
+    with tileattn.force_backend(config=SM90_SHARD_FP8):
+        assert backend.config(plan) == SM90_SHARD_FP8
+    for bad in (dict(fp8_stages=1), dict(stages=2)):
+        with tileattn.force_backend(config=dataclasses.replace(SM90_SHARD_FP8, **bad)):
+            assert backend.config(plan) is None, bad
 
 
 def test_mla_plan_kv_scale_changes(device, monkeypatch):

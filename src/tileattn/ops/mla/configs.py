@@ -112,6 +112,10 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
 SM90_FP8_CONFIGS = [
     MLASm90Config(block_n=32, stages=3, consumer_regs=232, fp8_stages=2),
 ]
+# fp8 caches on the QK_SHARD kernel (each warpgroup widens its half of every step, at its turns: gluon_sm90_shard.py):
+# 64 KB of Q (nope) + three 36 KB steps + two 18 KB fp8 steps + 8 KB of P. Compiled on the CPU, not measured yet:
+# no table lists it (`sweep.py mla-sched --fp8 --configs 2` forces it).
+SM90_SHARD_FP8 = MLASm90Config(block_n=32, stages=3, qk_shard=True, fp8_stages=2)
 
 
 def widen_rows(d):

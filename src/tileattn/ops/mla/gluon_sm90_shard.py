@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import thread_barrier
-from .gluon_producer import _buf, _loader, _work_item
+from .gluon_producer import _buf, _fp8_rings, _loader, _widen_step, _work_item
 from .gluon_sm90 import _epilogue, _visible, _zero_tail
 
 
@@ -120,9 +120,17 @@ def _own_pv(acc, alpha, p16, v_smem, n0, seqlen, o_row: gl.constexpr, p_layout: 
 
 @gluon.jit
 def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
-              p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
+              p_free, fp8, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
               stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
-              WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+              WG: gl.constexpr, STAGES: gl.constexpr, F_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+              RETURN_LSE: gl.constexpr):
+    """F_STAGES > 0 (fp8 caches): each warpgroup widens its share of every step of the tile (gluon_producer's
+    _widen_step; step g is ready when both have): warpgroup 0 steps 0 and 1 before the tile and at its turn k
+    (own step o = 2k) steps o and o + 1, warpgroup 1 steps 0, 1 and 2 before the tile and at its turn k (o = 2k +
+    1) steps o + 0 and o + 1: step o's share before its scores are waited for (under the own P V just issued),
+    step o + 1's once step o - 2 is freed (under the scores). Each wait there is on the other warpgroup's earlier
+    progress (its P, its freeing of step g - STAGES, its widening of g - F_STAGES), so with STAGES = 3 and
+    F_STAGES = 2 no cycle can form (docs/design/mla.md)."""
     BLOCK_M: gl.constexpr = qn_bufs.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     DH: gl.constexpr = c_bufs.shape[3]
@@ -169,6 +177,13 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
             # P and alpha of this warpgroup's latest step, whose P V is issued at the next turn
             p16 = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, s_layout)
             alpha = gl.zeros([BLOCK_M], gl.float32, s_row)
+            if F_STAGES > 0:  # this warpgroup's shares of the steps before its first turn
+                _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv, WG, F_STAGES, STAGES)
+                if n_blocks > 1:
+                    _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 1, WG, F_STAGES, STAGES)
+                if WG == 1:
+                    if n_blocks > 2:
+                        _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 2, WG, F_STAGES, STAGES)
             mbarrier.wait(q_ready.index(0), j & 1)
             if WG == 0:  # step 0: the tile's first, no step of the other's before it
                 s = kv % STAGES
@@ -203,6 +218,8 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                 n0 = start + o * BLOCK_N
                 acc = _own_pv(acc, alpha, p16, _buf(c_bufs, 2 * spp + WG), n0 - 2 * BLOCK_N, seqlen, o_row,
                               p_layout)
+                if F_STAGES > 0:
+                    _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + o, WG, F_STAGES, STAGES)
                 mbarrier.wait(kv_ready.index(s), ((kv + o) // STAGES) & 1)
                 qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero, k >> 30)  # 0 (k < 2^30), not loop-invariant
                 # the other's step o - 1 while the scores run: its P, m and row sums, then its P V
@@ -211,6 +228,9 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                                           (c_other + k - 1 + WG) & 1, sm_scale, s_row)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # step o - 2's P V is done
                 mbarrier.arrive(kv_empty.index(spp))
+                if F_STAGES > 0:
+                    if o + 1 < n_blocks:
+                        _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + o + 1, WG, F_STAGES, STAGES)
                 acc = _other_pv(acc, alpha, x_bufs.index(OTHER), _buf(c_bufs, 2 * sp + WG), n0 - BLOCK_N, seqlen,
                                 o_row)
                 # this warpgroup's step o: the softmax under the other's P V
@@ -255,19 +275,27 @@ def mla_split_sm90_shard_kernel(
     stride_qpb, stride_qpr, stride_bt, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
     PAGE: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
-    RETURN_LSE: gl.constexpr,
+    RETURN_LSE: gl.constexpr, F_STAGES: gl.constexpr = 0, C_LAYOUT: gl.constexpr = None,
+    P_LAYOUT: gl.constexpr = None,
 ):
     """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
 
     Descriptors as in gluon_sm90.mla_split_sm90_kernel (no q_pe descriptor: QP is q_pe as [B, Sq * Hq, DR] with
-    strides stride_qpb, stride_qpr and unit columns, read into registers). ckv's block must be 64 tokens.
+    strides stride_qpb, stride_qpr and unit columns, read into registers). F_STAGES > 0: fp8 caches, as there
+    (STAGES = 3 with F_STAGES = 2: _consumer's widening order needs no more and may deadlock with less).
     """
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     # one Q slot (nope halves), STAGES cache steps (ckv halves + kpe), the two P tiles and their row statistics
     qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
-    c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, ckv_desc.layout)
-    p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
+    if F_STAGES > 0:
+        gl.static_assert(STAGES >= 3 and F_STAGES >= 2, "fp8 QK_SHARD: at least 3 16-bit and 2 fp8 steps")
+        c_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape, C_LAYOUT)
+        p_bufs = gl.allocate_shared_memory(qn_desc.dtype, [STAGES] + kpe_desc.block_type.shape, P_LAYOUT)
+    else:
+        c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [2 * STAGES] + ckv_desc.block_type.shape,
+                                           ckv_desc.layout)
+        p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES] + kpe_desc.block_type.shape, kpe_desc.layout)
     x_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128 if BLOCK_N >= 64 else 2 * BLOCK_N,
                                                   element_bitwidth=16, rank=2)
     x_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2, BLOCK_M, BLOCK_N], x_layout)
@@ -283,21 +311,29 @@ def mla_split_sm90_shard_kernel(
     mbarrier.init(q_ready.index(0), count=1)
     mbarrier.init(q_empty.index(0), count=2)
     for s in gl.static_range(STAGES):
-        mbarrier.init(kv_ready.index(s), count=1)
+        # fp8 caches: a step is ready when both warpgroups widened their shares
+        mbarrier.init(kv_ready.index(s), count=2 if F_STAGES > 0 else 1)
         mbarrier.init(kv_empty.index(s), count=2)
     for w in gl.static_range(2):
         mbarrier.init(p_ready.index(w), count=1)
         mbarrier.init(p_free.index(w), count=1)
+    if F_STAGES > 0:
+        fp8 = _fp8_rings(ckv_desc, kpe_desc, F_STAGES)
+        l_c, l_p, l_ready, l_empty = fp8  # what the loader fills
+        l_stages = F_STAGES
+    else:
+        fp8 = (c_bufs, p_bufs, kv_ready, kv_empty)  # unused
+        l_c, l_p, l_ready, l_empty, l_stages = c_bufs, p_bufs, kv_ready, kv_empty, STAGES
 
     gl.warp_specialize([
         (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
-                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
-                     stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 0, STAGES,
-                     CAUSAL, RETURN_LSE)),
+                     p_free, fp8, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
+                     stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 0,
+                     STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
         (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
-                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
-                     stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 1, STAGES,
-                     CAUSAL, RETURN_LSE)),
-        (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
-                   kv_ready, kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, STAGES, False)),
+                     p_free, fp8, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
+                     stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 1,
+                     STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+        (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, l_c, l_p, q_ready, q_empty,
+                   l_ready, l_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, l_stages, False)),
     ], [4, 1], [CONSUMER_REGS, 24])

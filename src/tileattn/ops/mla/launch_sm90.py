@@ -57,12 +57,12 @@ class Sm90Backend(Backend):
         """The first config that fits the plan's page size, cache dtype and the shared-memory budget, or None (a
         qk_shard config also needs >= 3 stages of >= 32 tokens and Dr <= 64: the rope part of Q is held in
         registers; an fp8 config, >= 3 stages (the consumers widen the next step into the slot of the one before
-        last) of a size the widening passes divide, and no qk_shard)."""
+        last), >= 2 fp8 stages with qk_shard, of a size the widening passes divide)."""
         budget = hw.device_info(plan.device).smem_per_block
         fp8 = plan.cache_dtype == torch.float8_e4m3fn
         return next((cfg for cfg in sm90_configs(plan.rows, fp8) if plan.page_size % cfg.block_n == 0
                      and smem_bytes(cfg, plan.dc, plan.dr) <= budget and (cfg.fp8_stages > 0) == fp8
-                     and (not fp8 or (cfg.stages >= 3 and not cfg.qk_shard
+                     and (not fp8 or (cfg.stages >= 3 and (not cfg.qk_shard or cfg.fp8_stages >= 2)
                                       and all(cfg.block_n % widen_rows(d) == 0 for d in (plan.dc // 2, plan.dr))))
                      and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))), None)
 
