@@ -12,7 +12,7 @@ import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.mla.configs import SM90_FP8_CONFIGS, SM90_SHARD, SM90_SHARD_FP8
+from tileattn.ops.mla.configs import SM90_FP8, SM90_FP8_CONFIGS, SM90_SHARD, SM90_SHARD_FP8
 from tileattn.ops.mla.reference import mla_decode_ref
 
 from tests.helpers import assert_close, paged_caches, randn
@@ -278,7 +278,7 @@ def test_gpu_mla_sm90(page_size, hq, sq, causal, device):
 
 
 SHARD = SM90_SHARD  # the table's QK_SHARD config
-FP8 = SM90_FP8_CONFIGS[0]  # the fp8 table's config
+FP8 = SM90_FP8  # the fp8 table's config without QK_SHARD
 
 
 @pytest.mark.gpu
@@ -386,8 +386,9 @@ def test_gpu_mla_smem_budget(budget, device, monkeypatch):
 
 
 def test_mla_sm90_fp8_configs(monkeypatch):
-    """The Hopper backend's config for an fp8 plan: the fp8 table's, or a forced QK_SHARD one with >= 3 16-bit and
-    >= 2 fp8 steps (its widening order needs both: gluon_sm90_shard._consumer), within the H100's shared memory."""
+    """The Hopper backend's config for an fp8 plan: the fp8 table's first (QK_SHARD), the one without QK_SHARD where
+    only it fits the shared memory; a forced QK_SHARD one needs >= 3 16-bit and >= 2 fp8 steps (its widening
+    order needs both: gluon_sm90_shard._consumer); all within the H100's shared memory."""
     from types import SimpleNamespace
 
     from tileattn import hw
@@ -396,7 +397,10 @@ def test_mla_sm90_fp8_configs(monkeypatch):
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=torch.float8_e4m3fn, rows=128, device="cuda")
     backend = Sm90Backend()
-    assert backend.config(plan) == FP8
+    assert SM90_FP8_CONFIGS[0] == SM90_SHARD_FP8 and backend.config(plan) == SM90_SHARD_FP8
+    monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=222800))
+    assert backend.config(plan) == FP8  # (QK_SHARD's fp8 config needs 223,232 bytes, this one 222,208)
+    monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     assert smem_bytes(SM90_SHARD_FP8, 512, 64) <= 232448
     with tileattn.force_backend(config=SM90_SHARD_FP8):
         assert backend.config(plan) == SM90_SHARD_FP8

@@ -108,14 +108,16 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
 # two), two fp8 steps in flight (freed as soon as they are widened). Shared memory at Dc = 512, Dr = 64, 32-token
 # steps: the Q slot 72 KB + three 36 KB steps + two 18 KB fp8 steps. Measured on the H100 (2026-11-24,
 # scripts/sweep.py mla-sched --fp8 --configs 1, page 64), ms with 232 / 240 consumer registers: batch 768 kv 1K
-# Hq 64 0.458 / 0.467, Hq 16 0.412 / 0.432; batch 128 kv 4K Hq 64 0.287 / 0.289; kv 2K Hq 128 0.296 / 0.291.
-SM90_FP8_CONFIGS = [
-    MLASm90Config(block_n=32, stages=3, consumer_regs=232, fp8_stages=2),
-]
+# Hq 64 0.458 / 0.467, Hq 16 0.412 / 0.432; batch 128 kv 4K Hq 64 0.287 / 0.289; kv 2K Hq 128 0.296 / 0.291 (SM90_FP8).
 # fp8 caches on the QK_SHARD kernel (each warpgroup widens its half of every step, at its turns: gluon_sm90_shard.py):
-# 64 KB of Q (nope) + three 36 KB steps + two 18 KB fp8 steps + 8 KB of P. Compiled on the CPU, not measured yet:
-# no table lists it (`sweep.py mla-sched --fp8 --configs 2` forces it).
+# 64 KB of Q (nope) + three 36 KB steps + two 18 KB fp8 steps + 8 KB of P. First at every row count: the consumers
+# (widening and scores), not the reads, limit fp8, and sharing the scores halves each warpgroup's part. On the H200
+# (2026-11-28, `scripts/sweep.py mla-sched --fp8 --configs 0,2`, page 64, graph ms, the config below / this one):
+# batch 128 kv 1K Hq 128 0.172 / 0.162; batch 768 kv 1K Hq 64 0.469 / 0.436; batch 128 kv 4K Hq 64 0.290 / 0.263;
+# batch 768 kv 2K Hq 128 1.669 / 1.513 (+6..+10%).
 SM90_SHARD_FP8 = MLASm90Config(block_n=32, stages=3, qk_shard=True, fp8_stages=2)
+SM90_FP8 = MLASm90Config(block_n=32, stages=3, consumer_regs=232, fp8_stages=2)  # (1 KB less shared memory)
+SM90_FP8_CONFIGS = [SM90_SHARD_FP8, SM90_FP8]
 
 
 def widen_rows(d):
