@@ -114,7 +114,8 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
 # (widening and scores), not the reads, limit fp8, and sharing the scores halves each warpgroup's part. On the H200
 # (2026-11-28, `scripts/sweep.py mla-sched --fp8 --configs 0,2`, page 64, graph ms, the config below / this one):
 # batch 128 kv 1K Hq 128 0.172 / 0.162; batch 768 kv 1K Hq 64 0.469 / 0.436; batch 128 kv 4K Hq 64 0.290 / 0.263;
-# batch 768 kv 2K Hq 128 1.669 / 1.513 (+6..+10%).
+# batch 768 kv 2K Hq 128 1.669 / 1.513; batch 768 kv 1K Hq 16 0.433 / 0.403; batch 128 kv 2K Hq 32 0.158 / 0.145
+# (+6..+10%).
 SM90_SHARD_FP8 = MLASm90Config(block_n=32, stages=3, qk_shard=True, fp8_stages=2)
 SM90_FP8 = MLASm90Config(block_n=32, stages=3, consumer_regs=232, fp8_stages=2)  # (1 KB less shared memory)
 SM90_FP8_CONFIGS = [SM90_SHARD_FP8, SM90_FP8]
