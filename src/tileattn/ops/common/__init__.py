@@ -9,9 +9,11 @@
     fp8_kernels.py     the packed V layout's key order and the kernel that packs V               [Triton jit]
     tma.py             tensor-descriptor (TMA) rules and Gluon descriptors for Hopper kernels
     gluon_attn_sm90.py the Hopper forward pipeline (FlashAttention-3's schedule) behind the dense and flex
-                       Gluon kernels: consumers and the whole kernel                            [Gluon jit]
+                       Gluon kernels: shared memory, barriers, the partitions                   [Gluon jit]
     gluon_sm90_loader.py  its tile schedule (persistent rounds, key blocks of a tile) and TMA loader
                        partition                                                                [Gluon jit]
+    gluon_sm90_consumer.py  its consumer warpgroups' partition: the pipelined key loop, the block
+                       softmax, P and V operands, wgmma turns, the epilogue                     [Gluon jit]
     bwd_kernels.py     backward tile helpers and the delta preprocess kernel                    [Triton jit]
     configs.py         config tables more than one op reads (the backward's tiles)
 
