@@ -204,11 +204,11 @@ def sm90_variants(spec, table):
     return out
 
 
-def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
+def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag="", table_n=None):
     """One (D, causal, N) of the dense forward: cuDNN (fp16 for an fp8 dtype), then the Hopper kernel with the
-    table's config and with each variant's overrides (variants: the --variants text), each output checked
-    before it is timed: against cuDNN's (16-bit), or by the fp8 bench's tolerance rule on a slice (e4m3:
-    tileattn/bench/fp8_check.py)."""
+    shipped config of the shape (configs.sm90_dense_config: per head dim, causal and N; of N = table_n if given)
+    and with each variant's overrides (variants: the --variants text), each output checked before it is timed:
+    against cuDNN's (16-bit), or by the fp8 bench's tolerance rule on a slice (e4m3: tileattn/bench/fp8_check.py)."""
     from tileattn.bench.dense import sdpa
     from tileattn.ops.common.configs import sm90_dense_config
     fp8 = dtype.itemsize == 1
@@ -232,7 +232,7 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
             return ok, info.get("err_vs_fp32", float("nan"))
         diff = max_abs(out, ref)
         return bool(torch.isfinite(out).all()) and diff <= 2e-2, diff
-    for name, cfg in sm90_variants(variants, sm90_dense_config(D, dtype, N, causal)):
+    for name, cfg in sm90_variants(variants, sm90_dense_config(D, dtype, table_n or N, causal)):
         try:
             if isinstance(cfg, Exception):
                 raise cfg
@@ -247,9 +247,16 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag=""):
 
 def fwd(a):
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[a.dtype]
-    if a.warm:  # compile every variant of these cases at a small shape (one process per case runs them in parallel)
+    if a.warm:  # compile every variant of these cases at a small shape (one process per case runs them in parallel),
+        # from each distinct shipped config the sequence lengths take
+        from tileattn.ops.common.configs import sm90_dense_config
         for D, causal in itertools.product(a.dims, [bool(c) for c in a.causal]):
-            fwd_case(D, causal, 512, a.variants, dtype, B=1, H=4, tag="WARM ")
+            seen = []
+            for n in a.seqlens:
+                cfg = sm90_dense_config(D, dtype, n, causal)
+                if cfg not in seen:
+                    seen.append(cfg)
+                    fwd_case(D, causal, 512, a.variants, dtype, B=1, H=4, tag="WARM ", table_n=n)
         return
     for D, causal, N in itertools.product(a.dims, [bool(c) for c in a.causal], a.seqlens):
         fwd_case(D, causal, N, a.variants, dtype, tag=a.tag)

@@ -85,6 +85,26 @@ def test_dense_summary_s0_keys():
     assert "long_min_vs_cudnn" not in dense.summarize(rows[:6])
 
 
+def test_dense_s0_columns_only_when_asked():
+    """The S0 grid's forced-config columns look the head dim's Hopper config up only when they are asked for: the
+    default columns run at any head dim (D = 96 has no Hopper entry), and an S0 column forces the shipped
+    per-shape config with its grid fields."""
+    from tileattn.bench import dense
+    from tileattn.ops.common.configs import sm90_dense_config
+    q = torch.randn(1, 256, 4, 96)  # [B, N, H, D]
+    fns, checks, contexts = dense._s0_providers(dense.PROVIDERS, q, q, q, False, torch.float16, 96)
+    assert (fns, checks, contexts) == ({}, {}, {})
+    q = torch.randn(1, 4096, 4, 64)
+    fns, _, contexts = dense._s0_providers(("tileattn-1cta",), q, q, q, False, torch.float16, 64)
+    assert list(contexts) == ["tileattn-1cta"]
+    from tileattn.ops.common.backend import forced_config
+    from tileattn.ops.common.configs import Sm90Config
+    with contexts["tileattn-1cta"]():
+        forced = forced_config(Sm90Config)
+    assert forced.consumers == sm90_dense_config(64, torch.float16, 4096, False).consumers == 3
+    assert not forced.persistent
+
+
 def test_dense_append_replaces_same_case_rows(tmp_path):
     import json
 

@@ -259,8 +259,8 @@ def test_gpu_sm90_persistent(D, opts, device, monkeypatch):
             _check(q, k, v, **opts)
     with force_backend("dense.sm90", config=dataclasses.replace(table, one_cta_from=256)):  # one CTA per tile
         _check(q, k, v, **opts)
-    for programs in (0, 7):  # causal and window tiles in the longest-first order table (Sm90Config.lpt)
-        with force_backend("dense.sm90", config=dataclasses.replace(table, lpt=True, max_programs=programs)):
+    for programs in (0, 7):  # causal and window tiles in the other order (Sm90Config.lpt: the table's, or the snake)
+        with force_backend("dense.sm90", config=dataclasses.replace(table, lpt=not table.lpt, max_programs=programs)):
             _check(q, k, v, **opts)
     plans.clear_plans()
 
@@ -366,8 +366,6 @@ def test_sm90_plan_builds(dtype, lpt, monkeypatch):
     the kernel's VARYING parameters. Runs without a GPU: the plan is built, not launched."""
     from tileattn.ops.common import launch_sm90 as pipeline
     from tileattn.ops.dense import launch_sm90
-    if not hasattr(torch, "float8_e4m3fn"):
-        pytest.skip("no fp8 dtype in this torch")
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
@@ -414,15 +412,28 @@ def test_sm90_dense_config_by_shape(monkeypatch):
         assert sm90_dense_config(64, torch.float16, 1 << 16, False).consumers == 2
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
-    monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.grid))
+    monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append((self.grid, self.order)))
     q = randn(1, 4096, 2, 64, dtype=torch.float16, device="cpu")
-    for smem, rows in ((232448, 192), (170000, 128)):  # three consumers need 181,248 bytes here, two 164,864
+    cases = ((232448, dict(), 192), (170000, dict(), 128),  # three consumers need 181,248 bytes here, two 164,864
+             (232448, dict(causal=True), 128), (232448, dict(window=(100, -1)), 128))  # masked: from 16K rows
+    for smem, opts, rows in cases:
         monkeypatch.setattr(hw, "device_info", lambda device, smem=smem: hw.DeviceInfo(
             arch=90, num_sms=132, smem_per_block=smem))
         plans.clear_plans()
         with force_backend("dense.sm90"):
-            tileattn.attention(q, q, q)
-        assert runs.pop() == (2 * -(-4096 // rows),)  # 2 heads of 22 or 32 tiles (fewer than the SMs)
+            tileattn.attention(q, q, q, **opts)
+        assert runs.pop()[0] == (2 * -(-4096 // rows),), opts  # 2 heads of 22 or 32 tiles (fewer than the SMs)
+    # where three consumers do not fit, the two-consumer fallback keeps the rule of its length: no longest-first
+    # order at 16K rows (8 heads of 128 tiles on 132 CTAs would have one: launch_sm90.tile_order)
+    q = randn(1, 16384, 8, 64, dtype=torch.float16, device="cpu")
+    for smem in (232448, 170000):
+        monkeypatch.setattr(hw, "device_info", lambda device, smem=smem: hw.DeviceInfo(
+            arch=90, num_sms=132, smem_per_block=smem))
+        plans.clear_plans()
+        with force_backend("dense.sm90"):
+            tileattn.attention(q, q, q, causal=True)
+        grid, order = runs.pop()
+        assert order is None and grid == (132,), smem
     plans.clear_plans()
 
 

@@ -119,12 +119,12 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
     from . import fp8_check
     fns, checks, contexts = {}, {}, {}
     rows = check_rows(qt.shape[1])
-    table = sm90_dense_config(D, dt, qt.shape[1], causal)  # (the S0 grid's rows force its grid on the shipped config)
     for p, fields in GRIDS.items():
-        if p in providers:
+        if p in providers:  # (the S0 grid's columns force their grid on the shipped per-shape config)
+            table = sm90_dense_config(D, dt, qt.shape[1], causal)
             fns[p] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
-            contexts[p] = (lambda fields: lambda: force_backend(
-                "dense.sm90", config=dataclasses.replace(table, **fields)))(fields)
+            contexts[p] = (lambda cfg: lambda: force_backend("dense.sm90", config=cfg))(
+                dataclasses.replace(table, **fields))
     for name in fp8_check.FP8:
         if f"tileattn-{name}" not in providers:
             continue

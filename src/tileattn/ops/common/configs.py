@@ -140,7 +140,9 @@ def sm90_config(d: int, dtype) -> Sm90Config:
 # fp16 non-causal N 1K/2K/4K/8K/16K 382/420/435/439/414 -> 348/446/459/469-488/504, causal 4K/8K/16K
 # 396/415/425 -> 319/413-422/450-457 (at 1K 243 -> 135: most steps are masked ones, a third of them on rows the
 # 192-row tile adds past the diagonal); e4m3 non-causal 403/458/482/508/512 -> 378/502/543/605-610/626, causal
-# 436/475/491 -> 348/516-519/581. bf16 takes fp16's rule (the same kernel, unmeasured).
+# 436/475/491 -> 348/516-519/581. Unmeasured, and given the measured rule of the nearest case: bf16 (fp16's), e5m2
+# (e4m3's), a window without a causal bound (the causal column). To re-measure now that the table holds them:
+# `--variants "consumers=2,consumer_regs=240"` (fp8 D=64: ",pingpong=1" added).
 SM90_THREE_FROM = {(64, 2): (2048, 16384), (64, 1): (2048, 8192)}
 # The longest-first order (lpt) for problems below this many query rows. At N = 16K causal, D = 64 (2026-11-28, the
 # H200, `sweep.py fwd --variants "lpt=0;lpt=1;lpt=0"`, three consumers) it lost: fp16 406-423 vs 454-459 TFLOPS,

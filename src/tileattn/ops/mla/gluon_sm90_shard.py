@@ -282,7 +282,8 @@ def mla_split_sm90_shard_kernel(
 
     Descriptors as in gluon_sm90.mla_split_sm90_kernel (no q_pe descriptor: QP is q_pe as [B, Sq * Hq, DR] with
     strides stride_qpb, stride_qpr and unit columns, read into registers). F_STAGES > 0: fp8 caches, as there
-    (STAGES = 3 with F_STAGES = 2: _consumer's widening order needs no more and may deadlock with less).
+    (STAGES = 3 with F_STAGES = 2: _consumer's widening order needs no more; with two 16-bit stages it deadlocks, and
+    the plan asks for 2 fp8 stages though the order model, scripts/check_mla_shard_fp8_order.py, finds none at 3 / 1).
     """
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
