@@ -179,11 +179,12 @@ def flex(dt, D, which, gluon=True, bwd_sm90=False, N=1024):
 
 def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False, portable=False):
     import tileattn
-    from tileattn.ops.mla.configs import SM90_SHARD, SM90_SHARD_FP8
+    from tileattn.ops.mla.configs import SM90_FP8, SM90_SHARD, SM90_SHARD_FP8
     B, P, DC, DR = 4, 64, 512, 64
+    # (an fp8 cache without qk_shard: the kernel without QK_SHARD, which the fp8 table no longer puts first)
     force = tileattn.force_backend("mla.triton") if portable else \
         tileattn.force_backend(config=SM90_SHARD_FP8 if fp8_cache else SM90_SHARD) if qk_shard else \
-        contextlib.nullcontext()
+        tileattn.force_backend(config=SM90_FP8) if fp8_cache else contextlib.nullcontext()
     with force:
         plan = tileattn.MLADecodePlan(torch.full((B,), 1000, dtype=torch.int32), num_heads=hq, q_len=sq,
                                       page_size=P,
