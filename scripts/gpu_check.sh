@@ -8,6 +8,7 @@
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
 #                                                        [ncu-fwd] (NCU_CASES: ';'-separated `profile_kernels.py fwd`
 #                                                                   argument lists)
+#                                                        [tree-run] (TREE_CMDS: "DIR|command" lines run in carried trees)
 # Maintainer tools it runs: scripts/sweep.py (config sweeps), scripts/profile_kernels.py (Nsight Compute targets),
 # scripts/host_overhead.py, scripts/gpu_diag.py. scripts/compile_sm90_cpu.py needs no GPU.
 # Every step runs under `timeout` (a hung kernel must not eat the session's device time).
@@ -355,6 +356,19 @@ for s in $steps; do
       timeout 580 python3 -m tileattn bench bwd --out "$OUT/bwd.json" ${BWD_ARGS:-} > "$OUT/bench_bwd.log" 2>&1; rc=$?
       summary+=("bench-bwd rc=$rc: $(grep '^summary' "$OUT/bench_bwd.log")")
       grep -v Warn "$OUT/bench_bwd.log" | head -40 ;;
+    tree-run)
+      # TREE_CMDS: newline-separated "DIR|command" lines; each command runs with bash in DIR (a carried tree, e.g. a
+      # branch's `git archive BRANCH src tests scripts | tar -x -C .ab`) with PYTHONPATH on DIR's src, under
+      # TREE_TIMEOUT seconds (kernels never run before may hang): several branches' GPU tests and sweeps in one call
+      i=0
+      while IFS= read -r line; do
+        [ -z "$line" ] && continue
+        i=$((i + 1)); dir=${line%%|*}; cmd=${line#*|}
+        (cd "$dir" && PYTHONPATH=${T39_PATH:-}$PWD/src:$PWD timeout "${TREE_TIMEOUT:-240}" bash -c "$cmd") \
+          > "$OUT/tree_run_$i.log" 2>&1; rc=$?
+        summary+=("tree-run $i ($dir: ${cmd:0:90}) rc=$rc: $(tail -n 1 "$OUT/tree_run_$i.log" | cut -c1-160)")
+        grep -E "^(FAILED|ERROR)|^FWD|^SCHED|^  w[0-9]" "$OUT/tree_run_$i.log" | cut -c1-220 | head -40
+      done <<< "${TREE_CMDS:-}" ;;
     *) echo "unknown step $s"; continue ;;
   esac
   summary+=("  ($s took $(( $(date +%s) - t0 )) s)")
