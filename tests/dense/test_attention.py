@@ -393,7 +393,7 @@ def test_sm90_dense_config_by_shape(monkeypatch):
     """sm90_dense_config: the table's entry below SM90_THREE_FROM's query lengths (masked problems: the second),
     three consumer warpgroups (<= 160 registers, no pingpong) from them, D = 128 never; the longest-first order
     off from SM90_LPT_BELOW rows; a forced config as it is.
-    The dense plan falls back to the table's entry where the three-consumer tiles exceed the shared memory."""
+    sm90_dense_config gives the table's two consumers where the three-consumer tiles exceed the plan's shared memory."""
     from tileattn.ops.common import launch_sm90 as pipeline
     from tileattn.ops.common.configs import SM90_LPT_BELOW, SM90_THREE_FROM, sm90_dense_config
     from tileattn.ops.dense import launch_sm90

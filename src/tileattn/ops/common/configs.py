@@ -151,10 +151,12 @@ SM90_THREE_FROM = {(64, 2): (2048, 16384), (64, 1): (2048, 8192)}
 SM90_LPT_BELOW = 16384
 
 
-def sm90_dense_config(d: int, dtype, seqlen_q: int, masked: bool) -> Sm90Config:
+def sm90_dense_config(d: int, dtype, seqlen_q: int, masked: bool, budget: int = None, out_bytes: int = None
+                      ) -> Sm90Config:
     """The dense forward's config for one problem (masked: a causal or window bound): sm90_config's entry, with
-    three consumer warpgroups from SM90_THREE_FROM's query lengths on and the longest-first order off from
-    SM90_LPT_BELOW's; a forced config as it is."""
+    three consumer warpgroups from SM90_THREE_FROM's query lengths on where their shared memory fits `budget`
+    (bytes; None: no limit; out_bytes: the output's element size, as sm90_smem_bytes) and the longest-first order
+    off from SM90_LPT_BELOW's; a forced config as it is."""
     forced = forced_config(Sm90Config)
     if forced is not None:
         return forced
@@ -163,7 +165,9 @@ def sm90_dense_config(d: int, dtype, seqlen_q: int, masked: bool) -> Sm90Config:
         cfg = replace(cfg, lpt=False)
     start = SM90_THREE_FROM.get((d, dtype.itemsize), (0, 0))[int(bool(masked))]
     if start and seqlen_q >= start:
-        cfg = replace(cfg, consumers=3, consumer_regs=min(cfg.consumer_regs, 160), pingpong=False)
+        three = replace(cfg, consumers=3, consumer_regs=min(cfg.consumer_regs, 160), pingpong=False)
+        if budget is None or sm90_smem_bytes(three, d, d, dtype.itemsize, out_bytes) <= budget:
+            cfg = three
     return cfg
 
 

@@ -6,15 +6,13 @@ be the view of an fp8.Fp8V: a plain fp8 V is packed once per call (fp8.fp8_v_lay
 (Sk = 1) launches attn_fwd_sm90_kernel_one_key, compiled with seqlen_k a run-time value (gluon_sm90.py says
 why).
 """
-import dataclasses
-
 import torch
 
 from ... import hw
 from ...launcher import KernelLauncher
 from ..common import launch_sm90 as pipeline
 from ..common.backend import Backend
-from ..common.configs import sm90_config, sm90_dense_config, sm90_smem_bytes
+from ..common.configs import sm90_config, sm90_dense_config
 from ..common.fp8 import P_SHIFT, descale_strides, fp8_v_layout
 from .gluon_sm90 import attn_fwd_sm90_kernel, attn_fwd_sm90_kernel_one_key
 
@@ -75,11 +73,8 @@ class Sm90Backend(Backend):
 
     def plan(self, p, c):
         left, right = p.opts.window
-        cfg = sm90_dense_config(p.head_dim, p.dtype, p.seqlen_q, left >= 0 or right >= 0)
-        if sm90_smem_bytes(cfg, p.head_dim, p.head_dim, p.elem_bytes, p.out_dtype.itemsize) > \
-                hw.device_info(p.device).smem_per_block:  # (supports checked the table's two consumers)
-            table = sm90_config(p.head_dim, p.dtype)
-            cfg = dataclasses.replace(cfg, consumers=2, consumer_regs=table.consumer_regs, pingpong=table.pingpong)
+        cfg = sm90_dense_config(p.head_dim, p.dtype, p.seqlen_q, left >= 0 or right >= 0,
+                                hw.device_info(p.device).smem_per_block, p.out_dtype.itemsize)
         v_prep = _pack_v if p.fp8 and not p.opts.v_packed else None
         v = c.v if v_prep is None else v_prep(c.v)
         lse = c.lse
