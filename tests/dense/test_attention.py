@@ -313,7 +313,7 @@ def test_gpu_sm90_three_consumers(dtype, device):
 def test_sm90_tile_order():
     """launch_sm90.tile_order (Sm90Config.lpt): where it returns an order, every tile exactly once, each CTA's tiles
     window by window of heads, and less work for the busiest CTA than the snake (tile_of) on the cost model; None
-    where the snake is as good."""
+    where the snake is as good or the rounds are too many to be worth the host's time."""
     import numpy as np
 
     from tileattn.ops.common import launch_sm90
@@ -338,6 +338,10 @@ def test_sm90_tile_order():
             assert (np.diff(col[:n] // num_m // max(launch_sm90.LPT_HEADS)) >= 0).all()
         assert launch_sm90._makespan(costs, num_m, table) < launch_sm90._makespan(costs, num_m, snake)
     assert 4096 not in snake_only and 16384 not in snake_only  # the cost model's gain (docs/design/dense.md)
+    # past LPT_MAX_ROUNDS rounds the snake stays, without the host building orders (1,024 heads of 64 blocks)
+    costs = launch_sm90.block_costs(8192, 8192, 0, -1, 0, 128, 128)
+    assert len(costs) * 1024 > launch_sm90.LPT_MAX_ROUNDS * 132
+    assert launch_sm90.tile_order(costs, len(costs), 1024, 132) is None
     # a window bound: the key range starts at the window's first key block
     assert launch_sm90.block_costs(512, 512, 0, 128, 0, 128, 128, overhead=0) == [1.0, 2.0, 2.0, 2.0]
 

@@ -53,6 +53,10 @@ def grid(cfg, seqlen_q, num_bh, device):
 # CTAs, docs/design/dense.md) gives the snake 97% of an even split at any N, windows of 8-17 heads 99-100% from N =
 # 4K; at 1K-2K no window size is reliably better than the snake (too few tiles per CTA to even out window by window)
 LPT_HEADS = (8, 16, 32, 64)
+# rounds of the persistent grid past which tile_order keeps the snake without trying: the orders are built on the
+# host when a plan is made (0.17 s at 65,536 tiles, 0.02 s at 8,192), and with many rounds the snake's imbalance
+# is a small part of the whole (the measured gains, dense.md lever 5, are at 8-62 rounds)
+LPT_MAX_ROUNDS = 64
 
 
 def _makespan(costs, num_m, table):
@@ -98,7 +102,10 @@ def tile_order(costs, num_m, num_bh, programs):
     """The persistent grid's tiles (t = batch * head * num_m + query block) for the kernel's ORDERED mode: of the
     longest-first orders by windows of LPT_HEADS heads, the one whose busiest CTA gets the least work on the cost
     model (costs[i_m]: query block i_m's work, the same for every head), or None where the snake (tile_of) is as
-    good. Returns an int32 numpy table [rounds, programs], round r of CTA p in row r, -1 where p has no tile left."""
+    good or the rounds exceed LPT_MAX_ROUNDS. Returns an int32 numpy table [rounds, programs], round r of CTA p in
+    row r, -1 where p has no tile left."""
+    if num_m * num_bh > LPT_MAX_ROUNDS * programs:
+        return None
     best = _snake_table(num_m, num_bh, programs)
     best_span, snake = _makespan(costs, num_m, best), True
     for heads in LPT_HEADS:
