@@ -31,7 +31,7 @@ log2 e) is folded into the exp2 argument, one FFMA per element.
 
 fp8 (fp8.py): q, k, v in one fp8 dtype; V_SEQ_MAJOR: V's descriptor is over the packed layout
 [B, Hkv, D, Sk'] of fp8.Fp8V (fp8 wgmma operands must be K-major, and the P V product's K is the key index;
-keys in the order P's registers hold them, see gluon_sm90_consumer._p_operand); P is rounded
+keys in the order P's registers hold them, see gluon_sm90_consumer.p_operand); P is rounded
 to V's dtype after a scaling by 2 ** P_SHIFT folded into exp2's argument; HAS_DESCALE reads per-(batch, kv
 head) descales; the output (another dtype) is staged in its own buffers instead of the Q slot.
 """

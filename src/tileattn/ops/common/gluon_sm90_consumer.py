@@ -57,7 +57,7 @@ _visible = gluon.jit(masking.visible.fn)
 
 
 @gluon.jit
-def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale,
+def softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, off_diag, left, right, sm_scale,
                    softcap_scale, softcap_out, fm, caps_s, caps_m, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                    HAS_SOFTCAP: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, FLEX: gl.constexpr,
                    SCORE_MOD: gl.constexpr,
@@ -105,7 +105,7 @@ def _softmax_block(qk, m_i, l_i, n0, o_m, o_n, MASKED: gl.constexpr, seqlen_k, o
 
 
 @gluon.jit
-def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
+def p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
     """P [BLOCK_M, BLOCK_N] as the A operand of the p.v wgmma. PACKED_KEYS (fp8): in each group of 16 columns,
     column 8g + 2c + b goes to 4c + 2g + b, which is where the accumulator layout has it in the operand's
     register order (no exchange between threads); V's keys are stored in that order (fp8.Fp8V)."""
@@ -126,14 +126,14 @@ def _p_carry(p, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.con
     if dtype.primitive_bitwidth == 8:
         return p
     else:
-        return _p_operand(p, dtype, p_layout, PACKED_KEYS)
+        return p_operand(p, dtype, p_layout, PACKED_KEYS)
 
 
 @gluon.jit
 def _p_from_carry(p_carry, dtype: gl.constexpr, p_layout: gl.constexpr, PACKED_KEYS: gl.constexpr):
     """The p.v A operand from what _p_carry returned."""
     if dtype.primitive_bitwidth == 8:
-        return _p_operand(p_carry, dtype, p_layout, PACKED_KEYS)
+        return p_operand(p_carry, dtype, p_layout, PACKED_KEYS)
     else:
         return p_carry
 
@@ -200,7 +200,7 @@ def _pipelined_steps(acc, m_i, l_i, p_carry, kv, n_lo, lst, base, tail, b_start,
         acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         t = _turn_pass(turns, t, WG, PINGPONG)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
-        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, block_start(it, n_lo, lst, base, tail, BLOCK_N, FLEX), o_m,
+        p, alpha, m_i, l_i = softmax_block(qk, m_i, l_i, block_start(it, n_lo, lst, base, tail, BLOCK_N, FLEX), o_m,
                                             o_n, MASKED, seqlen_k, off_diag, left, right, sm_scale, softcap_scale,
                                             softcap_out, fm, caps_s, caps_m, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                             P_SHIFT, EXP2_FMA, FLEX, SCORE_MOD, MASK_MOD)
@@ -247,7 +247,7 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         t = _turn_pass(turns, t, WG, PINGPONG)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         # block 0 is masked whichever range it is in (the rule holds trivially on a fully visible block)
-        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, n_first, o_m, o_n, True, seqlen_k, off_diag, left,
+        p, alpha, m_i, l_i = softmax_block(qk, m_i, l_i, n_first, o_m, o_n, True, seqlen_k, off_diag, left,
                                             right, sm_scale, softcap_scale, softcap_out, fm, caps_s, caps_m,
                                             HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, P_SHIFT, EXP2_FMA, FLEX, SCORE_MOD,
                                             MASK_MOD)

@@ -36,7 +36,7 @@ def gluon_available() -> bool:
 _LAYOUTS = {}
 
 
-def _gl_dtype(dtype):
+def gl_dtype(dtype):
     from triton.experimental.gluon import language as gl
     return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float8_e4m3fn: gl.float8e4nv,
             torch.float8_e5m2: gl.float8e5, torch.float32: gl.float32}[dtype]
@@ -48,7 +48,7 @@ def nvmma_layout(block, dtype):
     key = (tuple(block), dtype)
     lay = _LAYOUTS.get(key)
     if lay is None:
-        lay = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
+        lay = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype(dtype))
     return lay
 
 
