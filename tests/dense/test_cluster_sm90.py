@@ -54,3 +54,15 @@ def test_gpu_cluster_repeatable(device):
     first = attention_cluster_sm90(q, k, v, causal=True)
     for _ in range(20):
         assert torch.equal(attention_cluster_sm90(q, k, v, causal=True), first)
+
+
+def test_cluster_reason_checks_out():
+    """The launcher refuses an output buffer of another shape or dtype before any launch (a stray descriptor
+    would write out of bounds)."""
+    from tileattn.ops.dense.launch_cluster_sm90 import reason
+    if not triton.__version__.startswith("3.9."):
+        pytest.skip("the cluster prototype is written for triton 3.9")
+    q = torch.zeros(1, 256, 2, 128, dtype=torch.float16)
+    assert reason(q, q, q) == "" and reason(q, q, q, torch.empty_like(q)) == ""
+    for bad in (torch.empty(1, 255, 2, 128, dtype=torch.float16), torch.empty_like(q, dtype=torch.bfloat16)):
+        assert reason(q, q, q, bad).startswith("out:")

@@ -287,6 +287,7 @@ def attn_fwd_cluster_sm90_kernel(q_desc, k_desc, v_desc, o_desc, seqlen_q, seqle
     [B, Sk, Hkv, D] with block [1, BLOCK_N, 1, D] and cga_layout [[0, 0, 0, 0]]. sm_scale: scale * log2 e.
     HAS_RIGHT: causal, top-left aligned (query i sees key j <= i). group_size = Hq // Hkv."""
     gl.static_assert(gl.num_ctas() == 2, "a cluster of two CTAs")
+    gl.static_assert(STAGES >= 2, "a warpgroup releases block b after waiting for block b + 1: two stages at least")
     NUM_CONSUMERS: gl.constexpr = 2
     num_pairs = gl.cdiv(seqlen_q, 2 * NUM_CONSUMERS * BLOCK_M)
     off_diag = 0  # top-left alignment

@@ -26,8 +26,8 @@ ROW_SPLIT_4D = [[0, 1, 0, 0]]
 BROADCAST_4D = [[0, 0, 0, 0]]
 
 
-def reason(q, k, v):
-    """Why the cluster prototype cannot take these inputs ("" when it can)."""
+def reason(q, k, v, out=None):
+    """Why the cluster prototype cannot take these inputs ("" when it can); out: the output buffer, if given."""
     if not triton.__version__.startswith("3.9."):
         return f"triton {triton.__version__}: the cluster kernel is written for triton 3.9's Gluon"
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -40,6 +40,9 @@ def reason(q, k, v):
         return "an empty sequence"
     if not all(tma_ok(t) for t in (q, k, v)):
         return "a tensor not aligned for TMA (16-byte base and strides, last stride 1)"
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
+                            or not tma_ok(out)):
+        return "out: q's shape, dtype and device, aligned for TMA"
     return ""
 
 
@@ -70,7 +73,7 @@ def launch(q, k, v, out, causal=False, scale=None):
     """Launches the cluster kernel on q, k, v into out; returns what the launch returns (triton's compiled
     kernel: its asm / metadata are what scripts/compile_cluster.py reports)."""
     from .gluon_cluster_sm90 import attn_fwd_cluster_sm90_kernel
-    why = reason(q, k, v)
+    why = reason(q, k, v, out)
     if why:
         raise ValueError(f"attention_cluster_sm90: {why}")
     B, Sq, Hq, D = q.shape
