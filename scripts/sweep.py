@@ -204,7 +204,7 @@ def sm90_variants(spec, table):
     return out
 
 
-def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag="", table_n=None):
+def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag="", table_n=None, cluster=False):
     """One (D, causal, N) of the dense forward: cuDNN (fp16 for an fp8 dtype), then the Hopper kernel with the
     shipped config of the shape (configs.sm90_dense_config: per head dim, causal and N; of N = table_n if given)
     and with each variant's overrides (variants: the --variants text), each output checked before it is timed:
@@ -242,6 +242,14 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag="", table_n=None):
                         f"{name}: WRONG ({diff:.2e})")
         except Exception as e:  # noqa: BLE001
             line.append(f"{name}: {err(e, 60)}")
+    if cluster:  # the 2-CTA cluster prototype (triton 3.9, D = 128, 16-bit; top-left causal = bottom-right here)
+        from tileattn.ops.dense.launch_cluster_sm90 import attention_cluster_sm90
+        try:
+            ms, diff = checked_ms(lambda: attention_cluster_sm90(q, k, v, causal=causal), check)
+            line.append(f"cluster: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else
+                        f"cluster: WRONG ({diff:.2e})")
+        except Exception as e:  # noqa: BLE001
+            line.append(f"cluster: {err(e, 60)}")
     print(f"{tag}FWD D={D} causal={int(causal)} N={N}: " + " | ".join(line), flush=True)
 
 
@@ -259,7 +267,7 @@ def fwd(a):
                     fwd_case(D, causal, 512, a.variants, dtype, B=1, H=4, tag="WARM ", table_n=n)
         return
     for D, causal, N in itertools.product(a.dims, [bool(c) for c in a.causal], a.seqlens):
-        fwd_case(D, causal, N, a.variants, dtype, tag=a.tag)
+        fwd_case(D, causal, N, a.variants, dtype, tag=a.tag, cluster=a.cluster)
         torch.cuda.empty_cache()
 
 
@@ -753,6 +761,7 @@ def main():
                    help='";"-separated Sm90Config overrides, each "field=value,...", e.g. "pingpong=1;stages=3"')
     p.add_argument("--tag", default="", help="printed before each line")
     p.add_argument("--warm", action="store_true", help="only compile the variants (at a small shape)")
+    p.add_argument("--cluster", action="store_true", help="also the 2-CTA cluster kernel (triton 3.9, D=128, 16-bit)")
     p.set_defaults(func=fwd)
     p = sub.add_parser("flex-fwd", help="the flex forward (Hopper kernel) on the flex bench's mods, per variant")
     p.add_argument("--n", type=int, default=8192)
