@@ -4,8 +4,11 @@ print what ptxas made of it: registers, shared memory, spills, whether the wgmma
 multicast and cluster instructions in the PTX / SASS.
 
     python scripts/compile_cluster.py [--dtype fp16|bf16] [--causal] [--n 4096] [--hq 4] [--hkv 2] [--out DIR]
+                                      [--route]
 
-Exit status 1 when ptxas spills or serializes the wgmmas (or no multicast load is found).
+--route compiles through tileattn.attention instead (dispatch, the launch plan, its KernelLauncher): the kernel
+the route compiled is the one reported. Exit status 1 when ptxas spills or serializes the wgmmas, no multicast
+load is found, or (--route) dispatch took another kernel.
 """
 import argparse
 import os
@@ -31,6 +34,7 @@ def main():
     p.add_argument("--hkv", type=int, default=2)
     p.add_argument("--out", default="/tmp/cluster_proto/build")
     p.add_argument("--loops", action="store_true", help="each innermost wgmma loop's length and LDL / STL")
+    p.add_argument("--route", action="store_true", help="through tileattn.attention (dispatch and launch plan)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     h._setup()
@@ -39,7 +43,15 @@ def main():
     D = lc.D_SERVED
     q = h._rand(a.b, a.n, a.hq, D, dtype=dt)
     k, v = h._rand(a.b, a.n, a.hkv, D, dtype=dt), h._rand(a.b, a.n, a.hkv, D, dtype=dt)
-    ck = lc.launch(q, k, v, torch.empty_like(q), causal=a.causal)
+    if a.route:
+        import tileattn
+        tileattn.attention(q, k, v, causal=a.causal)
+        name, ck = h.COMPILED[-1]
+        print(f"route: tileattn.attention compiled {name}")
+        if name != "attn_fwd_cluster_sm90_kernel":
+            return 1
+    else:
+        ck = lc.launch(q, k, v, torch.empty_like(q), causal=a.causal)
     base = os.path.join(a.out, f"cluster_{a.dtype}_{'causal' if a.causal else 'full'}")
     for ext in ("ttgir", "ptx"):
         with open(f"{base}.{ext}", "w") as f:

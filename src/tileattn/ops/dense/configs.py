@@ -7,6 +7,7 @@ that chose it. Forcing one: tileattn.force_backend(config=...) (a config's class
     (Sm90Config       the Hopper Gluon kernel's, shared with flex: ops/common/configs.py)
     LargeDConfig      large-D Triton kernel (kernels_large_d.py), per (Dv bucket, causal)
     LargeDSm90Config  large-D Gluon kernel (gluon_sm90_large_d.py), per head-dim range
+    CLUSTER_FROM      where the 2-CTA cluster kernel (launch_cluster_sm90.py) is taken over the Hopper kernel
 """
 from dataclasses import dataclass
 from typing import ClassVar
@@ -213,3 +214,18 @@ def large_d_sm90_config(d: int, dv: int) -> LargeDSm90Config:
     if forced is not None:
         return forced
     return LARGE_D_SM90_Q_RESIDENT if max(d, dv) <= Q_RESIDENT_DIMS[1] else LARGE_D_SM90_STREAMED
+
+
+# ---- the 2-CTA cluster kernel (D = 128, triton 3.9) -----------------------------------------------------------
+# The query rows from which dispatch takes dense.sm90_cluster over dense.sm90, by causal; absent: never. Measured on
+# an H200 under triton 3.9 (scripts/sweep.py fwd --dims 128 --variants "" --cluster, B=4 H=32 fp16, outputs
+# checked against cuDNN; TFLOPS of the table's 1-CTA config vs the cluster, 2026-11-28), N = 1K / 2K / 4K / 8K / 16K:
+#   causal      227 / 460 / 528 / 556 / 580  vs  102 / 403 / 496 / 566 / 607   (cluster +1.8% at 8K, +4.7% at 16K)
+#   non-causal  404 / 551 / 586 / 610 / 610  vs  277 / 546 / 591 / 599 / 598   (+0.9% at 4K, behind elsewhere)
+# Non-causal 4K is within run-to-run noise, so non-causal stays on the 1-CTA kernel.
+CLUSTER_FROM = {True: 8192}
+
+
+def cluster_from(causal: bool) -> int | None:
+    """The query rows from which the cluster kernel is preferred (CLUSTER_FROM), or None (never)."""
+    return CLUSTER_FROM.get(bool(causal))

@@ -1,17 +1,27 @@
-"""PROTOTYPE host side of the 2-CTA cluster forward (gluon_cluster_sm90.py; triton 3.9 Gluon, Hopper): descriptors
-with the cluster's CGA layouts and a launch with num_ctas=2. Not wired into dispatch; not run on a GPU yet.
+"""Backend "dense.sm90_cluster": the 2-CTA cluster forward (gluon_cluster_sm90.py; triton 3.9 Gluon, Hopper), whose
+two CTAs share every K/V tile through TMA multicast; and its direct entry point:
 
     out = attention_cluster_sm90(q, k, v, causal=False)   # q [B, Sq, Hq, 128], k / v [B, Sk, Hkv, 128]
 
 Serves D = Dv = 128, fp16 / bf16, non-causal or causal with top-left alignment (query i sees key j <= i, torch
-SDPA's convention; `attention_ref(..., causal="top_left")`), GQA (Hq a multiple of Hkv), no lse, no window /
-softcap / fp8, TMA-aligned tensors.
+SDPA's convention; `attention_ref(..., causal="top_left")`), GQA (Hq a multiple of Hkv), no lse (so no gradient),
+no window / softcap / fp8, TMA-aligned tensors; triton 3.9 only. Dispatch (dispatch.py) takes it where it measured
+faster than dense.sm90, causal from configs.CLUSTER_FROM query rows, and only where top-left is the asked
+alignment (Sq == Sk, or a top-left call such as scaled_dot_product_attention's); force_backend may take it on
+anything it serves.
+
+Launches go through launcher.KernelLauncher's normal path (`kernel[grid]` with num_ctas=2 as a launch option): its
+direct replay is written against triton 3.6's C launcher and never taken under 3.9.
 """
 import torch
 import triton
 
+from ... import hw
+from ...launcher import KernelLauncher
+from ..common.backend import Backend
 from ..common.softmax import LOG2E
-from ..common.tma import gl_dtype, tma_ok
+from ..common.tma import gl_dtype, gluon_sm90_reason, tma_ok
+from .configs import cluster_from
 
 BLOCK_M = 64  # rows per consumer warpgroup and CTA (a warpgroup's box covers 2 * BLOCK_M rows of the pair)
 BLOCK_N = 128
@@ -20,17 +30,28 @@ CONSUMER_REGS = 240
 NUM_CONSUMERS = 2
 PAIR_ROWS = 2 * NUM_CONSUMERS * BLOCK_M  # query rows of one cluster
 D_SERVED = 128
+DTYPES = (torch.float16, torch.bfloat16)
+SMEM_BYTES = 229_744  # per CTA (scripts/compile_cluster.py, triton 3.9.0, sm_90a)
+CLUSTER_TRITON = "3.9."  # the Gluon cluster API the kernel is written against (num_ctas, cga_layout, multicast)
 
 # cga_layout bases of the [1, rows, 1, D] boxes: Q / O split by rows between the two CTAs, K / V broadcast
 ROW_SPLIT_4D = [[0, 1, 0, 0]]
 BROADCAST_4D = [[0, 0, 0, 0]]
 
 
-def reason(q, k, v, out=None):
-    """Why the cluster prototype cannot take these inputs ("" when it can); out: the output buffer, if given."""
-    if not triton.__version__.startswith("3.9."):
+def triton_reason():
+    """Why this triton cannot compile the cluster kernel ("" when it can)."""
+    if not triton.__version__.startswith(CLUSTER_TRITON):
         return f"triton {triton.__version__}: the cluster kernel is written for triton 3.9's Gluon"
-    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+    return ""
+
+
+def reason(q, k, v, out=None):
+    """Why attention_cluster_sm90 cannot take these inputs ("" when it can); out: the output buffer, if given."""
+    why = triton_reason()
+    if why:
+        return why
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: fp16 or bf16, all the same"
     if q.shape[-1] != D_SERVED or k.shape[-1] != D_SERVED or v.shape[-1] != D_SERVED:
         return f"head dims {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}: D = Dv = {D_SERVED} only"
@@ -69,6 +90,16 @@ def grid(batch, heads_q, seqlen_q):
     return (triton.cdiv(seqlen_q, PAIR_ROWS) * batch * heads_q,)
 
 
+def kernel_args(q, k, v, out, causal, sm_scale):
+    """(args, kwargs) of attn_fwd_cluster_sm90_kernel on [B, S, H, D] tensors; sm_scale: scale * log2 e (> 0)."""
+    B, Sq, Hq, _ = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    args = (*descriptors(q, k, v, out), Sq, Sk, Hq, Hq // Hkv, sm_scale)
+    kwargs = dict(BLOCK_M=BLOCK_M, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, HAS_RIGHT=bool(causal),
+                  REVERSE_M=bool(causal), num_warps=4, num_ctas=2)
+    return args, kwargs
+
+
 def launch(q, k, v, out, causal=False, scale=None):
     """Launches the cluster kernel on q, k, v into out; returns what the launch returns (triton's compiled
     kernel: its asm / metadata are what scripts/compile_cluster.py reports)."""
@@ -76,17 +107,11 @@ def launch(q, k, v, out, causal=False, scale=None):
     why = reason(q, k, v, out)
     if why:
         raise ValueError(f"attention_cluster_sm90: {why}")
-    B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    scale = D ** -0.5 if scale is None else float(scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if scale <= 0:
         raise ValueError("a positive scale (it is folded into exp2 after the row max)")
-    q_desc, k_desc, v_desc, o_desc = descriptors(q, k, v, out)
-    return attn_fwd_cluster_sm90_kernel[grid(B, Hq, Sq)](
-        q_desc, k_desc, v_desc, o_desc, Sq, Sk, Hq, Hq // Hkv, scale * LOG2E,
-        BLOCK_M=BLOCK_M, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, HAS_RIGHT=bool(causal),
-        REVERSE_M=bool(causal), num_warps=4, num_ctas=2,
-    )
+    args, kwargs = kernel_args(q, k, v, out, causal, scale * LOG2E)
+    return attn_fwd_cluster_sm90_kernel[grid(q.shape[0], q.shape[2], q.shape[1])](*args, **kwargs)
 
 
 def attention_cluster_sm90(q, k, v, causal=False, scale=None, out=None):
@@ -96,3 +121,71 @@ def attention_cluster_sm90(q, k, v, causal=False, scale=None, out=None):
         out = torch.empty_like(q)
     launch(q, k, v, out, causal, scale)
     return out
+
+
+# the kernel parameters that change between calls of one launch plan (launcher.KernelLauncher's `varying`)
+VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "sm_scale")
+
+
+class ClusterLaunch:
+    """A planned launch of attn_fwd_cluster_sm90_kernel: run(c) launches it on call c's tensors and scale."""
+    __slots__ = ("grid", "launcher")
+
+    def __init__(self, grid, launcher):
+        self.grid, self.launcher = grid, launcher
+
+    def run(self, c):
+        self.launcher(self.grid, c.q, c.k, c.v, c.out, c.scale * LOG2E)
+
+    def compile(self, c):
+        return self.launcher.compile(self.grid, c.q, c.k, c.v, c.out, c.scale * LOG2E)
+
+
+class ClusterBackend(Backend):
+    """Serves what the kernel serves (the module docstring), on a Hopper GPU under triton 3.9; prefers causal
+    problems from configs.CLUSTER_FROM query rows (measured faster than dense.sm90 there)."""
+    name = "dense.sm90_cluster"
+    gluon = True
+
+    def supports(self, p):
+        why = gluon_sm90_reason(p.device) or triton_reason()
+        if why:
+            return False, why
+        if p.varlen:
+            return False, "packed (varlen) inputs"
+        if p.dtype not in DTYPES or p.out_dtype != p.dtype:
+            return False, f"dtype {p.dtype} (output {p.out_dtype}): fp16 or bf16, the output in the same"
+        if p.head_dim != D_SERVED or p.head_dim_v != D_SERVED:
+            return False, f"head dims D={p.head_dim}, Dv={p.head_dim_v}: D = Dv = {D_SERVED} only"
+        if p.opts.return_lse:
+            return False, "the log-sum-exp is asked for (by the caller, or for a gradient): the kernel writes none"
+        if p.opts.softcap > 0 or p.descale:
+            return False, "a softcap or descale tensors"
+        if p.left >= 0 or p.right > 0:
+            return False, f"a window {p.opts.window}: the kernel serves full or causal attention"
+        if p.right == 0 and p.opts.bottom_right and p.seqlen_q != p.seqlen_k:
+            return False, "causal aligned bottom-right with Sq != Sk: the kernel's causal mask is top-left"
+        if p.opts.scale <= 0:
+            return False, "a negative scale (the kernel folds a positive scale into exp2 after the row max)"
+        if min(p.seqlen_q, p.seqlen_k) == 0:
+            return False, "an empty sequence"
+        if not all(p.tma):
+            return False, "q, k, v or the output is not aligned for tensor descriptors (16-byte base and strides)"
+        budget = hw.device_info(p.device).smem_per_block
+        if SMEM_BYTES > budget:
+            return False, f"it needs {SMEM_BYTES} bytes of shared memory per CTA, the budget is {budget}"
+        return True, ""
+
+    def prefers(self, p):
+        start = cluster_from(p.right == 0)
+        if start is None:
+            return False, "non-causal: dense.sm90 measured as fast or faster (configs.CLUSTER_FROM)"
+        if p.seqlen_q < start:
+            return False, f"causal below {start} query rows: dense.sm90 measured faster (configs.CLUSTER_FROM)"
+        return True, ""
+
+    def plan(self, p, c):
+        from .gluon_cluster_sm90 import attn_fwd_cluster_sm90_kernel
+        args, kwargs = kernel_args(c.q, c.k, c.v, c.out, p.right == 0, c.scale * LOG2E)
+        launcher = KernelLauncher(attn_fwd_cluster_sm90_kernel, args, kwargs, VARYING)
+        return ClusterLaunch(grid(p.batch, p.heads_q, p.seqlen_q), launcher)
