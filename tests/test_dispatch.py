@@ -222,3 +222,64 @@ def test_backward_route(mode, n, taken, h100, monkeypatch):
         assert ("TILEATTN_SM90_BWD=0" if mode == "0" else "shorter than 1024") in why
     if taken:  # delta takes lse's strides in the kernel's allocation: a transposed lse goes to the Triton kernels
         assert "non-contiguous lse" in launch_bwd_sm90.reason(p, t, t, t, t, lse.transpose(1, 2))
+
+
+def _cluster(n=8192, sk=None, causal=True, bottom_right=True, return_lse=False, **kw):
+    """A D = 128 fp16 problem of B=4, Hq=32, Hkv=8 (kw: AttnProblem fields and AttnOptions window / softcap)."""
+    opts = AttnOptions(scale=0.088, window=kw.pop("window", (-1, 0 if causal else -1)),
+                       softcap=kw.pop("softcap", 0.0), bottom_right=bottom_right, return_lse=return_lse)
+    fields = dict(batch=4, seqlen_q=n, seqlen_k=sk or n, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+                  dtype=F16, device=CUDA, opts=opts, tma=(True,) * 4)
+    fields.update(kw)
+    fields["out_dtype"] = BF16 if fields["dtype"].itemsize == 1 else fields["dtype"]
+    return AttnProblem(**fields)
+
+
+CLUSTER_ROUTES = [  # (problem kwargs, backend on an H100 under triton 3.9): configs.CLUSTER_FROM, causal from 8K
+    (dict(), "dense.sm90_cluster"),
+    (dict(n=16384, dtype=BF16), "dense.sm90_cluster"),
+    (dict(heads_kv=32), "dense.sm90_cluster"),
+    (dict(n=4096), "dense.sm90"),  # below the threshold: the 1-CTA kernel measured faster
+    (dict(n=16384, causal=False), "dense.sm90"),  # non-causal: never measured faster
+    (dict(return_lse=True), "dense.sm90"),  # the kernel writes no lse (asked for, or for a gradient)
+    (dict(window=(1024, 0)), "dense.sm90"),
+    (dict(softcap=30.0), "dense.sm90"),
+    (dict(head_dim=64, head_dim_v=64), "dense.sm90"),
+    (dict(dtype=E4M3), "dense.sm90"),
+    (dict(sk=16384), "dense.sm90"),  # causal bottom-right with Sq != Sk: the kernel's mask is top-left
+    (dict(sk=16384, bottom_right=False), "dense.sm90_cluster"),  # top-left asked (scaled_dot_product_attention)
+    (dict(tma=(True, True, False, True)), "dense.triton"),
+    (dict(varlen=True), "dense.triton"),
+]
+
+
+@pytest.mark.parametrize("kw,expected", CLUSTER_ROUTES, ids=lambda x: "-".join(f"{k}{v}" for k, v in x.items())
+                         if isinstance(x, dict) else x)
+def test_cluster_route(kw, expected, h100, monkeypatch):
+    import triton
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    assert dense.select(_cluster(**kw))[0].name == expected
+
+
+def test_cluster_needs_triton_39_and_its_budget(h100, monkeypatch):
+    """Under triton 3.6 (the Gluon kernels' other version), TILEATTN_BACKEND=triton or a smaller shared-memory budget
+    the cluster kernel is skipped with its reason; forced there, or on a problem it cannot serve, it raises."""
+    import triton
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    chosen, skipped = dense.select(_cluster())
+    assert chosen.name == "dense.sm90" and "triton 3.6.0" in dict(skipped)["dense.sm90_cluster"]
+    with pytest.raises(ValueError, match="dense.sm90_cluster, which does not serve this problem: triton 3.6.0"):
+        with tileattn.force_backend("dense.sm90_cluster"):
+            dense.select(_cluster())
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    monkeypatch.setenv("TILEATTN_BACKEND", "triton")
+    assert dense.select(_cluster())[0].name == "dense.triton"
+    monkeypatch.delenv("TILEATTN_BACKEND")
+    with tileattn.force_backend("dense.sm90_cluster"):  # forced: the preference is not asked (non-causal 1K)
+        assert dense.select(_cluster(n=1024, causal=False))[0].name == "dense.sm90_cluster"
+        with pytest.raises(ValueError, match="the log-sum-exp is asked for"):
+            dense.select(_cluster(return_lse=True))
+        with pytest.raises(ValueError, match="the kernel's causal mask is top-left"):
+            dense.select(_cluster(sk=16384))
+    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(90, 132, 200 * 1024))
+    assert "bytes of shared memory" in dict(dense.select(_cluster())[1])["dense.sm90_cluster"]

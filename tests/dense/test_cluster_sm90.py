@@ -1,10 +1,19 @@
-"""The 2-CTA cluster forward prototype (ops/dense/gluon_cluster_sm90.py, launch_cluster_sm90.py) against the float32
-reference, under the tolerance rule. GPU only (a Hopper GPU and triton 3.9); compiled but never run as of its
-writing: `python scripts/compile_cluster.py` checks the sm90 compile without a GPU."""
+"""The 2-CTA cluster forward (ops/dense/gluon_cluster_sm90.py, launch_cluster_sm90.py, backend dense.sm90_cluster)
+against the float32 reference, under the tolerance rule, called directly and through tileattn.attention's dispatch
+(causal from configs.CLUSTER_FROM query rows; never with an lse or a gradient). GPU tests: a Hopper GPU and triton
+3.9. Without a GPU, `scripts/compile_cluster.py --route` compiles the dispatched route for sm90 (the last test).
+The dispatch rule itself: tests/test_dispatch.py."""
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import triton
 
+import tileattn
+from tileattn.ops.dense import launch_cluster_sm90, plans
 from tileattn.ops.dense.reference import attention_ref
 
 from tests.helpers import assert_close, randn
@@ -66,3 +75,79 @@ def test_cluster_reason_checks_out():
     assert reason(q, q, q) == "" and reason(q, q, q, torch.empty_like(q)) == ""
     for bad in (torch.empty(1, 255, 2, 128, dtype=torch.float16), torch.empty_like(q, dtype=torch.bfloat16)):
         assert reason(q, q, q, bad).startswith("out:")
+
+
+@pytest.fixture
+def cluster_runs(monkeypatch):
+    """The number of cluster launches since the test began (plans forgotten first: the route is chosen anew)."""
+    plans.clear_plans()
+    runs = []
+    real = launch_cluster_sm90.ClusterLaunch.run
+    monkeypatch.setattr(launch_cluster_sm90.ClusterLaunch, "run", lambda self, c: runs.append(1) or real(self, c))
+    yield runs
+    plans.clear_plans()
+
+
+def _qkv(sq, sk, dtype, device, hq=4, hkv=2):
+    q = randn(1, sq, hq, 128, dtype=dtype, device=device)
+    return q, randn(1, sk, hkv, 128, dtype=dtype, device=device), randn(1, sk, hkv, 128, dtype=dtype, device=device)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper_39(), reason="needs a Hopper GPU and triton 3.9 (Gluon clusters)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_attention_takes_the_cluster_causal_8k(dtype, device, cluster_runs):
+    """tileattn.attention, causal at N = 8192 (Sq = Sk: bottom-right is top-left), runs the cluster kernel and
+    matches the reference; so does scaled_dot_product_attention's top-left causal with Sq < Sk."""
+    q, k, v = _qkv(8192, 8192, dtype, device)
+    out = tileattn.attention(q, k, v, causal=True)
+    assert len(cluster_runs) == 1
+    ref, _ = attention_ref(q, k, v, causal=True)
+    ref_lp, _ = attention_ref(q, k, v, causal=True, dtype=dtype)
+    assert_close("out", out, ref, ref_lp)
+    q, k, v = _qkv(8192, 10000, dtype, device, hq=2, hkv=1)
+    out = tileattn.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True,
+                                                enable_gqa=True)
+    assert len(cluster_runs) == 2
+    ref, _ = attention_ref(q, k, v, causal="top_left")
+    ref_lp, _ = attention_ref(q, k, v, causal="top_left", dtype=dtype)
+    assert_close("sdpa out", out.transpose(1, 2), ref, ref_lp)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper_39(), reason="needs a Hopper GPU and triton 3.9 (Gluon clusters)")
+def test_gpu_lse_and_gradients_do_not_take_the_cluster(device, cluster_runs):
+    """The cluster kernel writes no lse: a call that returns one, or tracks a gradient (whose forward keeps it),
+    takes dense.sm90, and its results are right. Below CLUSTER_FROM and non-causal, no cluster either."""
+    dtype = torch.float16
+    q, k, v = _qkv(8192, 8192, dtype, device)
+    ref, ref_lse = attention_ref(q, k, v, causal=True)
+    ref_lp, ref_lse_lp = attention_ref(q, k, v, causal=True, dtype=dtype)
+    out, lse = tileattn.attention(q, k, v, causal=True, return_lse=True)
+    assert_close("out", out, ref, ref_lp)
+    assert_close("lse", lse, ref_lse, ref_lse_lp)
+    qg = q.clone().requires_grad_()
+    out = tileattn.attention(qg, k, v, causal=True)
+    assert_close("out (grad)", out.detach(), ref, ref_lp)
+    out.float().sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    tileattn.attention(q[:, :4096], k[:, :4096], v[:, :4096], causal=True)
+    tileattn.attention(q, k, v, causal=False)
+    assert cluster_runs == []
+    with pytest.raises(ValueError, match="the log-sum-exp is asked for"):
+        with tileattn.force_backend("dense.sm90_cluster"):
+            tileattn.attention(q, k, v, causal=True, return_lse=True)
+
+
+def test_route_compiles_for_sm90(tmp_path):
+    """Without a GPU: tileattn.attention's route at causal N = 8192 D = 128 (dispatch, the launch plan, its
+    KernelLauncher with num_ctas=2) compiles the cluster kernel for sm90, without spills or serialized wgmmas."""
+    if not triton.__version__.startswith("3.9."):
+        pytest.skip("the cluster kernel is written for triton 3.9")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "compile_cluster.py")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, script, "--route", "--causal", "--n", "8192", "--out", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "route: tileattn.attention compiled attn_fwd_cluster_sm90_kernel" in res.stdout
+    assert re.search(r"num_ctas 2\b", res.stdout), res.stdout[-3000:]
