@@ -33,6 +33,7 @@ def test_version(capsys):
     (("bench", "large-d", "--providers", "cudnn"), "--providers does not apply"),
     (("bench", "demo", "--out", "x.json"), "do not apply to `bench demo`"),
     (("bench", "fp8", "--append", "x.json"), "--append does not apply"),
+    (("bench", "bwd", "--cluster"), "--cluster does not apply"),
     (("bench", "--long", "--append", "/nonexistent/dense.json"), "no such results file"),
 ])
 def test_bad_options_exit_2(capsys, argv, needle):
@@ -118,6 +119,85 @@ def test_dense_append_replaces_same_case_rows(tmp_path):
     rows, failed = dense._merge(dense._load_appended(str(path), torch.float16), [_row(65536, "tileattn", 600)], doc)
     assert [(r["case"]["N"], r["provider"], r["tflops"]) for r in rows] == [
         (2048, "cudnn", None), (4096, "tileattn", 500), (4096, "cudnn", 550), (65536, "tileattn", 600)]
-    assert len(failed) == 1 and doc == {"appended_to": [{"commit": "abc", "date": "d"}]}
+    assert len(failed) == 1 and doc == {"appended_to": [{"commit": "abc", "date": "d", "triton": None}]}
     with pytest.raises(ValueError, match="not a dense"):
         dense._load_appended(str(path), torch.bfloat16)
+
+
+def _crow(N, causal, provider, tflops, triton="3.9.0"):
+    row = dict(_row(N, provider, tflops), case={**_row(N, provider, tflops)["case"], "causal": causal})
+    if provider in ("tileattn-sm90", "tileattn-cluster"):
+        row["triton"] = triton
+    return row
+
+
+def test_dense_summary_cluster_keys():
+    """cluster_vs_one_cta_best / _min are over the shapes where dispatch takes the cluster (causal from
+    configs.CLUSTER_FROM); cluster_rows lists every shape that ran both, a failed cluster row as ratio 0."""
+    from tileattn.bench import dense
+    rows = []
+    for causal, N, one, cl in [(False, 4096, 586, 591), (False, 16384, 610, 598), (True, 4096, 528, 496),
+                               (True, 8192, 556, 566), (True, 16384, 580, 607), (True, 2048, 460, None)]:
+        rows += [_crow(N, causal, "tileattn-sm90", one), _crow(N, causal, "tileattn-cluster", cl)]
+    s = dense.summarize(rows)
+    assert s["cluster_vs_one_cta_best"] == pytest.approx(607 / 580)
+    assert s["cluster_vs_one_cta_min"] == pytest.approx(566 / 556)
+    table = {(t["causal"], t["N"]): t for t in s["cluster_rows"]}
+    assert len(table) == 6 and table[(False, 4096)]["ratio"] == pytest.approx(591 / 586)
+    assert [k for k, t in table.items() if t["kept"]] == [(True, 8192), (True, 16384)]
+    assert table[(True, 2048)]["ratio"] == 0.0 and table[(True, 8192)]["triton"] == "3.9.0"
+    rows.append(_crow(32768, True, "tileattn-cluster", 300))  # a shape without its 1-CTA row: not listed
+    assert len(dense.summarize(rows)["cluster_rows"]) == 6
+    s = dense.summarize(rows[:6])  # only shapes dispatch keeps on the 1-CTA kernel: rows, but no best
+    assert "cluster_rows" in s and "cluster_vs_one_cta_best" not in s
+    assert not {"cluster_rows", "cluster_vs_one_cta_best"} & set(dense.summarize([_row(4096, "tileattn", 500)]))
+
+
+def test_dense_cluster_rows_append_to_a_36_file(tmp_path):
+    """Cluster rows measured under triton 3.9 merge into a dense.json made under 3.6: its rows stay (the S0 grid's
+    tileattn-1cta too: the cluster's comparison is tileattn-sm90), the summary has both grids' keys, and the file
+    records which triton made which rows."""
+    import json
+
+    from tileattn.bench import dense
+    path = tmp_path / "dense.json"
+    old = [_crow(16384, True, p, t) for p, t in (("tileattn", 590), ("cudnn", 560), ("fa2", 400),
+                                                  ("tileattn-persistent", 570), ("tileattn-1cta", 590))]
+    path.write_text(json.dumps({"suite": "dense", "commit": "abc", "date": "d", "triton": "3.6.0", "rows": old}))
+    new = [_crow(16384, True, "tileattn-sm90", 580), _crow(16384, True, "tileattn-cluster", 607)]
+    doc = {}
+    rows, failed = dense._merge(dense._load_appended(str(path), torch.float16), new, doc)
+    assert [r["provider"] for r in rows] == ["tileattn", "cudnn", "fa2", "tileattn-persistent", "tileattn-1cta",
+                                             "tileattn-sm90", "tileattn-cluster"]
+    assert failed == [] and doc["appended_to"] == [{"commit": "abc", "date": "d", "triton": "3.6.0"}]
+    s = dense.summarize(rows)
+    assert s["geomean_vs_cudnn"] == pytest.approx(590 / 560)
+    assert s["persistent_vs_one_cta_min"] == pytest.approx(570 / 590)
+    assert s["cluster_vs_one_cta_best"] == pytest.approx(607 / 580)
+    assert "triton" not in rows[0] and rows[-1]["triton"] == "3.9.0"
+
+
+def test_dense_cluster_columns(monkeypatch):
+    """--cluster runs only the two cluster providers at D = 128; the default grid adds them where the cluster
+    kernel can run (cluster_available); each forces its backend (the 1-CTA one with its table config)."""
+    from tileattn.bench import dense
+    from tileattn.ops.common import backend
+    grids = []
+    monkeypatch.setattr(dense, "run", lambda grid, **kw: grids.append(grid) or {"summary": {"check_failures": 0}})
+    for argv, available in ((["bench", "--cluster"], False), (["bench"], False), (["bench"], True),
+                            (["bench", "--cluster", "--head-dims", "64,128"], False)):
+        monkeypatch.setattr(dense, "cluster_available", lambda available=available: available)
+        cli._run_suite(cli._parser().parse_args(argv), "x.json", "x.png")
+    assert [(g.providers, g.head_dims) for g in grids] == [
+        (dense.CLUSTER_PROVIDERS, (128,)), (dense.PROVIDERS, (64, 128)),
+        (dense.PROVIDERS + dense.CLUSTER_PROVIDERS, (64, 128)), (dense.CLUSTER_PROVIDERS, (64, 128))]
+    q = torch.randn(1, 256, 4, 128)
+    fns, contexts = dense._cluster_providers(dense.PROVIDERS, q, q, q, True)
+    assert (fns, contexts) == ({}, {})
+    fns, contexts = dense._cluster_providers(dense.CLUSTER_PROVIDERS, q, q, q, True)
+    forced = {}
+    for p, ctx in contexts.items():
+        with ctx():
+            forced[p] = (backend._forced.names, backend.forced_config(object))
+    assert forced == {"tileattn-sm90": ({"dense": "dense.sm90"}, None),
+                      "tileattn-cluster": ({"dense": "dense.sm90_cluster"}, None)}

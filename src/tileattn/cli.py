@@ -4,7 +4,7 @@
     tileattn info [--all]
     tileattn bench demo
     tileattn bench [dense] [--dtype fp16|bf16] [--long] [--providers ...] [--head-dims ...] [--seqlens ...]
-                   [--append FILE]
+                   [--append FILE] [--cluster]
     tileattn bench fp8 [--fp8-dtypes e4m3,e5m2] [--head-dims 64,128,256] [--seqlens ...]
     tileattn bench mla [--dtype bf16|fp16] [--groups seed,page1,long,hq128,b128,fp8,qk_shard]
     tileattn bench flex
@@ -30,7 +30,7 @@ SUITES = ("demo",) + GPU_SUITES
 # the options each suite reads (argparse's dest names); any other given to a suite is an error
 SUITE_OPTIONS = {
     "demo": set(),
-    "dense": {"dtype", "long", "providers", "head_dims", "seqlens", "append"},
+    "dense": {"dtype", "long", "providers", "head_dims", "seqlens", "append", "cluster"},
     "fp8": {"fp8_dtypes", "head_dims", "seqlens"},
     "mla": {"dtype", "groups"},
     "flex": set(),
@@ -41,7 +41,7 @@ SUITE_OPTIONS = {
 }
 OPTION_FLAGS = {"dtype": "--dtype", "long": "--long", "providers": "--providers", "head_dims": "--head-dims",
                 "seqlens": "--seqlens", "fp8_dtypes": "--fp8-dtypes", "quick": "--quick",
-                "simulate": "--simulate", "groups": "--groups", "append": "--append"}
+                "simulate": "--simulate", "groups": "--groups", "append": "--append", "cluster": "--cluster"}
 
 
 def _int_list(text):
@@ -80,9 +80,10 @@ def _parser():
                    "--providers says")
     b.add_argument("--providers", default=None,
                    type=_name_list(("tileattn", "cudnn", "fa2", "flex", "tileattn-persistent", "tileattn-1cta",
-                                    "tileattn-e4m3", "tileattn-e5m2")),
+                                    "tileattn-e4m3", "tileattn-e5m2", "tileattn-sm90", "tileattn-cluster")),
                    help="dense: comma-separated subset of tileattn,cudnn,fa2,flex,tileattn-persistent,tileattn-1cta,"
-                   "tileattn-e4m3,tileattn-e5m2 (default: the first four; all eight with --long)")
+                   "tileattn-e4m3,tileattn-e5m2,tileattn-sm90,tileattn-cluster (default: the first four, the first "
+                   "eight with --long; the last two at D=128 where the cluster kernel can run: triton 3.9 on Hopper)")
     b.add_argument("--fp8-dtypes", default=None, type=_name_list(("e4m3", "e5m2")),
                    help="fp8: comma-separated subset of e4m3,e5m2 (default: both)")
     b.add_argument("--head-dims", default=None, type=_int_list,
@@ -97,6 +98,9 @@ def _parser():
                    "compute against a device-to-device copy of each block) instead of running it on several")
     b.add_argument("--append", default=None, metavar="FILE", help="dense: add this run's rows to those of the "
                    "results file FILE (rows of the same case and provider replaced) and summarize both")
+    b.add_argument("--cluster", action="store_true", help="dense: only the 2-CTA cluster kernel against the 1-CTA "
+                   "kernel (tileattn-sm90,tileattn-cluster) at D=128 unless --providers / --head-dims say; with "
+                   "--append, added to a results file made under another triton")
     b.add_argument("--out", default=None, help="results JSON (default: bench/results/<suite>.json)")
     b.add_argument("--plot", default=None, help="PNG plot (default: the JSON's path with .png)")
     i = sub.add_parser("info", help="print what tileattn sees of this machine and which kernels serve what")
@@ -145,9 +149,14 @@ def _run_suite(args, out, plot):
         return fp8.run(fp8_dtypes=args.fp8_dtypes or ("e4m3", "e5m2"), head_dims=args.head_dims or (64, 128, 256),
                        seqlens=args.seqlens, out_json=out, plot=plot)
     from .bench import dense
-    grid = dense.Grid(dtype=args.dtype or "fp16", long=args.long,
-                      providers=args.providers or (dense.S0_PROVIDERS if args.long else dense.PROVIDERS),
-                      head_dims=args.head_dims or (64, 128), seqlens=args.seqlens)
+    if args.cluster:
+        providers, head_dims = dense.CLUSTER_PROVIDERS, (dense.CLUSTER_D,)
+    else:
+        providers, head_dims = dense.S0_PROVIDERS if args.long else dense.PROVIDERS, (64, 128)
+        if dense.cluster_available():
+            providers += dense.CLUSTER_PROVIDERS
+    grid = dense.Grid(dtype=args.dtype or "fp16", long=args.long, providers=args.providers or providers,
+                      head_dims=args.head_dims or head_dims, seqlens=args.seqlens)
     return dense.run(grid, out_json=out, plot=plot, append=args.append)
 
 

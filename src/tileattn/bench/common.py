@@ -109,10 +109,16 @@ def write_json(path, doc):
         json.dump(doc, f, indent=1)
 
 
+def _summary_value(v):
+    """A summary value as the summary line prints it (a list of rows: its length; their table is the suite's)."""
+    if isinstance(v, float):
+        return fmt(v, "{:.3f}")
+    return f"[{len(v)} rows]" if isinstance(v, list) else v
+
+
 def finish(doc, out_json, log, plot=None):
     """Print the suite's summary line, write its results file and its plot (when asked), return the document."""
-    log("summary: " + ", ".join(f"{k}={fmt(v, '{:.3f}') if isinstance(v, float) else v}"
-                                for k, v in doc["summary"].items()))
+    log("summary: " + ", ".join(f"{k}={_summary_value(v)}" for k, v in doc["summary"].items()))
     if out_json:
         write_json(out_json, doc)
     if plot:

@@ -12,6 +12,12 @@ Hopper kernel forced to one CTA per SM (`tileattn-persistent`) and to one CTA pe
 comparison chose the table's grid per shape (`tileattn`: Sm90Config.one_cta_from), and fp8 inputs (`tileattn-e4m3`,
 `tileattn-e5m2`: the fp16 values quantized per (batch, head), V in fp8_v_layout made once, untimed; checked as
 in the fp8 suite: fp8_check.py).
+
+The 2-CTA cluster kernel (issue 23's S3; `--cluster`, or by default where it can run: triton 3.9 on Hopper) adds, at
+D = 128, CLUSTER_PROVIDERS: the Hopper kernel forced with its table config (`tileattn-sm90`, the kernel dispatch
+takes without the cluster) and the cluster kernel forced (`tileattn-cluster`), each checked against cuDNN as the
+other rows; their rows carry the triton version that ran them. The cluster kernel needs triton 3.9 and the main
+grid is measured under 3.6: `--cluster --append dense.json` adds the cluster rows to a 3.6 file (summarize_cluster).
 """
 import contextlib
 import dataclasses
@@ -37,6 +43,9 @@ from .common import (
 PROVIDERS = ("tileattn", "cudnn", "fa2", "flex")
 S0_PROVIDERS = PROVIDERS + ("tileattn-persistent", "tileattn-1cta", "tileattn-e4m3", "tileattn-e5m2")
 GRIDS = {"tileattn-persistent": dict(persistent=True, one_cta_from=0), "tileattn-1cta": dict(persistent=False)}
+CLUSTER_BACKENDS = {"tileattn-sm90": "dense.sm90", "tileattn-cluster": "dense.sm90_cluster"}  # forced, by provider
+CLUSTER_PROVIDERS = tuple(CLUSTER_BACKENDS)
+CLUSTER_D = 128  # the only head dim the cluster kernel serves
 CHECK_ROWS = 1024  # query rows checked past 16K (the float32 reference of a whole 64K slice needs 34 GB)
 ROUNDS = 2
 DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -134,9 +143,31 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
     return fns, checks, contexts
 
 
+def cluster_available():
+    """Whether the cluster kernel can run here (a Hopper GPU, triton 3.9): the default grid then adds its rows."""
+    from ..ops.common.tma import gluon_sm90_reason
+    from ..ops.dense.launch_cluster_sm90 import triton_reason
+    return torch.cuda.is_available() and not triton_reason() and not gluon_sm90_reason(torch.device("cuda"))
+
+
+def _cluster_providers(providers, qt, kt, vt, causal):
+    """The cluster providers asked for: ({provider: fn}, {provider: context that forces its backend})."""
+    import tileattn
+
+    from ..ops.common.backend import force_backend
+    fns, contexts = {}, {}
+    for p, name in CLUSTER_BACKENDS.items():
+        if p in providers:
+            fns[p] = lambda: tileattn.attention(qt, kt, vt, causal=causal)
+            contexts[p] = (lambda name: lambda: force_backend(name))(name)
+    return fns, contexts
+
+
 def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
     """The grid's rows; append: a results file whose rows this run's are added to (rows of the same case and
     provider replaced), its summary recomputed over both (a partial rerun, e.g. `--long --seqlens 32768,65536`)."""
+    import triton
+
     import tileattn
     dt = DTYPES[grid.dtype]
     old = _load_appended(append, dt) if append else None  # read first: a bad file fails before the GPU work
@@ -166,10 +197,12 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                 s0_fns, s0_checks, contexts = _s0_providers(providers, qt, kt, vt, causal, dt, D)
                 fns.update(s0_fns)
                 checks.update(s0_checks)
+                case_providers = [p for p in providers if p not in CLUSTER_PROVIDERS or D == CLUSTER_D]
+                cluster_fns, cluster_contexts = _cluster_providers(case_providers, qt, kt, vt, causal)
+                fns.update(cluster_fns)
+                contexts.update(cluster_contexts)
                 errors = {}
-                for p in GRIDS:
-                    if p not in fns:
-                        continue
+                for p in contexts:  # the forced providers' outputs, checked as tileattn's
                     try:
                         with contexts[p]():
                             out = fns[p]()
@@ -185,9 +218,9 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                         log(f"CHECK FAILED {p} {case}: {info}")
                 # providers interleaved over rounds, best median kept: slow drift of the clocks (seen on a
                 # thermally throttled machine) then cannot favour whichever provider ran first
-                times = {p: [] for p in providers}
+                times = {p: [] for p in case_providers}
                 for _ in range(ROUNDS):
-                    for p in providers:
+                    for p in case_providers:
                         if p in errors:
                             continue
                         try:
@@ -198,7 +231,7 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                                 times[p].append(do_bench(fn))
                         except Exception as e:  # noqa: BLE001 - a peer that refuses a shape is reported, not fatal
                             errors[p] = error_text(e)
-                for p in providers:
+                for p in case_providers:
                     ms = min(times[p]) if times[p] and p not in errors else None
                     row = {"case": case, "provider": p, "ms": ms,
                            "tflops": attn_tflops(B, H, N, N, D, D, causal, ms) if ms else None, "gbps": None}
@@ -206,8 +239,10 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
                         row["check"] = checks[p][1]
                     if p in errors:
                         row["error"] = errors[p]
+                    if p in CLUSTER_PROVIDERS:  # (measured under another triton than the main grid, as a rule)
+                        row["triton"] = triton.__version__
                     rows.append(row)
-                q = k = v = qt = kt = vt = fns = s0_fns = None  # frees the GPU memory now
+                q = k = v = qt = kt = vt = fns = s0_fns = cluster_fns = None  # frees the GPU memory now
                 torch.cuda.empty_cache()
                 _print_row(rows, case, lambda line: log(progress() + line.lstrip()))
     if old is not None:
@@ -218,6 +253,7 @@ def run(grid=Grid(), out_json=None, plot=None, log=print, append=None):
     doc["summary"] = summarize(rows)
     doc["summary"]["check_failures"] = len(failures)
     print_tables(rows, log)
+    print_cluster_table(doc["summary"], log)
     finish(doc, out_json, log)
     if plot:
         plot_rows(rows, plot)
@@ -240,8 +276,8 @@ def _merge(old, rows, doc):
     the kept rows' failed checks). doc records the files appended to (`appended_to`, oldest first)."""
     new = {(tuple(sorted(r["case"].items())), r["provider"]) for r in rows}
     kept = [r for r in old["rows"] if (tuple(sorted(r["case"].items())), r["provider"]) not in new]
-    doc["appended_to"] = old.get("appended_to", []) + [{k: old.get(k) for k in ("commit", "date")}]
-    order = {p: i for i, p in enumerate(S0_PROVIDERS)}
+    doc["appended_to"] = old.get("appended_to", []) + [{k: old.get(k) for k in ("commit", "date", "triton")}]
+    order = {p: i for i, p in enumerate(S0_PROVIDERS + CLUSTER_PROVIDERS)}
     merged = sorted(kept + rows, key=lambda r: (r["case"]["D"], r["case"]["causal"], r["case"]["N"],
                                                 order.get(r["provider"], len(order))))
     return merged, [(r["case"], r["provider"]) for r in kept if r.get("error") == NOT_TIMED]
@@ -281,6 +317,7 @@ def summarize(rows):
            "geomean_vs_fa2": geomean(vs_fa2), "geomean_vs_flex": geomean(vs_flex),
            "min_vs_cudnn": min(vs_cudnn) if vs_cudnn else None}
     out.update(summarize_s0(rows))
+    out.update(summarize_cluster(rows))
     return out
 
 
@@ -313,8 +350,48 @@ def summarize_s0(rows):
     return out
 
 
+def summarize_cluster(rows):
+    """The cluster rows' keys, where they exist: cluster_rows, per shape that ran both CLUSTER_PROVIDERS, their
+    TFLOPS, the ratio cluster / 1-CTA (a failed or refused cluster row counts as 0) and whether dispatch takes the
+    cluster there (`kept`: configs.cluster_from); over the kept shapes, cluster_vs_one_cta_best (max of the ratio)
+    and cluster_vs_one_cta_min."""
+    from ..ops.dense.configs import cluster_from
+    table = []
+    for r in rows:
+        if r["provider"] != "tileattn-sm90" or not r["tflops"]:
+            continue
+        c = r["case"]
+        cl = next((x for x in rows if x["case"] == c and x["provider"] == "tileattn-cluster"), None)
+        if cl is None:
+            continue
+        start = cluster_from(c["causal"])
+        table.append({"D": c["D"], "causal": c["causal"], "N": c["N"], "one_cta": r["tflops"],
+                      "cluster": cl["tflops"], "ratio": (cl["tflops"] or 0.0) / r["tflops"],
+                      "kept": c["D"] == CLUSTER_D and start is not None and c["N"] >= start,
+                      "triton": cl.get("triton")})
+    if not table:
+        return {}
+    out = {"cluster_rows": table}
+    kept = [t["ratio"] for t in table if t["kept"]]
+    if kept:
+        out["cluster_vs_one_cta_best"], out["cluster_vs_one_cta_min"] = max(kept), min(kept)
+    return out
+
+
+def print_cluster_table(summary, log=print):
+    """The cluster rows of a summary (summarize_cluster), one line per shape."""
+    table = summary.get("cluster_rows")
+    if not table:
+        return
+    log(f"\nthe 2-CTA cluster kernel against the 1-CTA kernel (triton {table[0]['triton']}), TFLOPS")
+    log(f"{'D':>4} {'causal':>6} {'N':>7} {'1-CTA':>7} {'cluster':>7} {'ratio':>6}  dispatch")
+    for t in table:
+        log(f"{t['D']:>4} {int(t['causal']):>6} {t['N']:>7} {fmt(t['one_cta']):>7} {fmt(t['cluster']):>7} "
+            f"{t['ratio']:>6.3f}  {'cluster' if t['kept'] else '1-CTA'}")
+
+
 def print_tables(rows, log=print):
-    keys = sorted({(r["case"]["D"], r["case"]["causal"]) for r in rows})
+    keys = sorted({(r["case"]["D"], r["case"]["causal"]) for r in rows if r["provider"] == "tileattn"})
     extra = [p for p in S0_PROVIDERS[len(PROVIDERS):] if any(r["provider"] == p for r in rows)]
     w = max([len(p) for p in extra] + [0])
     for D, causal in keys:
