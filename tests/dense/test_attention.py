@@ -312,25 +312,34 @@ def test_gpu_sm90_three_consumers(dtype, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,epilogue,consumers", [(64, "deferred", 2), (64, "deferred", 3), (64, "direct", 2),
-                                                  (128, "direct", 2), (128, "deferred", 2)])
-def test_gpu_sm90_epilogue(D, epilogue, consumers, device):
+                                                  (64, "direct", 3), (128, "direct", 2), (128, "deferred", 2)])
+def test_gpu_sm90_epilogue(D, epilogue, consumers, device, monkeypatch):
     """Sm90Config.epilogue: "deferred" (each tile's output store waited for in the next tile; O staged in the Q slot,
-    whose release moves there too; with D = 128's single slot the plan takes "tma") and "direct" (plain stores, the
-    Q slot freed before them): CTAs walking many tiles (1 and 7 CTAs: every slot and phase reused), ragged last
-    tiles, causal / window / softcap / plain, lse, GQA; the output whole when the CTA ends."""
+    whose release moves there too; D = 128 with two Q slots and two stages for it, as its table's single slot makes
+    the plan take "tma") and "direct" (plain stores, the Q slot freed before them): CTAs walking many tiles (1 and 7
+    CTAs: every slot and phase reused), ragged last tiles (at Sq = 300 a three-consumer tile's last warpgroup has no
+    row), tiles that see no key (causal, Sq > Sk bottom-right), causal / window / softcap / plain, lse, GQA; outputs
+    filled with NaN first, so a store lost at a CTA's end shows."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
+    monkeypatch.setenv("TILEATTN_DEBUG_FILL_NAN", "1")
     cfg = dataclasses.replace(sm90_config(D, torch.float16), epilogue=epilogue)
+    if D == 128 and epilogue == "deferred":
+        cfg = dataclasses.replace(cfg, q_slots=2, stages=2)
     if consumers == 3:
         cfg = dataclasses.replace(cfg, consumers=3, consumer_regs=160, pingpong=False)
-    q = randn(3, 333, 8, D, dtype=torch.float16, device=device)
     k = randn(3, 555, 2, D, dtype=torch.float16, device=device)
     v = randn(3, 555, 2, D, dtype=torch.float16, device=device)
     plans.clear_plans()
-    for programs in (0, 1, 7):
-        with force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=programs)):
-            for opts in (dict(), dict(causal=True), dict(window=(100, 20)), dict(causal=True, softcap=30.0)):
-                _check(q, k, v, **opts)
+    for sq in (333, 300):
+        q = randn(3, sq, 8, D, dtype=torch.float16, device=device)
+        for programs in (0, 1, 7):
+            with force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=programs)):
+                for opts in (dict(), dict(causal=True), dict(window=(100, 20)), dict(causal=True, softcap=30.0)):
+                    _check(q, k, v, **opts)
+    q = randn(1, 700, 8, D, dtype=torch.float16, device=device)  # Sq > Sk, bottom-right: early rows see no key
+    with force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=7)):
+        _check(q, k[:1], v[:1], causal=True)
     plans.clear_plans()
 
 
