@@ -60,8 +60,15 @@ class Sm90Config:
     # the persistent grid's tiles of problems with a right bound (causal) in a precomputed longest-first order within
     # windows of heads where a cost model says it beats the snake (launch_sm90.tile_order; dense only)
     lpt: bool = False
+    # how each tile's O leaves (dense only; gluon_attn_sm90._consume_tile): "tma" (staged in shared memory, TMA-stored,
+    # the store waited for before the next tile), "deferred" (that wait in the next tile, where the buffer is needed
+    # again; with O staged in the Q slot (16-bit) it needs q_slots >= 2, else the dense plan takes "tma"), "direct"
+    # (plain stores from registers; the Q slot is freed before them, so the next tile's Q loads under the epilogue)
+    epilogue: str = "tma"
 
     def __post_init__(self):
+        if self.epilogue not in ("tma", "deferred", "direct"):
+            raise ValueError(f"Sm90Config.epilogue = {self.epilogue!r}: 'tma', 'deferred' or 'direct'")
         if self.consumers not in (2, 3):
             raise ValueError(f"Sm90Config.consumers = {self.consumers}: the pipeline takes 2 or 3")
         if self.consumers == 3 and (self.consumer_regs > 160 or self.pingpong):
