@@ -3,6 +3,7 @@ them, before spending device time.
 
     python scripts/compile_sm90_cpu.py [--dtype fp16|bf16|e4m3|e5m2] [--d 128] [--causal] [--lse] [--softcap X]
                                        [--pingpong 0|1] [--exp2-fma 0|1|2] [--consumers 2|3]
+                                       [--epilogue tma|deferred|direct]
     python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse]
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
@@ -388,6 +389,8 @@ def main():
                    help="dense forward: the table's Sm90Config with pingpong set to this")
     p.add_argument("--consumers", type=int, default=None, choices=(2, 3),
                    help="the dense forward's consumer warpgroups (3: 160 registers each, no pingpong)")
+    p.add_argument("--epilogue", default=None, choices=("tma", "deferred", "direct"),
+                   help="the dense forward's Sm90Config.epilogue")
     p.add_argument("--exp2-fma", type=int, default=None, choices=(0, 1, 2),
                    help="the config's exp2_fma instead of the table's (of every 4 exp2s, how many on the FMA pipe)")
     p.add_argument("--hq", type=int, default=64)
@@ -453,6 +456,8 @@ def main():
             cfg = dataclasses.replace(sm90_config(a.d, DT[a.dtype]), pingpong=bool(a.pingpong))
         if a.exp2_fma is not None:
             cfg = dataclasses.replace(cfg or sm90_config(a.d, DT[a.dtype]), exp2_fma=a.exp2_fma)
+        if a.epilogue is not None:
+            cfg = dataclasses.replace(cfg or sm90_config(a.d, DT[a.dtype]), epilogue=a.epilogue)
         if a.consumers is not None:
             three = dict(consumer_regs=160, pingpong=False) if a.consumers == 3 else {}
             cfg = dataclasses.replace(cfg or sm90_config(a.d, DT[a.dtype]), consumers=a.consumers, **three)

@@ -313,6 +313,34 @@ def test_gpu_fp8_config_fields(D, field, value):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("epilogue", ["deferred", "direct"])
+@pytest.mark.parametrize("D,consumers", [(64, 2), (64, 3), (128, 2), (256, 2)])
+def test_gpu_fp8_epilogue(D, consumers, epilogue, monkeypatch):
+    """fp8 with Sm90Config.epilogue "deferred" (the O buffer's store waited for before the next tile stages its O;
+    D = 256 has one Q slot, which its own O buffers make no obstacle) and "direct" (plain stores from registers, the
+    output's dtype), two and three consumers: one CTA and 7 walking every tile, causal, softcap, plain, rows that see
+    no key and a single key; outputs filled with NaN first."""
+    if gluon_sm90_reason(torch.device("cuda")):
+        pytest.skip("the Gluon kernels need a Hopper GPU and triton 3.6")
+    monkeypatch.setenv("TILEATTN_DEBUG_FILL_NAN", "1")
+    cfg = dataclasses.replace(sm90_config(D, E4M3), epilogue=epilogue)
+    if consumers == 3:
+        cfg = dataclasses.replace(cfg, consumers=3, consumer_regs=160, pingpong=False)
+    plans.clear_plans()
+    for programs in (1, 7):
+        with tileattn.force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=programs)):
+            q, k, v = (randn(2, 400, h, D, dtype=torch.float32, device="cuda") for h in (4, 2, 2))
+            for opts in (dict(causal=True), dict(softcap=30.0), dict()):
+                _check(q, k, v, E4M3, "tensor", "packed", **opts)
+            for edge in ("window-rows-see-none", "Sk1-causal"):
+                (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
+                q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv),
+                                                                                             (Sk, Hkv)))
+                _check(q, k, v, E5M2, "tensor", "row", **opts)
+    plans.clear_plans()
+
+
+@pytest.mark.gpu
 def test_gpu_fp8_three_consumers():
     """fp8 (e4m3 / e5m2) at D = 64 on three consumer warpgroups (Sm90Config.consumers = 3): causal, softcap, plain,
     rows that see no key and a single key, as test_gpu_fp8_config_fields."""

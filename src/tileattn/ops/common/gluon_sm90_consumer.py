@@ -287,12 +287,13 @@ def consumer(args, WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr, HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr,
               EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, SEPARATE_O: gl.constexpr, FLEX: gl.constexpr,
-              SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr, ORDERED: gl.constexpr):
+              SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr, ORDERED: gl.constexpr,
+              EPILOGUE: gl.constexpr):
     """Consumer warpgroup WG; args: the run-time arguments every consumer shares (attn_fwd_pipeline's c_args)."""
     (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
      stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb,
      stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
-     softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order) = args
+     softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order, o_raw) = args
     j = 0  # tiles done so far: Q slot and phase
     kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
     t = 0  # wgmma turns taken so far (PINGPONG)
@@ -324,7 +325,9 @@ def consumer(args, WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr
                 stride_lb, stride_lh, j, kv, t, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
                 tile_scale, tile_cap_scale, softcap_out, tile_out_scale, fx, flex_scale, caps_s, caps_m, WG, BLOCK_M,
                 STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR,
-                SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG)
+                SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG, EPILOGUE, o_raw)
+    if EPILOGUE == "deferred":  # the last tile's store must have read its buffer before the CTA's shared memory goes
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -335,10 +338,18 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                   RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
                   SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
-                  PINGPONG: gl.constexpr):
+                  PINGPONG: gl.constexpr, EPILOGUE: gl.constexpr, o_raw):
     """This warpgroup's rows of one tile: Q from slot j % Q_SLOTS, K/V blocks from ring position kv, wgmma turns
-    from t (PINGPONG). O is stored through the Q slot (then handed back to the loader), or through this
-    warpgroup's O buffer (SEPARATE_O). Returns the three counts advanced."""
+    from t (PINGPONG). EPILOGUE (Sm90Config.epilogue), how O leaves:
+    - "tma": staged in the Q slot (then handed back to the loader) or in this warpgroup's O buffer (SEPARATE_O),
+      stored by TMA, and the store waited for before the tile ends;
+    - "deferred": the same, with the wait moved to the next tile, where the buffer is needed again: before staging
+      the next O (SEPARATE_O), or once the next tile's Q has landed (the Q slot goes back to the loader then; needs
+      Q_SLOTS >= 2, else the next Q would wait for the slot this wait releases);
+    - "direct": the Q slot goes back to the loader as soon as the last wgmma is waited on, and O is written from
+      registers by plain stores through o_raw = (O's pointer, its batch, row and head strides): the next tile's Q
+      loads under this epilogue (the one-slot ring's gap).
+    Returns the three counts advanced."""
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
     DV: gl.constexpr = o_desc.block_type.shape[3]
@@ -383,6 +394,11 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
     acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
     mbarrier.wait(q_ready.index(slot), (j // Q_SLOTS) & 1)
+    if EPILOGUE == "deferred" and not SEPARATE_O:
+        gl.static_assert(Q_SLOTS >= 2, "a deferred store of O staged in the Q slot needs two Q slots")
+        if j > 0:  # the previous tile's O, staged in its Q slot, is read by now: the slot goes back to the loader
+            tma.store_wait(pendings=0)
+            mbarrier.arrive(q_empty.index((j - 1) % Q_SLOTS))
     acc, m_i, l_i, t = _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, o_m, q_smem,
                                           k_bufs, v_bufs, k_ready, v_ready, kv_empty, seqlen_k, off_diag, left,
                                           right, sm_scale, softcap_scale, softcap_out, n_part, tail,
@@ -394,21 +410,34 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
-    if SEPARATE_O:
+    if EPILOGUE == "direct":
         mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
         out = acc * gl.convert_layout(out_scale / l_safe, o_row)[:, None]
-        o_buf = o_bufs.index(WG)
+        o_ptr, stride_ob, stride_om, stride_oh = o_raw
+        rows = m0 + gl.arange(0, BLOCK_M, layout=o_row)
+        cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+        ptrs = o_ptr + (i_b.to(gl.int64) * stride_ob + i_h.to(gl.int64) * stride_oh) \
+            + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
+        gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=(rows < seqlen_q)[:, None])
     else:
-        out = acc / gl.convert_layout(l_safe, o_row)[:, None]
-        o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
-    o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
-    fence_async_shared()
-    tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
+        if SEPARATE_O:
+            mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
+            out = acc * gl.convert_layout(out_scale / l_safe, o_row)[:, None]
+            o_buf = o_bufs.index(WG)
+        else:
+            out = acc / gl.convert_layout(l_safe, o_row)[:, None]
+            o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
+        if EPILOGUE == "deferred" and SEPARATE_O:
+            tma.store_wait(pendings=0)  # the previous tile's store has read this O buffer
+        o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
+        fence_async_shared()
+        tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
     if RETURN_LSE:
         lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe) - P_SHIFT) * LN2, float("-inf"))
         gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,
                  mask=o_m < seqlen_q)
-    tma.store_wait(pendings=0)  # the store has read the buffer: it may be written again
-    if not SEPARATE_O:
-        mbarrier.arrive(q_empty.index(slot))
+    if EPILOGUE == "tma":
+        tma.store_wait(pendings=0)  # the store has read the buffer: it may be written again
+        if not SEPARATE_O:
+            mbarrier.arrive(q_empty.index(slot))
     return j + 1, kv + n_blocks, t

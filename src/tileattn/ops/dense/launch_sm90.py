@@ -18,11 +18,19 @@ from .gluon_sm90 import attn_fwd_sm90_kernel, attn_fwd_sm90_kernel_one_key
 
 # the kernel parameters that change between calls of one launch plan (launcher.KernelLauncher's `varying`)
 VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "qd_ptr", "kd_ptr", "vd_ptr", "sm_scale",
-           "softcap_scale", "softcap_out", "out_scale", "order_ptr")
+           "softcap_scale", "softcap_out", "out_scale", "order_ptr", "o_ptr")
 
 
 def _pack_v(v):
     return fp8_v_layout(v).view()
+
+
+def _epilogue(cfg, separate_o):
+    """The kernel's EPILOGUE: cfg.epilogue, but "tma" for a deferred store of O staged in a single Q slot (the next
+    tile's Q would wait for the slot the deferred wait releases)."""
+    if cfg.epilogue == "deferred" and not separate_o and cfg.q_slots < 2:
+        return "tma"
+    return cfg.epilogue
 
 
 class Sm90Launch:
@@ -38,7 +46,7 @@ class Sm90Launch:
         v = c.v if self.v_prep is None else self.v_prep(c.v)
         qd, kd, vd = c.descales if c.descales is not None else (c.lse, c.lse, c.lse)
         return (c.q, c.k, v, c.out, c.lse, qd, kd, vd, *pipeline.scales(c.scale, c.softcap), c.out_scale,
-                c.lse if self.order is None else self.order)
+                c.lse if self.order is None else self.order, c.out)
 
     def run(self, c):
         self.launcher(self.grid, *self._values(c))
@@ -95,13 +103,15 @@ class Sm90Backend(Backend):
             table = pipeline.tile_order(costs, len(costs), p.batch * p.heads_q, grid[0])
             order = None if table is None else torch.from_numpy(table).to(p.device)
         args += (order, order.shape[0]) if order is not None else (lse, 0)
+        args += (c.out, *c.out.stride()[:3])  # O [B, Sq, Hq, Dv] (unit stride in Dv, as TMA needs): "direct" stores
         kwargs = dict(
             BLOCK_M=cfg.block_m, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,
             HAS_SOFTCAP=c.softcap > 0, RETURN_LSE=p.opts.return_lse, REVERSE_M=right >= 0,
             HAS_DESCALE=p.descale, P_SHIFT=P_SHIFT if p.fp8 else 0, V_SEQ_MAJOR=p.fp8,
             SEPARATE_O=p.out_dtype != p.dtype, PINGPONG=cfg.pingpong, EXP2_FMA=cfg.exp2_fma,
-            NUM_CONSUMERS=cfg.consumers, ORDERED=order is not None, num_warps=4,
+            NUM_CONSUMERS=cfg.consumers, ORDERED=order is not None,
+            EPILOGUE=_epilogue(cfg, p.out_dtype != p.dtype), num_warps=4,
         )
         kernel = attn_fwd_sm90_kernel_one_key if p.fp8 and p.seqlen_k == 1 else attn_fwd_sm90_kernel
         return Sm90Launch(grid, KernelLauncher(kernel, args, kwargs, VARYING), v_prep, order)
