@@ -104,18 +104,20 @@ def bwd_one(a):
 
 
 def mla_one(a):
-    """One MLA decode (MLADecodePlan.run, bf16 cache, the bench's inputs) between cudaProfilerStart/Stop, its output
-    checked first (bench.mla.check)."""
+    """One MLA decode (MLADecodePlan.run, the bench's inputs; --fp8: an e4m3 cache at the bench's kv_scale) between
+    cudaProfilerStart/Stop, its output checked first (bench.mla.check)."""
     import tileattn
-    from tileattn.bench.mla import check, make_inputs
-    inputs = make_inputs(a.batch, a.kv, a.hq, a.sq, a.page, torch.bfloat16)
-    plan = tileattn.MLADecodePlan(inputs[5], num_heads=a.hq, q_len=a.sq, page_size=a.page)
-    ok, info = check(plan.run(*inputs[:5]), inputs, sample=8)
-    print(f"MLA b{a.batch} kv{a.kv} h{a.hq} sq{a.sq} p{a.page}: items {plan.num_items}, chunk {plan.chunk}, "
-          f"config {plan.config}; check {'ok' if ok else 'FAILED'} {info}", flush=True)
+    from tileattn.bench.mla import FP8_SCALE, check, make_inputs
+    fp8 = torch.float8_e4m3fn if a.fp8 else None
+    scale = FP8_SCALE if a.fp8 else 1.0
+    inputs = make_inputs(a.batch, a.kv, a.hq, a.sq, a.page, torch.bfloat16, cache_dtype=fp8)
+    plan = tileattn.MLADecodePlan(inputs[5], num_heads=a.hq, q_len=a.sq, page_size=a.page, cache_dtype=fp8)
+    ok, info = check(plan.run(*inputs[:5], kv_scale=scale), inputs, sample=8, kv_scale=scale)
+    print(f"MLA b{a.batch} kv{a.kv} h{a.hq} sq{a.sq} p{a.page}{' fp8' if a.fp8 else ''}: items {plan.num_items}, "
+          f"chunk {plan.chunk}, config {plan.config}; check {'ok' if ok else 'FAILED'} {info}", flush=True)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    plan.run(*inputs[:5])
+    plan.run(*inputs[:5], kv_scale=scale)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
@@ -575,6 +577,7 @@ def main():
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--page", type=int, default=64)
+    p.add_argument("--fp8", action="store_true", help="an e4m3 cache (the bench's fp8 rows)")
     p.set_defaults(func=mla_one)
     p = sub.add_parser("mla-scale", help="MLA runs with the same number kv_scale against a changing one")
     p.add_argument("--cases", default="128x1024,128x4096,32x1024", help="batch x kv length, comma-separated")

@@ -103,8 +103,14 @@ class Sm90Config:
 # lpt at D = 64 (2026-11-28, on the H200: `scripts/sweep.py fwd --causal 1 --variants "lpt=1;lpt=0;lpt=1"`, fp16 B=4
 # H=32, two runs, outputs checked; dense.md lever 5): causal N 1K/2K/4K/8K 241-244/346-347/390-391/415-416 -> 254-257/
 # 350/393-399/416-423 TFLOPS (+5% at 1K, +1% from 2K); fp8 +0..+2% at 2K-8K. D = 128: 1K -1%, 2K -2..-4%: off.
+# epilogue "deferred" at D = 64 (2026-11-28, the H200, `scripts/sweep.py fwd --dims 64,128 --seqlens 1024,2048,4096
+# --variants "epilogue=direct;epilogue=deferred"`, fp16 and e4m3, B=4 H=32, outputs checked; dense.md lever 2), table
+# -> deferred, TFLOPS: fp16 non-causal 1K/2K/4K 379/456/468 -> 385/473/471, causal 253/353/404 -> 257/357/405; e4m3
+# non-causal 398/500/542 -> 402/493/543, causal 243/375/446 -> 267/377/453. D = 128 fp8 (its O has its own buffer)
+# -1..+2%: "tma" kept; 16-bit D = 128 has one Q slot, where "deferred" falls back to "tma" (those rows, -1..+1%,
+# are the run's noise). "direct" lost on every row (-1..-30%).
 SM90 = {
-    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, lpt=True),
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, lpt=True, epilogue="deferred"),
     128: Sm90Config(block_m=64, block_n=128, stages=3, consumer_regs=240, q_slots=1, one_cta_from=16384),
     # D = 256: one Q slot (64 KB) and two stages of 64-key K/V tiles (128 KB); a 64 x 256 float32 accumulator
     # is 128 registers per thread. Against the portable kernel on the H100 (2026-11-21, tileattn bench dense
@@ -126,7 +132,7 @@ SM90 = {
 # 505 TFLOPS). D = 128 mixed (-6..+3%): off there. The flex kernel runs without it (flex/launch_sm90._table_config:
 # its fp8 rows measured slower with it at D = 64 and D = 128).
 SM90_FP8 = {
-    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, pingpong=True, lpt=True),
+    64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, pingpong=True, lpt=True, epilogue="deferred"),
     128: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240),
     256: Sm90Config(block_m=64, block_n=64, stages=3, consumer_regs=240, q_slots=1),
 }
