@@ -14,6 +14,7 @@ cuPointerGetAttribute per tensor argument, cuTensorMapEncodeTiled, cuLaunchKerne
 The GPU and --cpu modes run on any tileattn revision with this public API (before/after comparisons).
 """
 import argparse
+import collections
 import contextlib
 import os
 import sys
@@ -22,16 +23,27 @@ import time
 SHAPE = (1, 128, 1, 64)  # B, S, H, D
 
 
+Launch = collections.namedtuple("Launch", "grid stream function options scratch metadata hooks args signature")
+Launch.__doc__ = """One C-level launch as the stand-in driver records it, in the same fields under triton 3.6 and 3.9:
+grid (x, y, z), stream, function, options (cooperative, pdl), scratch (global, profile), metadata (the kernel's
+packed metadata), hooks (launch metadata, enter hook, exit hook), args (the kernel arguments: one item per
+parameter, constexprs included, a host descriptor expanded in place, a tuple parameter as a tuple), signature
+(3.9: the argument annotations and the signature the C launch reads the arguments by; 3.6: None, compiled into
+its per-kernel launcher)."""
+
+
 def fake_cuda_driver(record=False):
     """A CUDA driver stand-in for a machine without a GPU: compiles for sm90, launches nothing.
 
-    Returns (driver, launches): with record=True, `launches` collects the argument tuple of every C-level
-    launch call (else it stays empty and the launch is a bare no-op).
+    Returns (driver, launches): with record=True, `launches` collects a Launch per C-level launch call (else it
+    stays empty and the launch is a bare no-op). Under triton 3.9 each launch is first checked as its C launch
+    (driver.c, launchKernel) reads it: see _check_c_launch_39.
     """
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia import driver as nvd
 
     launches = []
+    v39 = hasattr(nvd, "annotate_arguments")
 
     class Utils:
         def load_binary(self, name, kernel, shared, device):
@@ -49,30 +61,29 @@ def fake_cuda_driver(record=False):
         fill_tma_descriptor_tiled = fill_tma_descriptor  # (triton 3.9's name)
 
         def launch(self, *args):  # triton 3.9: the C-level launch is a function of the utils module
-            raw_launch(*args)
+            if record:
+                launches.append(_check_c_launch_39(args))
 
-        def build_signature_metadata(self, signature):  # triton 3.9 (its C module's)
+        def build_signature_metadata(self, signature):  # triton 3.9 (its C module's): the types, kept as strings
             return tuple(signature)
 
-    if hasattr(nvd, "annotate_arguments") and nvd.PyKernelArg is None:  # triton 3.9: the C module's argument
-        # annotations (kind, nested tuple), which the launch flattens; here only recorded
+    if v39 and nvd.PyKernelArg is None:  # triton 3.9: the C module's argument annotations (kind, nested tuple)
         nvd.PyKernelArg = lambda nested_tuple, type: (type, nested_tuple)
         nvd.ARG_CONSTEXPR, nvd.ARG_KERNEL, nvd.ARG_TUPLE = 0, 1, 2
 
-    def raw_launch(*args):
+    def launch_36(*args):  # triton 3.6: the per-kernel C module's launch (format "iiiKKppOOOOOO" + one per parameter)
         if record:
-            launches.append(args)
+            launches.append(Launch(args[:3], *args[3:5], args[5:7], args[7:9], args[9], args[10:13], args[13:], None))
 
     class Launcher(nvd.CudaLauncher):
-        # CudaLauncher.__init__ without compiling the C module: the same attributes, a recording launch
+        # triton 3.6: CudaLauncher.__init__ without compiling the C module: the same attributes, a recording launch
         def __init__(self, src, metadata):
-            if hasattr(nvd, "annotate_arguments"):  # triton 3.9: nothing to compile, the launch is Utils.launch
+            if v39:  # triton 3.9: nothing to compile, the launch is Utils.launch
                 super().__init__(src, metadata)
                 return
             signature = dict(src.signature)
             self.num_ctas = getattr(metadata, "num_ctas", 1)
-            self.launch = nvd.wrap_handle_tensordesc(raw_launch, signature,
-                                                     getattr(metadata, "tensordesc_meta", None))
+            self.launch = nvd.wrap_handle_tensordesc(launch_36, signature, getattr(metadata, "tensordesc_meta", None))
             self.global_scratch_size = metadata.global_scratch_size
             self.global_scratch_align = metadata.global_scratch_align
             self.profile_scratch_size = metadata.profile_scratch_size
@@ -93,6 +104,64 @@ def fake_cuda_driver(record=False):
             return GPUTarget("cuda", 90, 32)
 
     return Driver(), launches
+
+
+def _check_c_launch_39(args):
+    """The Launch of triton 3.9's C launch call `args`, after the checks its parsing would make (driver.c,
+    launchKernel, format "iiiKKpp(iii)OOOOOOy*O"): the grid, stream, function and packed metadata are ints, the kernel
+    arguments hold one item per annotation (a tuple parameter a sequence of its own annotations', a constexpr an
+    item skipped), and the kernel arguments it extracts match the signature one for one, each of its type's kind:
+    a pointer an int, None or an object with data_ptr(), a tensor map the stand-in's, an int an int, a float a
+    number. A stricter reading than the C launch's (which reads extra items of no annotation, or reads past the
+    end), so that a replay passing what the C launch would misread fails here."""
+    assert len(args) == 16, f"triton 3.9's launch takes 16 arguments, got {len(args)}"
+    grid, stream, function, coop, pdl, metadata, hooks, scratch, (annotations, signature, kernel_args) = (
+        args[:3], args[3], args[4], args[5], args[6], args[7], args[8:11], args[11:13], args[13:])
+    ints = (*grid, stream, function, *metadata)
+    assert len(metadata) == 3 and all(type(x) is int for x in ints), ("grid, stream, function, metadata", ints)
+    flat = []
+
+    def extract(items, annotations):  # driver.c, extractArgs
+        assert isinstance(items, (tuple, list)) and len(items) == len(annotations), (items, annotations)
+        for item, (kind, nested) in zip(items, annotations):
+            if kind == 2:  # ARG_TUPLE
+                extract(item, nested)
+            elif kind == 1:  # ARG_KERNEL
+                flat.append(item)
+
+    extract(kernel_args, annotations)
+    assert len(flat) == len(signature), f"{len(flat)} kernel arguments for a signature of {len(signature)}"
+    for ty, x in zip(signature, flat):
+        if ty[0] == "*":
+            ok = x is None or type(x) is int or hasattr(x, "data_ptr")
+        elif ty == "nvTmaDesc":
+            ok = type(x) is tuple and x[:1] == ("tmap",)
+        elif ty[0] in "iu":
+            ok = isinstance(x, int)
+        else:  # fp16, bf16, fp32, fp64
+            ok = isinstance(x, (int, float))
+        assert ok, f"a {ty} kernel argument cannot be {x!r}"
+    return Launch(grid, stream, function, (coop, pdl), scratch, metadata, hooks, tuple(kernel_args),
+                  (annotations, signature))
+
+
+def normalized(call, names=None):
+    """`call` (a Launch) as the checks compare it: tensors as their addresses (the normal path passes tensors, a
+    replay their data_ptr()), the addresses in `names` as their names, no launch metadata or hooks."""
+    names = names or {}
+
+    def norm(a):
+        if isinstance(a, tuple):
+            return tuple(norm(x) for x in a)
+        a = a.data_ptr() if hasattr(a, "data_ptr") else a
+        return names.get(a, a) if type(a) is int else a
+    return call._replace(hooks=None, args=norm(call.args))
+
+
+def replayed(call):
+    """Whether `call` (a Launch) came from a replay: the normal path passes the knobs' hooks (empty HookChains by
+    default), a replay None."""
+    return call.hooks[1] is None
 
 
 def _time(fn, n):
@@ -150,15 +219,9 @@ def run_check():
     from tileattn.ops.dense import plans
     from tileattn.ops.dense.configs import AttnConfig
 
-    def norm(args, result):
-        # tensors as addresses (the normal path passes tensors, the replay their data_ptr), the fresh outputs
-        # of each call as names, no launch metadata or hooks (normal path: empty HookChains, replay: None)
+    def norm(call, result):  # the fresh outputs of each call by name
         outs = result if isinstance(result, tuple) else (result,)
-        names = {t.data_ptr(): f"out{i}" for i, t in enumerate(outs) if t.numel()}
-        args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-        args = [names.get(a, a) if type(a) is int else a for a in args]
-        args[10:13] = [None, None, None]
-        return args
+        return normalized(call, {t.data_ptr(): f"out{i}" for i, t in enumerate(outs) if t.numel()})
 
     def rand(*shape):
         return torch.randn(*shape, dtype=torch.float16)
@@ -193,13 +256,13 @@ def run_check():
                 plans.clear_plans()
                 launches.clear()
                 results = [f(*a), f(*a), f(*b)]
-                got.append([norm(args, r) for args, r in zip(launches, results)] + [launches[1]])
+                got.append([norm(call, r) for call, r in zip(launches, results)] + [launches[1]])
         (n1, d_a, d_b, raw_direct), (n_a, n2, n_b, raw_normal) = got
-        assert raw_direct[11] is None and raw_normal[11] is not None, "replayed launches expected"
+        assert replayed(raw_direct) and not replayed(raw_normal), "replayed launches expected"
         assert d_a == n_a == n1 == n2, f"{kind}: replay differs from the normal path"
         assert d_b == n_b, f"{kind}: replay with new tensors differs from the normal path"
-        maps = sum(isinstance(x, tuple) and x[:1] == ("tmap",) for x in raw_direct)
-        print(f"ok  {kind}{' (forced TMA config)' if cfg else ''}: {len(raw_direct)} launch arguments, "
+        maps = sum(isinstance(x, tuple) and x[:1] == ("tmap",) for x in raw_direct.args)
+        print(f"ok  {kind}{' (forced TMA config)' if cfg else ''}: {len(raw_direct.args)} kernel arguments, "
               f"{maps} tensor maps")
     check_backward(launches)
     print("CHECK OK")
@@ -208,8 +271,8 @@ def run_check():
 def check_backward(launches):
     """The Hopper backward's replayed plan (bwd.attn_bwd_planned: three launches, delta, the dQ sums and the
     counters as addresses in one allocation) passes the C launcher what its first call passed through Triton's
-    normal path: the same arguments, the gradients' addresses where the first call had its own, and the
-    workspace's pieces at the same offsets from its (other) base."""
+    normal path: the same grid, options and signature, the same arguments, the gradients' addresses where the
+    first call had its own, and the workspace's pieces at the same offsets from its (other) base."""
     import torch
 
     import tileattn
@@ -221,7 +284,7 @@ def check_backward(launches):
 
     def flat(call):
         out = []
-        for a in call[13:]:
+        for a in call.args:
             out += list(a[1:]) if isinstance(a, tuple) and a[:1] == ("tmap",) else [a]  # a map's fields
         return [a.data_ptr() if hasattr(a, "data_ptr") else a for a in out]
 
@@ -234,9 +297,11 @@ def check_backward(launches):
             launches.clear()
             grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
             names = {t.data_ptr(): f"d{i}" for i, t in enumerate(grads)}
-            calls.append(([[names.get(a, a) for a in flat(c)] for c in launches], launches[1][11]))
-        (first, meta1), (again, meta2) = calls
-        assert meta1 is not None and meta2 is None, "the second backward should replay its plan"
+            calls.append(([[names.get(a, a) for a in flat(c)] for c in launches], replayed(launches[1]),
+                          [c._replace(hooks=None, args=None) for c in launches]))  # grid, function, signature...
+        (first, replayed1, rest1), (again, replayed2, rest2) = calls
+        assert not replayed1 and replayed2, "the second backward should replay its plan"
+        assert rest1 == rest2, f"D={d} window={window}: replayed launch fields differ from the normal path's"
         assert len(first) == len(again) == 3, (len(first), len(again))
         shift = set()  # the workspace's base moved by one offset for every piece
         for a1, a2 in zip(first, again):

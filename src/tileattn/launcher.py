@@ -1,7 +1,7 @@
 """Replay launches of a compiled Triton (or Gluon) kernel with little host overhead.
 
-`kernel[grid](*args)` spends tens of microseconds of Python per call in triton 3.6 (a no-op C launch, this
-repository's dense kernel: ~100 us on a CPU-only dev box, scripts/host_overhead.py --cpu): JITFunction.run
+`kernel[grid](*args)` spends tens of microseconds of Python per call in triton 3.6 and 3.9 (a no-op C launch, this
+repository's dense kernel: ~25-35 us on a CPU-only dev box, scripts/host_overhead.py --cpu): JITFunction.run
 binds the arguments, computes the specialization of every one (type, divisibility by 16, value 1), builds
 the cache key and looks the kernel up; the launcher wrapper then expands each host TensorDescriptor and
 encodes a fresh CUtensorMap (cuTensorMapEncodeTiled) for it, and calls the (empty) launch hooks.
@@ -29,7 +29,9 @@ pointing at the example's memory).
 
 Not replayed: Triton's per-call check that global variables used by the kernel have not changed, and
 knobs changed after the first call (debug, instrumentation). Under TRITON_INTERPRET=1, on another backend,
-or with TILEATTN_DIRECT_LAUNCH=0, every call takes the normal path.
+under a triton version other than 3.6 and 3.9 (the C launch of each is in launcher_raw.py), for a kernel with
+scratch memory, pre-run hooks or GSan instrumentation, or with TILEATTN_DIRECT_LAUNCH=0, every call takes the
+normal path.
 """
 import contextlib
 import copy
@@ -37,20 +39,17 @@ import dataclasses
 import inspect
 
 import torch
-import triton
 from triton import knobs as triton_knobs
 from triton.runtime.jit import JITFunction
 
-from . import knobs
+from . import knobs, launcher_raw
 
 # TILEATTN_DIRECT_LAUNCH=0 keeps every launch on Triton's normal path (to rule this module out)
-# The raw launch is written against triton 3.6's launcher (the H100 image's); other versions take the normal
-# path rather than trust that internals with the same names mean the same.
-DIRECT = knobs.direct_launch() and triton.__version__.startswith("3.6.")
+# The raw launch is written against the launchers of triton 3.6 (the H100 image's) and 3.9 (a fresh install's),
+# launcher_raw.py; other versions take the normal path rather than trust that internals with the same names
+# mean the same.
+DIRECT = knobs.direct_launch() and launcher_raw.VERSION is not None
 
-# the leading arguments of the 3.6 nvidia C launcher that this module fills in (driver.py, make_launcher):
-# grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, metadata, launch metadata, hooks
-_RAW_FORMAT = "iiiKKppOOOOOO"
 _TMAP_CACHE_SIZE = 64  # encoded tensor maps kept per descriptor parameter (one per distinct base pointer)
 
 _runtime = triton_knobs.runtime
@@ -75,9 +74,10 @@ def _hooks_installed():
 
 
 class _Direct:
-    """What a direct launch needs: the C launch entry, handles, and the argument template."""
-    __slots__ = ("raw", "function", "packed", "coop", "pdl", "device", "get_device", "get_stream", "template",
-                 "positions", "masks", "tmaps", "replay")
+    """What a direct launch needs: the C launch entry (and the version's call of it, launcher_raw.RawLaunch), handles,
+    and the argument template."""
+    __slots__ = ("raw", "consts", "call", "function", "packed", "coop", "pdl", "device", "get_device", "get_stream",
+                 "template", "positions", "masks", "tmaps", "replay")
 
 
 class KernelLauncher:
@@ -181,36 +181,27 @@ class KernelLauncher:
         if hasattr(compiled, "result"):  # async compilation
             compiled = compiled.result()
         try:
-            from triton.backends.nvidia import driver as nvd
             from triton.runtime import driver
         except ImportError:
             return None
         run = compiled.run  # the launcher object (handles are loaded by now)
-        if getattr(nvd, "_BASE_ARGS_FORMAT", None) != _RAW_FORMAT or not isinstance(run, nvd.CudaLauncher):
-            return None
-        if run.global_scratch_size or run.profile_scratch_size:
+        if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
             return None  # CudaLauncher allocates scratch per launch: leave it the normal path
         signature = list(compiled.src.signature.values())
         if len(signature) != len(args):
             return None
         attrs = compiled.src.attrs
         n_desc = sum(isinstance(s, str) and s.startswith("tensordesc") for s in signature)
-        raw, metas = run.launch, []
-        if n_desc:  # launch is wrapped by wrap_handle_tensordesc: find the C entry and the descriptor metadata
-            try:
-                closure = inspect.getclosurevars(run.launch).nonlocals
-            except TypeError:
-                return None
-            raw, metas = closure.get("launcher"), closure.get("tensordesc_meta")
-            if raw is None or metas is None or len(metas) != n_desc:
-                return None
+        raw = launcher_raw.raw_launch(run, n_desc)  # the C entry, descriptor metadata, call of this triton version
+        if raw is None:
+            return None
 
         # per varying value: its position in the expanded argument list, the alignment mask (15: the kernel
         # assumes 16-byte alignment, 0: any pointer, -1: a scalar), the tensor-map cache of a descriptor
         varying = dict(zip(self._varying, range(len(self._varying))))
         n = len(self._varying)
         template, positions, masks, tmaps = [], [0] * n, [-1] * n, [None] * n
-        metas = iter(metas)
+        metas = iter(raw.metas)
         for i, (ty, val) in enumerate(zip(signature, args)):
             name = self._names[i]
             if isinstance(ty, tuple):  # a tuple: its pointers vary, the rest is frozen
@@ -244,12 +235,12 @@ class KernelLauncher:
                 template.append(val.data_ptr())
             elif is_desc:
                 meta = next(metas)
-                pieces = nvd.make_tensordesc_arg(val, meta)  # [map or base, *shape, *strides (, ...)]
+                pieces = raw.pieces(val, meta)  # [map or base, *shape, *strides (, ...)]
                 masks[j] = 15  # descriptors need a 16-byte aligned base
                 if meta is None:  # not lowered to a TMA map: base pointer, then shape/strides
                     pieces[0] = val.base.data_ptr()
                 else:
-                    tmaps[j] = _TensorMaps(_without_base(val), meta)
+                    tmaps[j] = _TensorMaps(_without_base(val), meta, raw.pieces)
                     tmaps[j][val.base.data_ptr()] = pieces[0]
                 template.extend(pieces)
             elif ty == "constexpr" or not isinstance(ty, str) or ty[0] in "iu" and ty != "u1":
@@ -259,7 +250,8 @@ class KernelLauncher:
                 template.append(val)
 
         d = _Direct()
-        d.raw, d.function, d.packed = raw, compiled.function, compiled.packed_metadata
+        d.raw, d.consts, d.call = raw.entry, raw.consts, raw.call
+        d.function, d.packed = compiled.function, compiled.packed_metadata
         d.coop, d.pdl = run.launch_cooperative_grid, run.launch_pdl
         active = driver.active
         d.get_device = active.get_current_device
@@ -275,10 +267,9 @@ class KernelLauncher:
     def _encode(tmaps, base, ptr):
         """The tensor map of the example descriptor moved to `base`, kept per base pointer: the map holds
         only the address, shape, strides, box, dtype and swizzle, so one address always gives the same map."""
-        from triton.backends.nvidia import driver as nvd
         if len(tmaps) >= _TMAP_CACHE_SIZE:
             tmaps.clear()
-        tmap = tmaps[ptr] = nvd.make_tensordesc_arg(dataclasses.replace(tmaps.desc, base=base), tmaps.meta)[0]
+        tmap = tmaps[ptr] = tmaps.pieces(dataclasses.replace(tmaps.desc, base=base), tmaps.meta)[0]
         return tmap
 
 
@@ -288,7 +279,7 @@ def _replay_function(d, encode):
     over the template cost ~2x the host time, scripts/host_overhead.py --cpu). False, with nothing launched, when
     a pointer lost the 16-byte alignment the kernel assumed."""
     env = {"raw": d.raw, "function": d.function, "packed": d.packed, "coop": d.coop, "pdl": d.pdl,
-           "device": d.device, "get_stream": d.get_stream, "encode": encode}
+           "device": d.device, "get_stream": d.get_stream, "encode": encode, **d.consts}
     exprs, body = [], []
     for i, x in enumerate(d.template):  # frozen arguments (tuples element by element: their pointers vary)
         if type(x) is tuple:
@@ -314,21 +305,20 @@ def _replay_function(d, encode):
             exprs[pos] = value
         else:
             exprs[pos[0]][pos[1]] = value
-    args = ", ".join((f"({', '.join(e)},)" if e else "()") if type(e) is list else e for e in exprs)
+    args = [(f"({', '.join(e)},)" if e else "()") if type(e) is list else e for e in exprs]
     values = "".join(f", v{j}" for j in range(len(d.positions)))
-    src = "\n    ".join([f"def replay(gx, gy, gz{values}):", *body,
-                         "raw(gx, gy, gz, get_stream(device), function, coop, pdl, None, None, packed, None, None, "
-                         f"None{', ' if args else ''}{args})", "return True"])
+    src = "\n    ".join([f"def replay(gx, gy, gz{values}):", *body, d.call(args), "return True"])
     exec(compile(src, "<tileattn.launcher replay>", "exec"), env)  # noqa: S102 - code built from this function's strings
     return env["replay"]
 
 
 class _TensorMaps(dict):
-    """Encoded tensor maps of one descriptor parameter, by base pointer, with the example descriptor."""
+    """Encoded tensor maps of one descriptor parameter, by base pointer, with the example descriptor, its metadata
+    and the version's make_tensordesc_arg (launcher_raw.RawLaunch.pieces)."""
 
-    def __init__(self, desc, meta):
+    def __init__(self, desc, meta, pieces):
         super().__init__()
-        self.desc, self.meta = desc, meta
+        self.desc, self.meta, self.pieces = desc, meta, pieces
 
 
 _CACHED = {}  # (kernel, frozen values, tensor dtypes, options, device) -> KernelLauncher, least recent first

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 import tileattn
-from tileattn import force_backend, hw, launcher
+from tileattn import force_backend, hw, launcher, launcher_raw
 from tileattn.ops.dense import plans
 from tileattn.ops.dense.configs import AttnConfig
 
@@ -185,10 +185,11 @@ def test_mixed_devices_after_caching(device):
 # these run in a subprocess: scripts/host_overhead.py --check (the dense kernel), and the checks below on a
 # small kernel (python -m tests.dense.test_launcher).
 # -------------------------------------------------------------------------------------------------------
-# the replay reads triton 3.6's launcher internals (the H100's triton); on another version KernelLauncher takes
-# the normal path, and the stand-in driver of these checks does not match that version's launcher
-_REPLAY_VERSION = pytest.mark.skipif(not triton.__version__.startswith("3.6."),
-                                     reason=f"direct replay targets triton 3.6 (this is {triton.__version__})")
+# the replay reads the launcher internals of triton 3.6 (the H100's triton) and 3.9 (launcher_raw.py); on another
+# version KernelLauncher takes the normal path, and the stand-in driver of these checks does not match that
+# version's launcher
+_REPLAY_VERSION = pytest.mark.skipif(launcher_raw.VERSION is None,
+                                     reason=f"direct replay targets triton 3.6 and 3.9 (this is {triton.__version__})")
 
 
 def _run_without_interpreter(*args):
@@ -230,7 +231,9 @@ def _small_kernel_checks():
     from triton.runtime import driver
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from scripts import host_overhead
     from scripts.host_overhead import fake_cuda_driver
+    from scripts.host_overhead import normalized as norm  # tensors as addresses; no launch metadata / hooks
 
     drv, launches = fake_cuda_driver(record=True)
     driver.set_active(drv)
@@ -240,18 +243,8 @@ def _small_kernel_checks():
         x, dsrc, y = (torch.randn(n, 64).half() for _ in range(3))
         return x, dsrc, y, TensorDescriptor(dsrc, [n, 64], [64, 1], [16, 64])
 
-    def addr(a):
-        if isinstance(a, tuple):
-            return tuple(addr(x) for x in a)
-        return a.data_ptr() if isinstance(a, torch.Tensor) else a
-
-    def norm(args):  # tensors as addresses; no launch metadata / hooks (normal path: empty HookChains)
-        args = [addr(a) for a in args]
-        args[10:13] = [None, None, None]
-        return args
-
     def replayed():
-        return launches[-1][11] is None
+        return host_overhead.replayed(launches[-1])
 
     # 1. the replay passes what the normal path passes, for the example and for new tensors and scalars
     x, dsrc, y, desc = tensors()
@@ -261,7 +254,7 @@ def _small_kernel_checks():
     assert not replayed()
     kl((3,), x, dsrc, y, 0.5)
     assert replayed() and norm(launches[-1]) == norm(launches[-2])
-    assert any(isinstance(a, tuple) and a[0] == "tmap" for a in launches[-1])  # a TMA map on sm90
+    assert any(isinstance(a, tuple) and a[0] == "tmap" for a in launches[-1].args)  # a TMA map on sm90
     x2, dsrc2, y2, _ = tensors()
     kl((3,), x2, dsrc2, y2, 0.25)
     assert replayed()
@@ -282,7 +275,7 @@ def _small_kernel_checks():
 
     knobs.runtime.launch_enter_hook = hook
     kl((3,), x, dsrc, y, 0.5)
-    assert launches[-1][11] is hook
+    assert launches[-1].hooks[1] is hook
     del knobs.runtime.launch_enter_hook  # back to the class's empty HookChain
     kl((3,), x, dsrc, y, 0.5)
     assert replayed()
@@ -291,9 +284,9 @@ def _small_kernel_checks():
     # 3. parameters that cannot vary (a specialized int) or must (a pointer) are refused
     for varying, msg in ((("X", "D", "Y", "alpha", "n"), "'n' (i32) is specialized"),
                          (("X", "D", "alpha"), "'Y' must be varying")):
-        kl = launcher.KernelLauncher(_tile_kernel, (x, desc, y, 0.5, n), dict(BLOCK=16), varying)
         values = {"X": x, "D": dsrc, "Y": y, "alpha": 0.5, "n": n}
-        try:
+        try:  # (a frozen tensor is refused by the constructor, a specialized int by the first call)
+            kl = launcher.KernelLauncher(_tile_kernel, (x, desc, y, 0.5, n), dict(BLOCK=16), varying)
             kl((3,), *(values[v] for v in varying))
         except ValueError as e:
             assert msg in str(e), e
@@ -328,7 +321,7 @@ def _small_kernel_checks():
         _tuple_kernel[(3,)]((x, 1, n, 0.5, dsrc), y, (), BLOCK=16, num_warps=4)
         assert norm(launches[-2]) == norm(launches[-1]), (launches[-2], launches[-1])
         if trial:  # replayed: the tuple holds the new addresses
-            assert launches[-2][13][0] == x.data_ptr() and launches[-2][13][4] == dsrc.data_ptr()
+            assert launches[-2].args[0][0] == x.data_ptr() and launches[-2].args[0][4] == dsrc.data_ptr()
     launcher.launch_cached(_tuple_kernel, (3,), ((x, 1, n, 0.25, dsrc), y, ()), dict(BLOCK=16, num_warps=4))
     assert not replayed() and len(launcher._CACHED) == 2  # another frozen float: another launcher
     xm = torch.randn(n * 64 + 1).half()[1:].view(n, 64)
@@ -338,7 +331,7 @@ def _small_kernel_checks():
         launcher.KernelLauncher(_tuple_kernel, ((x, 1, n, 0.5, dsrc), y, ()), dict(BLOCK=16),
                                 ("Y", ("pair", 0)))((3,), y, x)
     except ValueError as e:
-        assert "'pair'[4] (*fp16) must be a varying pointer" in str(e), e
+        assert "parameter 'pair[4]' must be varying" in str(e), e  # (the constructor's check)
     else:
         raise AssertionError("expected ValueError: a frozen pointer in a tuple")
     print("ok  tuples")

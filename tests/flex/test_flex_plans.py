@@ -18,6 +18,7 @@ import torch
 import triton
 
 import tileattn
+from tileattn import launcher_raw
 from tileattn.ops.flex import plans
 
 from tests.helpers import randn, same_tensors
@@ -196,8 +197,8 @@ def test_gradients_through_a_plan(device):
     assert plans.count_plans() == 2
 
 
-_REPLAY_VERSION = pytest.mark.skipif(not triton.__version__.startswith("3.6."),
-                                     reason=f"direct replay targets triton 3.6 (this is {triton.__version__})")
+_REPLAY_VERSION = pytest.mark.skipif(launcher_raw.VERSION is None,
+                                     reason=f"direct replay targets triton 3.6 and 3.9 (this is {triton.__version__})")
 
 
 @_REPLAY_VERSION
@@ -214,7 +215,7 @@ def test_sm90_replay_matches_normal_path():
 
 
 def _sm90_replay_checks():
-    from scripts.host_overhead import _cpu_setup
+    from scripts.host_overhead import _cpu_setup, normalized, replayed
     launches = _cpu_setup(record=True)
     from tileattn import hw
     from tileattn.ops.common import launch_sm90
@@ -229,18 +230,8 @@ def _sm90_replay_checks():
         return score + slopes[h] * (kv_idx - q_idx)
     bm = flex_mod.create_block_mask(_causal, B, H, S, S, device="cpu")
 
-    def addr(a, names):
-        if isinstance(a, tuple):
-            if a[:1] == ("tmap",):  # the stand-in's tensor map: (tag, base address, ...)
-                return (a[0], names.get(a[1], a[1])) + a[2:]
-            return tuple(addr(x, names) for x in a)
-        a = a.data_ptr() if isinstance(a, torch.Tensor) else a
-        return names.get(a, a) if type(a) is int else a
-
-    def norm(args, out):  # the fresh output of each call by name; no launch metadata / hooks
-        args = [addr(a, {out.data_ptr(): "out"}) for a in args]
-        args[10:13] = [None, None, None]
-        return args
+    def norm(call, out):  # the fresh output of each call by name (in the stand-in's tensor maps too)
+        return normalized(call, {out.data_ptr(): "out"})
 
     def bf16():
         return tuple(torch.randn(B, H, S, D).to(torch.bfloat16) for _ in range(3))
@@ -256,7 +247,7 @@ def _sm90_replay_checks():
         inputs = [make() for _ in range(2)]  # (fp8_v_layout launches its packing kernel)
         launches.clear()
         outs = [tileattn.flex_attention(*inputs[i], **kw) for i in (0, 0, 1)]
-        assert launches[0][11] is not None and launches[1][11] is None and launches[2][11] is None, \
+        assert not replayed(launches[0]) and replayed(launches[1]) and replayed(launches[2]), \
             "replayed launches expected"
         planned = [norm(a, o) for a, o in zip(launches, outs)]
         launches.clear()
@@ -265,7 +256,7 @@ def _sm90_replay_checks():
         normal = [norm(a, o) for a, o in zip(launches, outs)]
         assert planned[0] == planned[1] == normal[0], f"{name}: replay differs from the normal path"
         assert planned[2] == normal[1], f"{name}: replay with new tensors differs from the normal path"
-        print(f"ok  {name}: {len(launches[0])} launch arguments")
+        print(f"ok  {name}: {len(launches[0].args)} kernel arguments")
     print("CHECK OK")
 
 
