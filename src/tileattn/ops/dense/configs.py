@@ -218,11 +218,17 @@ def large_d_sm90_config(d: int, dv: int) -> LargeDSm90Config:
 
 # ---- the 2-CTA cluster kernel (D = 128, triton 3.9) -----------------------------------------------------------
 # The query rows from which dispatch takes dense.sm90_cluster over dense.sm90, by causal; absent: never. Measured on
-# an H200 under triton 3.9 (scripts/sweep.py fwd --dims 128 --variants "" --cluster, B=4 H=32 fp16, outputs
-# checked against cuDNN; TFLOPS of the table's 1-CTA config vs the cluster, 2026-11-28), N = 1K / 2K / 4K / 8K / 16K:
-#   causal      227 / 460 / 528 / 556 / 580  vs  102 / 403 / 496 / 566 / 607   (cluster +1.8% at 8K, +4.7% at 16K)
-#   non-causal  404 / 551 / 586 / 610 / 610  vs  277 / 546 / 591 / 599 / 598   (+0.9% at 4K, behind elsewhere)
-# Non-causal 4K is within run-to-run noise, so non-causal stays on the 1-CTA kernel.
+# an H200 under triton 3.9 (B=4 H=32 fp16, outputs checked against cuDNN; TFLOPS of the table's 1-CTA config vs the
+# cluster, 2026-11-28), N = 1K / 2K / 4K / 8K / 16K, two runs:
+#   run 1 (scripts/sweep.py fwd --dims 128 --variants "" --cluster, normal launches):
+#     causal      227 / 460 / 528 / 556 / 580  vs  102 / 403 / 496 / 566 / 607   (8K +1.8%, 16K +4.7%)
+#     non-causal  404 / 551 / 586 / 610 / 610  vs  277 / 546 / 591 / 599 / 598   (4K +0.9%, 8K / 16K -2%)
+#   run 2 (tileattn bench dense --cluster, direct launches; bench/results/h200/dense.json's cluster_rows):
+#     causal      347 / 487 / 523 / 558 / 582  vs  274 / 398 / 484 / 556 / 599   (8K -0.4%, 16K +2.9%)
+#     non-causal  492 / 547 / 571 / 597 / 597  vs  466 / 536 / 580 / 611 / 633   (4K-16K +2-6%)
+# Causal 16K won in both runs (+4.7%, +2.9%); causal 8K is about even (+1.8%, -0.4%: mean +0.7%), taken on that
+# mean; non-causal 4K-16K changed sides between the runs (noise at this size), so it stays on the 1-CTA kernel.
+# A third run would decide 8K: `tileattn bench dense --cluster` under triton 3.9.
 CLUSTER_FROM = {True: 8192}
 
 
