@@ -201,3 +201,17 @@ def test_dense_cluster_columns(monkeypatch):
             forced[p] = (backend._forced.names, backend.forced_config(object))
     assert forced == {"tileattn-sm90": ({"dense": "dense.sm90"}, None),
                       "tileattn-cluster": ({"dense": "dense.sm90_cluster"}, None)}
+
+
+def test_dense_cluster_refused_where_it_cannot_run(capsys, monkeypatch, tmp_path):
+    """--cluster where the kernel cannot run (triton 3.6, the H100 image's) exits 2 before any GPU work: its rows
+    would all be errors, and --append would put them over the measured cluster rows of the results file."""
+    from tileattn.bench import dense
+    path = tmp_path / "dense.json"
+    path.write_text("{}")
+    runs = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dense, "cluster_reason", lambda: "triton 3.6.0: the cluster kernel is written for triton 3.9")
+    monkeypatch.setattr(dense, "run", lambda grid, **kw: runs.append(grid) or {"summary": {"check_failures": 0}})
+    rc, text = _run(capsys, "bench", "--cluster", "--append", str(path), "--out", str(tmp_path / "x.json"))
+    assert rc == 2 and "triton 3.6.0" in text and runs == []

@@ -226,7 +226,7 @@ def test_backward_route(mode, n, taken, h100, monkeypatch):
 
 def _cluster(n=8192, sk=None, causal=True, bottom_right=True, return_lse=False, **kw):
     """A D = 128 fp16 problem of B=4, Hq=32, Hkv=8 (kw: AttnProblem fields and AttnOptions window / softcap)."""
-    opts = AttnOptions(scale=0.088, window=kw.pop("window", (-1, 0 if causal else -1)),
+    opts = AttnOptions(scale=kw.pop("scale", 0.088), window=kw.pop("window", (-1, 0 if causal else -1)),
                        softcap=kw.pop("softcap", 0.0), bottom_right=bottom_right, return_lse=return_lse)
     fields = dict(batch=4, seqlen_q=n, seqlen_k=sk or n, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
                   dtype=F16, device=CUDA, opts=opts, tma=(True,) * 4)
@@ -283,3 +283,20 @@ def test_cluster_needs_triton_39_and_its_budget(h100, monkeypatch):
             dense.select(_cluster(sk=16384))
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(90, 132, 200 * 1024))
     assert "bytes of shared memory" in dict(dense.select(_cluster())[1])["dense.sm90_cluster"]
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(window=(-1, 64)), "a window"),  # a right bound the kernel would drop: full attention instead
+    (dict(window=(64, -1)), "a window"),
+    (dict(scale=-0.088), "a negative scale"),
+    (dict(softcap=30.0), "a softcap"),
+    (dict(varlen=True), "packed"),
+    (dict(tma=(True, True, True, False)), "not aligned"),
+], ids=["right", "left", "scale", "softcap", "varlen", "tma"])
+def test_cluster_forced_refuses(kw, why, h100, monkeypatch):
+    """Forced, the cluster kernel refuses (ValueError with the reason) every problem its mask and scale cannot
+    express, rather than compute another attention."""
+    import triton
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    with tileattn.force_backend("dense.sm90_cluster"), pytest.raises(ValueError, match=why):
+        dense.select(_cluster(**kw))

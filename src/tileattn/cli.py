@@ -179,6 +179,13 @@ def main(argv=None):
               "`tileattn bench demo` runs a small correctness check here (through the Triton interpreter).",
               file=sys.stderr)
         return 2
+    if args.suite == "dense" and args.cluster:  # (else only error rows, which --append would put over measured ones)
+        from .bench.dense import cluster_reason
+        why = cluster_reason()
+        if why:
+            print(f"tileattn bench dense --cluster: the cluster kernel cannot run here ({why}); it needs triton 3.9 "
+                  "on a Hopper GPU", file=sys.stderr)
+            return 2
     if args.suite == "cp" and not args.simulate:
         from .bench.cp import gpus_for_multi
         if gpus_for_multi() < 2:

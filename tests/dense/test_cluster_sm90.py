@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,14 +102,16 @@ def test_gpu_attention_takes_the_cluster_causal_8k(dtype, device, cluster_runs):
     matches the reference; so does scaled_dot_product_attention's top-left causal with Sq < Sk."""
     q, k, v = _qkv(8192, 8192, dtype, device)
     out = tileattn.attention(q, k, v, causal=True)
-    assert len(cluster_runs) == 1
+    # the plan's replay (KernelLauncher's direct launch under 3.9) gives what its first, normal launch gave
+    assert torch.equal(tileattn.attention(q, k, v, causal=True), out)
+    assert len(cluster_runs) == 2
     ref, _ = attention_ref(q, k, v, causal=True)
     ref_lp, _ = attention_ref(q, k, v, causal=True, dtype=dtype)
     assert_close("out", out, ref, ref_lp)
     q, k, v = _qkv(8192, 10000, dtype, device, hq=2, hkv=1)
     out = tileattn.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True,
                                                 enable_gqa=True)
-    assert len(cluster_runs) == 2
+    assert len(cluster_runs) == 3
     ref, _ = attention_ref(q, k, v, causal="top_left")
     ref_lp, _ = attention_ref(q, k, v, causal="top_left", dtype=dtype)
     assert_close("sdpa out", out.transpose(1, 2), ref, ref_lp)
@@ -151,3 +154,54 @@ def test_route_compiles_for_sm90(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "route: tileattn.attention compiled attn_fwd_cluster_sm90_kernel" in res.stdout
     assert re.search(r"num_ctas 2\b", res.stdout), res.stdout[-3000:]
+
+
+def test_route_replays_as_its_normal_launch():
+    """Without a GPU (the stand-in driver of scripts/host_overhead.py): the cluster plans of tileattn.attention and
+    scaled_dot_product_attention replay (KernelLauncher's direct path under triton 3.9) with the C-launch arguments
+    of Triton's normal path: grid in clusters, num_ctas 2 in the packed metadata, the new tensors' maps."""
+    if not triton.__version__.startswith("3.9."):
+        pytest.skip("the cluster kernel is written for triton 3.9")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "src"), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-m", "tests.dense.test_cluster_sm90"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and "CHECK OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def _replay_checks():
+    from scripts.host_overhead import _cpu_setup, normalized, replayed
+    launches = _cpu_setup(record=True)
+    from tileattn import hw, launcher
+    hw.interpreter_enabled = lambda: False  # the Gluon route, on CPU tensors
+    hw.is_hopper = lambda device: True
+    hw.check_kernel_device = lambda device, what: None
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=torch.float16)
+
+    calls = {"attention": (lambda q, k, v: tileattn.attention(q, k, v, causal=True),
+                           lambda: (rand(1, 8192, 4, 128), rand(1, 8192, 2, 128), rand(1, 8192, 2, 128))),
+             "sdpa": (lambda q, k, v: tileattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                      lambda: (rand(1, 4, 8192, 128), rand(1, 2, 8300, 128), rand(1, 2, 8300, 128)))}
+    for name, (f, make) in calls.items():
+        a, b = make(), make()
+        got = []
+        for direct in (True, False):
+            launcher.DIRECT = direct
+            plans.clear_plans()
+            launches.clear()
+            outs = [f(*a), f(*a), f(*b)]
+            got.append(([normalized(c, {o.data_ptr(): "out"}) for c, o in zip(launches, outs)],
+                        [replayed(c) for c in launches]))
+        (direct, replays), (normal, none) = got
+        assert replays == [False, True, True] and none == [False] * 3, (name, replays, none)
+        assert normal[0].metadata[1] == 2, f"{name}: not the cluster kernel ({normal[0].metadata})"
+        assert direct == normal, f"{name}: the replay differs from the normal path"
+        print(f"ok  {name}: grid {direct[1].grid}, metadata {direct[1].metadata}")
+    print("CHECK OK")
+
+
+if __name__ == "__main__":
+    _replay_checks()

@@ -143,11 +143,18 @@ def _s0_providers(providers, qt, kt, vt, causal, dt, D):
     return fns, checks, contexts
 
 
-def cluster_available():
-    """Whether the cluster kernel can run here (a Hopper GPU, triton 3.9): the default grid then adds its rows."""
+def cluster_reason():
+    """Why the cluster kernel cannot run here ("" when it can: a Hopper GPU, triton 3.9)."""
     from ..ops.common.tma import gluon_sm90_reason
     from ..ops.dense.launch_cluster_sm90 import triton_reason
-    return torch.cuda.is_available() and not triton_reason() and not gluon_sm90_reason(torch.device("cuda"))
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    return triton_reason() or gluon_sm90_reason(torch.device("cuda"))
+
+
+def cluster_available():
+    """Whether the cluster kernel can run here (cluster_reason): the default grid then adds its rows."""
+    return not cluster_reason()
 
 
 def _cluster_providers(providers, qt, kt, vt, causal):

@@ -10,8 +10,10 @@ faster than dense.sm90, causal from configs.CLUSTER_FROM query rows, and only wh
 alignment (Sq == Sk, or a top-left call such as scaled_dot_product_attention's); force_backend may take it on
 anything it serves.
 
-Launches go through launcher.KernelLauncher's normal path (`kernel[grid]` with num_ctas=2 as a launch option): its
-direct replay is written against triton 3.6's C launcher and never taken under 3.9.
+Plans launch through launcher.KernelLauncher (num_ctas=2 as a launch option): the first call takes Triton's normal
+path, later ones its direct replay (launcher_raw.py, triton 3.9), whose packed metadata carries num_ctas, so the
+replay launches clusters too (tests/dense/test_cluster_sm90.py, test_route_replays_as_its_normal_launch). The direct
+entry point launches `kernel[grid]` on every call.
 """
 import torch
 import triton
