@@ -76,6 +76,11 @@ def test_cluster_reason_checks_out():
     assert reason(q, q, q) == "" and reason(q, q, q, torch.empty_like(q)) == ""
     for bad in (torch.empty(1, 255, 2, 128, dtype=torch.float16), torch.empty_like(q, dtype=torch.bfloat16)):
         assert reason(q, q, q, bad).startswith("out:")
+    # inputs the shape rules would misread: 3 dims, another device, no kv heads (q.shape[2] % 0)
+    assert "dims" in reason(q[0], q[0], q[0])
+    assert "one device" in reason(q, q.to("meta"), q)
+    no_heads = torch.zeros(1, 256, 0, 128, dtype=torch.float16)
+    assert "without heads" in reason(q, no_heads, no_heads)
 
 
 @pytest.fixture

@@ -53,6 +53,12 @@ def reason(q, k, v, out=None):
     why = triton_reason()
     if why:
         return why
+    if any(t.dim() != 4 for t in (q, k, v)):
+        return f"q, k, v of {q.dim()}, {k.dim()}, {v.dim()} dims: [B, S, H, D] each"
+    if k.device != q.device or v.device != q.device:
+        return f"devices {q.device}, {k.device}, {v.device}: all on one device"
+    if k.shape[2] == 0:
+        return "k / v without heads"
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: fp16 or bf16, all the same"
     if q.shape[-1] != D_SERVED or k.shape[-1] != D_SERVED or v.shape[-1] != D_SERVED:
