@@ -2,7 +2,7 @@
 # The one GPU entry point: GPU tests, then the requested benchmark steps; full logs under $OUT.
 #   TILEATTN_COMMIT=<sha sent> bash scripts/gpu_check.sh [diag] [host] [tests] [hf-tests] [readme-tests] [sanitize] [sweep] [bench] [bench-long]
 #                                                        [bench-bf16] [fp8-tests] [bench-fp8] [mla-tests] [sweep-mla-sched] [bench-mla]
-#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ab-flex-bwd] [ab-mla] [ncu-bwd] [ncu-mla] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [sanitize-mla] [bench-bwd]
+#                                                        [flex-tests] [bench-flex] [bench-flex-tail] [flex-small] [sweep-fwd] [bwd-tests] [split-tests] [sweep-bwd] [sweep-bwd-large-d] [ab-bwd] [ab-flex-bwd] [ab-mla] [ncu-bwd] [ncu-mla] [ncu-mla-source] [profile-bwd] [profile-split] [swing] [sanitize-split] [profile-small] [timeline-bwd] [host-ab] [bwd-row] [sanitize-bwd] [sanitize-mla] [bench-bwd]
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
@@ -331,6 +331,31 @@ for s in $steps; do
         "^MLA|^  [a-zA-Z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Stall|Warp Cycles|Grid Size|Waves Per SM|One or More Eligible|No Eligible" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
         --section Occupancy --section SchedulerStats ;;
+    ncu-mla-source)
+      # where the MLA kernel's warps wait: Nsight Compute's warp stall samples per SASS instruction (SourceCounters)
+      # of one MLA decode per case (NCU_MLA_CASES: ';'-separated `profile_kernels.py mla-one` argument lists; default
+      # batch 768, kv 1K, Hq 64 with a bf16 and an fp8 cache). Per case: the report ($OUT/ncu_mla_src_<i>.ncu-rep),
+      # its source page as CSV (sass; cuda,sass for the source lines) and scripts/ncu_source_top.py's summary: stall
+      # reasons, samples per opcode and partition, mbarrier waits by barrier, the top NCU_SRC_TOP instructions
+      rc=0; i=0
+      IFS=';' read -ra src_cases <<< "${NCU_MLA_CASES:---batch 768 --kv 1024 --hq 64;--batch 768 --kv 1024 --hq 64 --fp8}"
+      for c in "${src_cases[@]}"; do
+        i=$((i + 1)); rep="$OUT/ncu_mla_src_$i"
+        # shellcheck disable=SC2086  # (a case is an argument list)
+        timeout "${NCU_SRC_TIMEOUT:-270}" ncu --clock-control none --profile-from-start off --kernel-name regex:mla_split \
+          --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source yes -f -o "$rep" \
+          python3 scripts/profile_kernels.py mla-one $c > "$rep.log" 2>&1 || rc=$?
+        csvs=()
+        for view in sass cuda,sass; do
+          ncu --import "$rep.ncu-rep" --page source --csv --print-source "$view" > "$rep.${view/,/_}.csv" \
+            2>> "$rep.log" && [ -s "$rep.${view/,/_}.csv" ] && csvs+=("$rep.${view/,/_}.csv")
+        done
+        summary+=("ncu-mla-source case $i ($c) rc=$rc, source views: ${#csvs[@]}")
+        grep -E "^MLA|ERR|rror" "$rep.log" | cut -c1-170 | head -5
+        ncu --import "$rep.ncu-rep" --page details 2>/dev/null | grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued" \
+          | sed "s/^ */case $i: /"
+        [ ${#csvs[@]} -gt 0 ] && python3 scripts/ncu_source_top.py "${csvs[@]}" --tag "c$i" --top "${NCU_SRC_TOP:-25}"
+      done ;;
     ncu-bwd)
       # NCU_BWD_CASES: ';'-separated `profile_kernels.py bwd-one` argument lists; the Hopper backward (forced on) and
       # cuDNN's by default. Kernels whose name has "bwd" or "dgrad" (cuDNN's) only
