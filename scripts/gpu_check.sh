@@ -345,14 +345,14 @@ for s in $steps; do
         timeout "${NCU_SRC_TIMEOUT:-270}" ncu --clock-control none --profile-from-start off --kernel-name regex:mla_split \
           --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source yes -f -o "$rep" \
           python3 scripts/profile_kernels.py mla-one $c > "$rep.log" 2>&1 || rc=$?
-        csvs=()
+        csvs=(); repf=$(ls "$rep".ncu-rep* 2>/dev/null | head -n 1)  # (.ncu-rep, or .ncu-repz in newer ncu)
         for view in sass cuda,sass; do
-          ncu --import "$rep.ncu-rep" --page source --csv --print-source "$view" > "$rep.${view/,/_}.csv" \
+          ncu --import "$repf" --page source --csv --print-source "$view" > "$rep.${view/,/_}.csv" \
             2>> "$rep.log" && [ -s "$rep.${view/,/_}.csv" ] && csvs+=("$rep.${view/,/_}.csv")
         done
         summary+=("ncu-mla-source case $i ($c) rc=$rc, source views: ${#csvs[@]}")
         grep -E "^MLA|ERR|rror" "$rep.log" | cut -c1-170 | head -5
-        ncu --import "$rep.ncu-rep" --page details 2>/dev/null | grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued" \
+        ncu --import "$repf" --page details 2>/dev/null | grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued" \
           | sed "s/^ */case $i: /"
         [ ${#csvs[@]} -gt 0 ] && python3 scripts/ncu_source_top.py "${csvs[@]}" --tag "c$i" --top "${NCU_SRC_TOP:-25}"
       done ;;
