@@ -67,7 +67,7 @@ def main():
         f.write(sass)
     res = subprocess.run([h._tool("cuobjdump"), "-res-usage", base + ".cubin"], capture_output=True, text=True).stdout
     print(re.sub(r"\s+", " ", res.split("Function")[-1]).strip()[:300])
-    ptxas = subprocess.run([h._ptxas(), "-arch=sm_90a", "-v", f"{base}.ptx", "-o", base + "_check.cubin"],
+    ptxas = subprocess.run([*h._ptxas(), "-arch=sm_90a", "-v", f"{base}.ptx", "-o", base + "_check.cubin"],
                            capture_output=True, text=True)
     log = ptxas.stdout + ptxas.stderr
     serialized = "wgmma.mma_async instructions are serialized" in log

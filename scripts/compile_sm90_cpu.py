@@ -76,9 +76,11 @@ def _tool(name):
 
 
 def _ptxas():
-    """The ptxas Triton itself runs for sm90 (3.9 compiles Hopper with its newer ptxas-blackwell)."""
+    """The ptxas Triton itself runs for sm90 (3.9 compiles Hopper with its newer ptxas-blackwell) and the flags
+    it adds (3.9: --regAllocOptLevel=2)."""
+    import triton
     from triton.backends.nvidia.compiler import get_ptxas
-    return get_ptxas(90).path
+    return [get_ptxas(90).path] + (["--regAllocOptLevel=2"] if triton.__version__ >= "3.9" else [])
 
 
 def _sass(ck, path):
@@ -361,7 +363,7 @@ def report(ck, out_dir, show_loops=False):
     print(re.sub(r"\s+", " ", res.split("Function")[-1])[:300])
     for op in ("HGMMA", "QGMMA", "MUFU.EX2", "STL", "LDL", "SHFL", "PRMT", "LOP3", "SHF", "F2FP", "BAR.SYNC"):
         print(f"{op:10s} {len(re.findall(op, sass))}")
-    ptxas = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", base + ".ptx", "-o", base + "_check.cubin"],
+    ptxas = subprocess.run([*_ptxas(), "-arch=sm_90a", "-v", base + ".ptx", "-o", base + "_check.cubin"],
                            capture_output=True, text=True)
     serialized = "wgmma.mma_async instructions are serialized" in ptxas.stdout + ptxas.stderr
     spills = int(re.search(r"(\d+) bytes spill stores", ptxas.stdout + ptxas.stderr).group(1))
