@@ -16,7 +16,12 @@
 # git there names the wrong commit; the results file records what TILEATTN_COMMIT says)
 # Prints a short summary last.
 # TILEATTN_TRITON=3.9: run everything under the slim Triton 3.9 in .triton39/ (carried; built here with
-# `../shared/tools/slim-triton 3.9.0 .triton39`) instead of the machine's preinstalled 3.6.
+# `../shared/tools/slim-triton 3.9.0 .triton39`) instead of the machine's preinstalled 3.6. sm90 compiles with
+# the wheel's own ptxas-blackwell (13.4: what a pip install of 3.9 uses) where .triton39/ptxas-blackwell.xz is
+# carried too (here, under a triton 3.9 install: `xz -9 -c $(python -c "import triton, os;
+# print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas-blackwell > .triton39/ptxas-blackwell.xz`,
+# ~12 MB), else with the machine's CUDA 13.0 ptxas, which compiles several kernels with fewer spills (docs/design/
+# backward.md, triton 3.9).
 set -u
 OUT=${OUT:-/tmp/tileattn-out}
 mkdir -p "$OUT"
@@ -25,10 +30,16 @@ export PYTHONPATH=${TILEATTN_SRC:-$PWD/src}:$PWD PYTHONUNBUFFERED=1
 if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
   mkdir -p /tmp/t39 && tar -xJf .triton39/triton.tar.xz -C /tmp/t39 || { echo "no .triton39/triton.tar.xz carried"; exit 2; }
   ptxas=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
-  # 3.9 compiles sm90 with the tool it calls ptxas-blackwell: both point at the machine's CUDA toolkit
+  # 3.9 compiles sm90 with the tool it calls ptxas-blackwell: the wheel's where carried, else the machine's
+  ptxas_bw=$ptxas
+  if [ -f .triton39/ptxas-blackwell.xz ]; then
+    xz -dc .triton39/ptxas-blackwell.xz > /tmp/t39/ptxas-blackwell && chmod +x /tmp/t39/ptxas-blackwell \
+      && ptxas_bw=/tmp/t39/ptxas-blackwell
+  fi
+  echo "triton 3.9: sm90 compiled by $ptxas_bw ($("$ptxas_bw" --version | tail -n 1))"
   T39_PATH=/tmp/t39:  # (steps that set their own PYTHONPATH put it first too)
   export PYTHONPATH=/tmp/t39:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1 TRITON_PTXAS_PATH=$ptxas \
-    TRITON_PTXAS_BLACKWELL_PATH=$ptxas TRITON_DEFAULT_FP_FUSION=1
+    TRITON_PTXAS_BLACKWELL_PATH=$ptxas_bw TRITON_DEFAULT_FP_FUSION=1
 fi
 ncu_cases() {  # NAME CASES SUBCOMMAND PATTERN NCU_ARGS...: `profile_kernels.py SUBCOMMAND <case>` under Nsight
   # Compute for each ';'-separated case in CASES, each report in $OUT/NAME_<i>.txt, its lines matching PATTERN printed
