@@ -6,6 +6,7 @@
 #                                                        [sweep-large-d] [large-d-tests] [sanitize-large-d] [bench-large-d] [sanitize-flex-bwd] [sanitize-flex-tail]
 #                                                        [decode-tests] [sweep-decode] [bench-decode] [ab-large-d]
 #                                                        [cp-tests] [bench-cp] [bench-cp-sim] (cp: 2+ GPUs; -sim: one)
+#                                                        [ncu-fwd-source] [ncu-mla-source] (stall samples per SASS line)
 #                                                        [ncu-fwd] (NCU_CASES: ';'-separated `profile_kernels.py fwd`
 #                                                                   argument lists)
 #                                                        [tree-run] (TREE_CMDS: "DIR|command" lines run in carried trees)
@@ -41,6 +42,32 @@ if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
   export PYTHONPATH=/tmp/t39:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1 TRITON_PTXAS_PATH=$ptxas \
     TRITON_PTXAS_BLACKWELL_PATH=$ptxas_bw TRITON_DEFAULT_FP_FUSION=1
 fi
+ncu_source() {  # NAME CASES SUBCOMMAND KERNEL_REGEX LOG_PATTERN: per ';'-separated case, `profile_kernels.py
+  # SUBCOMMAND <case>` under Nsight Compute with warp stall sampling per SASS instruction (kernels matching
+  # KERNEL_REGEX); the report $OUT/NAME_<i>.ncu-rep, its source page as CSV (sass; cuda,sass for source lines) and
+  # scripts/ncu_source_top.py's summary ("NCUSRC c<i>" lines; NCU_SRC_TOP instructions)
+  local name=$1 list=$2 sub=$3 kregex=$4 pattern=$5 c i=0 rep repf view
+  local -a cases csvs
+  rc=0
+  IFS=';' read -ra cases <<< "$list"
+  for c in "${cases[@]}"; do
+    i=$((i + 1)); rep="$OUT/${name}_$i"
+    # shellcheck disable=SC2086  # (a case is an argument list)
+    timeout "${NCU_SRC_TIMEOUT:-270}" ncu --clock-control none --profile-from-start off --kernel-name "regex:$kregex" \
+      --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source yes -f -o "$rep" \
+      python3 scripts/profile_kernels.py "$sub" $c > "$rep.log" 2>&1 || rc=$?
+    csvs=(); repf=$(ls "$rep".ncu-rep* 2>/dev/null | head -n 1)  # (.ncu-rep, or .ncu-repz in newer ncu)
+    for view in sass cuda,sass; do
+      ncu --import "$repf" --page source --csv --print-source "$view" > "$rep.${view/,/_}.csv" \
+        2>> "$rep.log" && [ -s "$rep.${view/,/_}.csv" ] && csvs+=("$rep.${view/,/_}.csv")
+    done
+    summary+=("$name case $i ($c) rc=$rc, source views: ${#csvs[@]}")
+    grep -E "$pattern|ERR|rror" "$rep.log" | cut -c1-170 | head -5
+    ncu --import "$repf" --page details 2>/dev/null | grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued" \
+      | sed "s/^ */case $i: /"
+    [ ${#csvs[@]} -gt 0 ] && python3 scripts/ncu_source_top.py "${csvs[@]}" --tag "c$i" --top "${NCU_SRC_TOP:-25}"
+  done
+}
 ncu_cases() {  # NAME CASES SUBCOMMAND PATTERN NCU_ARGS...: `profile_kernels.py SUBCOMMAND <case>` under Nsight
   # Compute for each ';'-separated case in CASES, each report in $OUT/NAME_<i>.txt, its lines matching PATTERN printed
   local name=$1 list=$2 sub=$3 pattern=$4 c i=0
@@ -348,25 +375,13 @@ for s in $steps; do
       # batch 768, kv 1K, Hq 64 with a bf16 and an fp8 cache). Per case: the report ($OUT/ncu_mla_src_<i>.ncu-rep),
       # its source page as CSV (sass; cuda,sass for the source lines) and scripts/ncu_source_top.py's summary: stall
       # reasons, samples per opcode and partition, mbarrier waits by barrier, the top NCU_SRC_TOP instructions
-      rc=0; i=0
-      IFS=';' read -ra src_cases <<< "${NCU_MLA_CASES:---batch 768 --kv 1024 --hq 64;--batch 768 --kv 1024 --hq 64 --fp8}"
-      for c in "${src_cases[@]}"; do
-        i=$((i + 1)); rep="$OUT/ncu_mla_src_$i"
-        # shellcheck disable=SC2086  # (a case is an argument list)
-        timeout "${NCU_SRC_TIMEOUT:-270}" ncu --clock-control none --profile-from-start off --kernel-name regex:mla_split \
-          --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source yes -f -o "$rep" \
-          python3 scripts/profile_kernels.py mla-one $c > "$rep.log" 2>&1 || rc=$?
-        csvs=(); repf=$(ls "$rep".ncu-rep* 2>/dev/null | head -n 1)  # (.ncu-rep, or .ncu-repz in newer ncu)
-        for view in sass cuda,sass; do
-          ncu --import "$repf" --page source --csv --print-source "$view" > "$rep.${view/,/_}.csv" \
-            2>> "$rep.log" && [ -s "$rep.${view/,/_}.csv" ] && csvs+=("$rep.${view/,/_}.csv")
-        done
-        summary+=("ncu-mla-source case $i ($c) rc=$rc, source views: ${#csvs[@]}")
-        grep -E "^MLA|ERR|rror" "$rep.log" | cut -c1-170 | head -5
-        ncu --import "$repf" --page details 2>/dev/null | grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued" \
-          | sed "s/^ */case $i: /"
-        [ ${#csvs[@]} -gt 0 ] && python3 scripts/ncu_source_top.py "${csvs[@]}" --tag "c$i" --top "${NCU_SRC_TOP:-25}"
-      done ;;
+      ncu_source ncu_mla_src "${NCU_MLA_CASES:---batch 768 --kv 1024 --hq 64;--batch 768 --kv 1024 --hq 64 --fp8}" \
+        mla-one mla_split "^MLA" ;;
+    ncu-fwd-source)
+      # the same for the dense Hopper forward (NCU_FWD_CASES: `profile_kernels.py fwd` argument lists; default D=128
+      # N=4K B=4 H=32 non-causal, fp16 and e4m3: issue 23's fp8_vs_fp16_min_d128_n4k row)
+      ncu_source ncu_fwd_src "${NCU_FWD_CASES:---B 4 --H 32 --N 4096 --D 128;--B 4 --H 32 --N 4096 --D 128 --fp8}" \
+        fwd attn_fwd_sm90 "^FWD" ;;
     ncu-bwd)
       # NCU_BWD_CASES: ';'-separated `profile_kernels.py bwd-one` argument lists; the Hopper backward (forced on) and
       # cuDNN's by default. Kernels whose name has "bwd" or "dgrad" (cuDNN's) only

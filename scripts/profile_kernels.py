@@ -69,8 +69,16 @@ import torch
 
 
 def fwd(a):
+    """One forward call of the provider between cudaProfilerStart/Stop (after a first, compiling call); --fp8:
+    tileattn on e4m3 inputs with per-head descales (the fp8 bench's quantization and V layout)."""
     q, k, v = (torch.randn(a.B, a.N, a.H, a.D, device="cuda", dtype=torch.float16) for _ in range(3))
-    if a.provider == "tileattn":
+    if a.provider == "tileattn" and a.fp8:
+        import tileattn
+        (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(t) for t in (q, k, v))
+        v8 = tileattn.fp8_v_layout(v8)
+        fn = lambda: tileattn.attention(q8, k8, v8, causal=a.causal, q_descale=qd, k_descale=kd,  # noqa: E731
+                                        v_descale=vd)
+    elif a.provider == "tileattn":
         import tileattn
         fn = lambda: tileattn.attention(q, k, v, causal=a.causal)  # noqa: E731
     else:
@@ -562,6 +570,7 @@ def main():
     p.add_argument("--N", type=int, default=8192)
     p.add_argument("--D", type=int, default=1024)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--fp8", action="store_true", help="tileattn on e4m3 inputs (per-head descales)")
     p.set_defaults(func=fwd)
     p = sub.add_parser("bwd-one", help="one dense backward in the profiled range (Nsight Compute)")
     p.add_argument("--provider", default="tileattn", choices=("tileattn", "cudnn"))
