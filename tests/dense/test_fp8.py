@@ -301,15 +301,20 @@ def test_gpu_fp8_config_fields(D, field, value):
     cfg = dataclasses.replace(sm90_config(D, E4M3), **{field: value})
     plans.clear_plans()
     with tileattn.force_backend("dense.sm90", config=cfg):
-        q, k, v = (randn(2, 300, h, D, dtype=torch.float32, device="cuda") for h in (4, 2, 2))
-        for opts in (dict(causal=True), dict(softcap=30.0), dict()):
-            _check(q, k, v, E4M3, "tensor", "packed", **opts)
-        for edge in ("window-rows-see-none", "Sk1-causal"):
-            (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
-            q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv),
-                                                                                         (Sk, Hkv)))
-            _check(q, k, v, E5M2, "tensor", "row", **opts)
+        _check_config_cases(D, 300)
     plans.clear_plans()
+
+
+def _check_config_cases(D, n):
+    """The cases a forced Hopper config must pass: e4m3 causal, softcap and plain at n rows (GQA 4:2), then e5m2
+    with rows that see no key and with a single key (EDGES)."""
+    q, k, v = (randn(2, n, h, D, dtype=torch.float32, device="cuda") for h in (4, 2, 2))
+    for opts in (dict(causal=True), dict(softcap=30.0), dict()):
+        _check(q, k, v, E4M3, "tensor", "packed", **opts)
+    for edge in ("window-rows-see-none", "Sk1-causal"):
+        (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
+        q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
+        _check(q, k, v, E5M2, "tensor", "row", **opts)
 
 
 @pytest.mark.gpu
@@ -329,14 +334,7 @@ def test_gpu_fp8_epilogue(D, consumers, epilogue, monkeypatch):
     plans.clear_plans()
     for programs in (1, 7):
         with tileattn.force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=programs)):
-            q, k, v = (randn(2, 400, h, D, dtype=torch.float32, device="cuda") for h in (4, 2, 2))
-            for opts in (dict(causal=True), dict(softcap=30.0), dict()):
-                _check(q, k, v, E4M3, "tensor", "packed", **opts)
-            for edge in ("window-rows-see-none", "Sk1-causal"):
-                (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
-                q, k, v = (randn(B, s, h, D, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv),
-                                                                                             (Sk, Hkv)))
-                _check(q, k, v, E5M2, "tensor", "row", **opts)
+            _check_config_cases(D, 400)
     plans.clear_plans()
 
 
@@ -349,14 +347,7 @@ def test_gpu_fp8_three_consumers():
     cfg = dataclasses.replace(sm90_config(64, E4M3), consumers=3, consumer_regs=160, pingpong=False)
     plans.clear_plans()
     with tileattn.force_backend("dense.sm90", config=cfg):
-        q, k, v = (randn(2, 400, h, 64, dtype=torch.float32, device="cuda") for h in (4, 2, 2))
-        for opts in (dict(causal=True), dict(softcap=30.0), dict()):
-            _check(q, k, v, E4M3, "tensor", "packed", **opts)
-        for edge in ("window-rows-see-none", "Sk1-causal"):
-            (B, Sq, Sk, Hq, Hkv), opts = EDGES[edge]
-            q, k, v = (randn(B, s, h, 64, dtype=torch.float32, device="cuda") for s, h in ((Sq, Hq), (Sk, Hkv),
-                                                                                          (Sk, Hkv)))
-            _check(q, k, v, E5M2, "tensor", "row", **opts)
+        _check_config_cases(64, 400)
     plans.clear_plans()
 
 
