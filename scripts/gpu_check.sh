@@ -29,17 +29,23 @@ mkdir -p "$OUT"
 # TILEATTN_SRC: another copy of the package to run (e.g. a snapshot of one commit, carried), default ./src
 export PYTHONPATH=${TILEATTN_SRC:-$PWD/src}:$PWD PYTHONUNBUFFERED=1
 if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
-  mkdir -p /tmp/t39 && tar -xJf .triton39/triton.tar.xz -C /tmp/t39 || { echo "no .triton39/triton.tar.xz carried"; exit 2; }
+  # one unpacked copy per GPU lane (gpu_lanes.sh runs lanes at once: one lane must not rewrite the ptxas another
+  # is running), unpacked once per machine
+  t39=/tmp/t39-gpu${CUDA_VISIBLE_DEVICES:-all}
+  if [ ! -f "$t39/.unpacked" ]; then
+    mkdir -p "$t39" && tar -xJf .triton39/triton.tar.xz -C "$t39" || { echo "no .triton39/triton.tar.xz carried"; exit 2; }
+    if [ -f .triton39/ptxas-blackwell.xz ]; then
+      xz -dc .triton39/ptxas-blackwell.xz > "$t39/ptxas-blackwell" && chmod +x "$t39/ptxas-blackwell"
+    fi
+    touch "$t39/.unpacked"
+  fi
   ptxas=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
   # 3.9 compiles sm90 with the tool it calls ptxas-blackwell: the wheel's where carried, else the machine's
   ptxas_bw=$ptxas
-  if [ -f .triton39/ptxas-blackwell.xz ]; then
-    xz -dc .triton39/ptxas-blackwell.xz > /tmp/t39/ptxas-blackwell && chmod +x /tmp/t39/ptxas-blackwell \
-      && ptxas_bw=/tmp/t39/ptxas-blackwell
-  fi
+  [ -x "$t39/ptxas-blackwell" ] && ptxas_bw=$t39/ptxas-blackwell
   echo "triton 3.9: sm90 compiled by $ptxas_bw ($("$ptxas_bw" --version | tail -n 1))"
-  T39_PATH=/tmp/t39:  # (steps that set their own PYTHONPATH put it first too)
-  export PYTHONPATH=/tmp/t39:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1 TRITON_PTXAS_PATH=$ptxas \
+  T39_PATH=$t39:  # (steps that set their own PYTHONPATH put it first too)
+  export PYTHONPATH=$t39:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1 TRITON_PTXAS_PATH=$ptxas \
     TRITON_PTXAS_BLACKWELL_PATH=$ptxas_bw TRITON_DEFAULT_FP_FUSION=1
 fi
 ncu_source() {  # NAME CASES SUBCOMMAND KERNEL_REGEX LOG_PATTERN: per ';'-separated case, `profile_kernels.py
