@@ -68,6 +68,12 @@ class MLASm90Config:
     # fp8 caches: cache steps in flight in fp8, which the consumer warpgroups widen into the `stages` 16-bit
     # steps the consumers read (gluon_producer.py); 0: 16-bit caches, loaded straight into the 16-bit ring
     fp8_stages: int = 0
+    # fp8 widening switches (docs/design/mla.md, 2c; in no table yet). widen_once: a warpgroup's share of a step
+    # loaded whole, then converted and stored with one store per buffer (in passes, Triton puts a warpgroup
+    # barrier before each pass's store). fence_late: the share's proxy fence placed where no wgmma is in flight
+    # (after the step's last wgmma wait; QK_SHARD: shared with the fence of the P published at the same turn)
+    widen_once: bool = False
+    fence_late: bool = False
 
 
 # Best first; the first that fits the page size and the shared-memory budget is used. Shared memory at
