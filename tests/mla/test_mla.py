@@ -431,6 +431,11 @@ def test_mla_sm90_fp8_configs(monkeypatch):
     for cfg in (dataclasses.replace(base, **switches) for base in (SM90_SHARD_FP8, FP8) for switches in WIDEN):
         with tileattn.force_backend(config=cfg):  # the widening switches change no fit
             assert backend.config(plan) == cfg
+    # the switches on a 16-bit config (which never passes them to a kernel) or with steps too large to hold whole
+    for bad in (dict(fp8_stages=0, widen_once=True), dict(fp8_stages=0, fence_late=True),
+                dict(block_n=64, widen_once=True)):
+        with pytest.raises(ValueError, match="MLASm90Config"):
+            dataclasses.replace(SM90_SHARD_FP8, **bad)
 
 
 def test_mla_plan_kv_scale_changes(device, monkeypatch):

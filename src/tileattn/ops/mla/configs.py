@@ -75,6 +75,14 @@ class MLASm90Config:
     widen_once: bool = False
     fence_late: bool = False
 
+    def __post_init__(self):
+        if (self.widen_once or self.fence_late) and not self.fp8_stages:
+            raise ValueError("MLASm90Config: widen_once / fence_late switch the fp8 widening, which needs "
+                             "fp8_stages > 0 (a 16-bit config would run without them)")
+        if self.widen_once and self.block_n > 32:
+            raise ValueError(f"MLASm90Config.widen_once holds a whole step's share in registers: block_n <= 32, "
+                             f"got {self.block_n}")
+
 
 # Best first; the first that fits the page size and the shared-memory budget is used. Shared memory at
 # Dc = 512, Dr = 64, 16-bit: the Q slot 72 KB, a 64-token step 72 KB (two stages: 216 KB of the 227 KB).
