@@ -4,7 +4,10 @@ counters (a wait passes once enough arrivals happened), every tile-length sequen
 A sequence that stops with every actor waiting is a deadlock of the order. (Parity reuse is safe by construction:
 no step's slot can start its next phase before the waiter has used it.)
 
-    python3 scripts/check_mla_shard_fp8_order.py [STAGES F_STAGES]   (the kernel: 3 2)
+    python3 scripts/check_mla_shard_fp8_order.py [STAGES F_STAGES [late]]   (the kernel: 3 2)
+
+late: MLASm90Config.fence_late, the share of step o + 1 published with P of step o (after it), not before the
+other warpgroup's P V.
 """
 import itertools
 import random
@@ -12,15 +15,19 @@ import sys
 from collections import defaultdict
 
 S, F = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (3, 2)
+LATE = sys.argv[3:] == ["late"]
 ev = defaultdict(int)  # barrier arrivals, by (barrier, step or warpgroup)
 
 def run(tiles):
     ev.clear()
     kvs = list(itertools.accumulate([0] + tiles))[:-1]
-    def widen(w, g):
+    def widen(w, g, arrive=True):
         yield lambda: ev[("fready", g)] >= 1
         if g - S >= 0:
             yield lambda: ev[("kvempty", g - S)] >= 2
+        if arrive:
+            widened(g)
+    def widened(g):
         ev[("fempty", g)] += 1
         ev[("kvready", g)] += 1
     def wg(w):
@@ -63,8 +70,10 @@ def run(tiles):
                 yield from gather()
                 ev[("kvempty", kv + o - 2)] += 1
                 if o + 1 < n:
-                    yield from widen(w, kv + o + 1)
+                    yield from widen(w, kv + o + 1, not LATE)
                 yield from publish()
+                if LATE and o + 1 < n:
+                    widened(kv + o + 1)
                 release()
                 ev[("kvempty", kv + o - 1)] += 1
             if n_own > 0:
@@ -121,4 +130,4 @@ bad = []
 for tiles in itertools.chain(([n] for n in range(1, 12)), itertools.product(range(1, 8), repeat=3)):
     if not run(list(tiles)):
         bad.append(tiles)
-print(f"S={S} F={F}: {len(bad)} deadlocking tile sequences", bad[:10])
+print(f"S={S} F={F}{' late' if LATE else ''}: {len(bad)} deadlocking tile sequences", bad[:10])

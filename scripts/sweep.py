@@ -95,8 +95,11 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
 MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4), G(32, 2),
              G(16, 8), G(64, 2)]
 # mla-sched --fp8: (block_n, 16-bit stages, consumer registers, fp8 stages)
-MLA_SCHED_FP8 = [G(32, 3, fp8_stages=2), G(32, 3, 232, fp8_stages=2), G(32, 3, qk_shard=True, fp8_stages=2),
-                 G(32, 3, 232, qk_shard=True, fp8_stages=2)]
+# 4-6: SM90_SHARD_FP8 (2) and 7-9: SM90_FP8 (1) with the widening switches (docs/design/mla.md, 2c)
+_SHARD8, _PLAIN8 = G(32, 3, qk_shard=True, fp8_stages=2), G(32, 3, 232, fp8_stages=2)
+MLA_SCHED_FP8 = [G(32, 3, fp8_stages=2), _PLAIN8, _SHARD8, G(32, 3, 232, qk_shard=True, fp8_stages=2)] + [
+    dataclasses.replace(base, **switches) for base in (_SHARD8, _PLAIN8)
+    for switches in (dict(widen_once=True), dict(fence_late=True), dict(widen_once=True, fence_late=True))]
 MLA_QUICK = MLA[:5] + [M(64, 8, 2, 1), M(32, 4, 2, 1)]
 # decode: (block_n, warps, stages); then programs per SM with the table's config
 DEC = [DecodeConfig(*c) for c in ((64, 4, 3), (128, 4, 2), (32, 4, 6), (64, 2, 3))]
@@ -585,7 +588,8 @@ def large_d(a):
 def mla_name(cfg):
     if isinstance(cfg, G):
         return (f"sm90 {cfg.block_n}/{cfg.stages}/{cfg.consumer_regs}" + (" shard" if cfg.qk_shard else "")
-                + (f" fp8x{cfg.fp8_stages}" if cfg.fp8_stages else ""))
+                + (f" fp8x{cfg.fp8_stages}" if cfg.fp8_stages else "") + (" once" if cfg.widen_once else "")
+                + (" late" if cfg.fence_late else ""))
     return f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}/{cfg.out_split}"
 
 

@@ -375,6 +375,27 @@ def test_gpu_mla_sm90_qk_shard_fp8(programs, hq, sq, causal, device):
         assert plan.sm90 == SM90_SHARD_FP8, plan
 
 
+# the fp8 widening's switches (MLASm90Config.widen_once / fence_late; no table holds them yet)
+WIDEN = [dict(widen_once=True), dict(fence_late=True), dict(widen_once=True, fence_late=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("switches", WIDEN, ids=["once", "late", "once_late"])
+@pytest.mark.parametrize("base", [SM90_SHARD_FP8, FP8], ids=["qk_shard", "plain"])
+def test_gpu_mla_sm90_fp8_widen(base, switches, device):
+    """The widening switches on both fp8 kernels, checked as test_gpu_mla_sm90_qk_shard_fp8: tiles of 1, 2, 3 and
+    more steps (ragged lengths, an empty sequence, split items); two row tiles per item (Hq 128) walked by one
+    CTA, bf16 q; causal rows of Sq 3 over three CTAs, fp16 q (the widening to fp16)."""
+    if not _sm90(device):
+        pytest.skip("no Hopper kernel on this GPU")
+    cfg = dataclasses.replace(base, **switches)
+    for dtype, hq, sq, causal, programs in ((torch.bfloat16, 128, 1, False, 1), (torch.float16, 20, 3, True, 3)):
+        plan = run_case([1, 31, 32, 33, 64, 65, 96, 0, 129, 3000, 191], 64, hq, sq, 512, 64, dtype, device,
+                        causal=causal, plan_form=True, programs=programs, config=cfg,
+                        cache_dtype=torch.float8_e4m3fn, kv_scale=0.3)
+        assert plan.sm90 == cfg, plan
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("budget", ["sm89", "sm80"])
 def test_gpu_mla_smem_budget(budget, device, monkeypatch):
@@ -407,6 +428,14 @@ def test_mla_sm90_fp8_configs(monkeypatch):
     for bad in (dict(fp8_stages=1), dict(stages=2)):
         with tileattn.force_backend(config=dataclasses.replace(SM90_SHARD_FP8, **bad)):
             assert backend.config(plan) is None, bad
+    for cfg in (dataclasses.replace(base, **switches) for base in (SM90_SHARD_FP8, FP8) for switches in WIDEN):
+        with tileattn.force_backend(config=cfg):  # the widening switches change no fit
+            assert backend.config(plan) == cfg
+    # the switches on a 16-bit config (which never passes them to a kernel) or with steps too large to hold whole
+    for bad in (dict(fp8_stages=0, widen_once=True), dict(fp8_stages=0, fence_late=True),
+                dict(block_n=64, widen_once=True)):
+        with pytest.raises(ValueError, match="MLASm90Config"):
+            dataclasses.replace(SM90_SHARD_FP8, **bad)
 
 
 def test_mla_plan_kv_scale_changes(device, monkeypatch):

@@ -68,6 +68,20 @@ class MLASm90Config:
     # fp8 caches: cache steps in flight in fp8, which the consumer warpgroups widen into the `stages` 16-bit
     # steps the consumers read (gluon_producer.py); 0: 16-bit caches, loaded straight into the 16-bit ring
     fp8_stages: int = 0
+    # fp8 widening switches (docs/design/mla.md, 2c; in no table yet). widen_once: a warpgroup's share of a step
+    # loaded whole, then converted and stored with one store per buffer (in passes, Triton puts a warpgroup
+    # barrier before each pass's store). fence_late: the share's proxy fence placed where no wgmma is in flight
+    # (after the step's last wgmma wait; QK_SHARD: shared with the fence of the P published at the same turn)
+    widen_once: bool = False
+    fence_late: bool = False
+
+    def __post_init__(self):
+        if (self.widen_once or self.fence_late) and not self.fp8_stages:
+            raise ValueError("MLASm90Config: widen_once / fence_late switch the fp8 widening, which needs "
+                             "fp8_stages > 0 (a 16-bit config would run without them)")
+        if self.widen_once and self.block_n > 32:
+            raise ValueError(f"MLASm90Config.widen_once holds a whole step's share in registers: block_n <= 32, "
+                             f"got {self.block_n}")
 
 
 # Best first; the first that fits the page size and the shared-memory budget is used. Shared memory at

@@ -157,41 +157,82 @@ _TO_F16 = gl.constexpr(_SPREAD.replace("SHIFT", "1").replace("MASK", "0x3F803F80
 
 
 @gluon.jit
+def _load_fp8(src):
+    """A [rows, D] fp8 (e4m3) box as bytes, 16 per thread and row (rows in groups of 4 * 32 / (D / 16), at least
+    one row per warp)."""
+    D: gl.constexpr = src.shape[1]
+    TPW_C: gl.constexpr = D // 16 if D // 16 < 32 else 32
+    TPW_R: gl.constexpr = 32 // TPW_C
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [TPW_R, TPW_C], [4, 1], [1, 0])
+    return src.load(layout).to(gl.uint8, bitcast=True)
+
+
+@gluon.jit
+def _store_widened(dst, x):
+    """dst = the e4m3 bytes x (_load_fp8) in dst's 16-bit type."""
+    if dst.dtype == gl.bfloat16:
+        y = gl.inline_asm_elementwise(_TO_BF16, "=r,=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=4)
+    else:
+        y = gl.inline_asm_elementwise(_TO_F16, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+    dst.store(y)
+
+
+@gluon.jit
 def _widen(src, dst):
     """dst = src for a [rows, D] fp8 (e4m3) buffer and its 16-bit twin, by one warpgroup in passes of
     configs.widen_rows(D) rows (16 bytes per thread per row group; at least 8 rows, the swizzle's period;
-    launch_sm90 checks that they divide rows)."""
+    launch_sm90 checks that they divide rows). Triton (3.6) puts a warpgroup barrier before every pass's store
+    but the first: its barrier analysis sees two stores into one allocation, whatever rows they take."""
     ROWS: gl.constexpr = src.shape[0]
     D: gl.constexpr = src.shape[1]
     TPW_C: gl.constexpr = D // 16 if D // 16 < 32 else 32
     TPW_R: gl.constexpr = 32 // TPW_C
     PASS: gl.constexpr = TPW_R * 4 if TPW_R * 4 > 8 else 8
-    layout: gl.constexpr = gl.BlockedLayout([1, 16], [TPW_R, TPW_C], [4, 1], [1, 0])
     for p in gl.static_range(ROWS // PASS):
-        x = src.slice(p * PASS, PASS, dim=0).load(layout).to(gl.uint8, bitcast=True)
-        if dst.dtype == gl.bfloat16:
-            y = gl.inline_asm_elementwise(_TO_BF16, "=r,=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=4)
-        else:
-            y = gl.inline_asm_elementwise(_TO_F16, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
-        dst.slice(p * PASS, PASS, dim=0).store(y)
+        _store_widened(dst.slice(p * PASS, PASS, dim=0), _load_fp8(src.slice(p * PASS, PASS, dim=0)))
 
 
 @gluon.jit
 def _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, g, WG: gl.constexpr, F_STAGES: gl.constexpr,
-                STAGES: gl.constexpr):
+                STAGES: gl.constexpr, ONCE: gl.constexpr = False, LATE: gl.constexpr = False):
     """Consumer warpgroup WG's share of cache step g (this CTA's count, as the loader's): its ckv half (and for
     warpgroup 0 the kpe part) widened from fp8 ring slot g % F_STAGES into 16-bit ring slot g % STAGES, once
-    both warpgroups have freed that slot's previous step. fp8: _fp8_rings' (f_c, f_p, f_ready, f_empty)."""
+    both warpgroups have freed that slot's previous step. fp8: _fp8_rings' (f_c, f_p, f_ready, f_empty).
+    ONCE (MLASm90Config.widen_once): the share in one load and one store per buffer (its loads back to back, no
+    barrier between passes); else in passes (_widen). LATE (MLASm90Config.fence_late): the stores only; the
+    caller publishes them later (_widened, or its own fence and barrier, then _widen_arrive)."""
     f_c, f_p, f_ready, f_empty = fp8
     sf = g % F_STAGES
     sb = g % STAGES
     mbarrier.wait(f_ready.index(sf), (g // F_STAGES) & 1)
     mbarrier.wait(kv_empty.index(sb), ((g // STAGES) & 1) ^ 1)
-    _widen(_buf(f_c, 2 * sf + WG), _buf(c_bufs, 2 * sb + WG))
-    if WG == 0:
-        _widen(_buf(f_p, sf), _buf(p_bufs, sb))
-    # the stores must be visible to both warpgroups' wgmmas (the async proxy) before kv_ready says so
+    if ONCE:
+        c8 = _load_fp8(_buf(f_c, 2 * sf + WG))
+        if WG == 0:
+            p8 = _load_fp8(_buf(f_p, sf))
+        _store_widened(_buf(c_bufs, 2 * sb + WG), c8)
+        if WG == 0:
+            _store_widened(_buf(p_bufs, sb), p8)
+    else:
+        _widen(_buf(f_c, 2 * sf + WG), _buf(c_bufs, 2 * sb + WG))
+        if WG == 0:
+            _widen(_buf(f_p, sf), _buf(p_bufs, sb))
+    if not LATE:
+        _widened(fp8, kv_ready, g, F_STAGES, STAGES)
+
+
+@gluon.jit
+def _widened(fp8, kv_ready, g, F_STAGES: gl.constexpr, STAGES: gl.constexpr):
+    """Publishes a warpgroup's share of step g (_widen_step): the stores must be visible to both warpgroups'
+    wgmmas (the async proxy) before kv_ready says so."""
     fence_async_shared()
     thread_barrier()
-    mbarrier.arrive(f_empty.index(sf))
-    mbarrier.arrive(kv_ready.index(sb))
+    _widen_arrive(fp8, kv_ready, g, F_STAGES, STAGES)
+
+
+@gluon.jit
+def _widen_arrive(fp8, kv_ready, g, F_STAGES: gl.constexpr, STAGES: gl.constexpr):
+    """The arrives of _widened, for a caller that has fenced and synchronized the warpgroup after the stores."""
+    f_c, f_p, f_ready, f_empty = fp8
+    mbarrier.arrive(f_empty.index(g % F_STAGES))
+    mbarrier.arrive(kv_ready.index(g % STAGES))

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..common import softmax
 from ..common.gluon_compat import thread_barrier
-from .gluon_producer import _buf, _fp8_rings, _loader, _widen_step, _work_item
+from .gluon_producer import _buf, _fp8_rings, _loader, _widen_step, _widened, _work_item
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -91,11 +91,13 @@ def _zero_tail(v_smem, n0, seqlen):
 @gluon.jit
 def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_bufs, qp_buf, c_bufs, p_bufs,
            kv_ready, kv_empty, fp8, sm_scale, WG: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr,
-           F_STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+           F_STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+           ONCE: gl.constexpr = False, LATE: gl.constexpr = False):
     """Steps b in [b_start, b_end): S of step b and P V of step b - 1 go to the tensor cores together; p_op
     holds P of step b - 1. MASKED: scores at tokens >= limit (per row) are masked and V rows past the sequence
     zeroed. The branch for the latter sits where no wgmma is in flight. F_STAGES > 0 (fp8 caches): under the
-    two products the warpgroup widens its share of step b + 1 (the caller keeps b + 1 within the tile)."""
+    two products the warpgroup widens its share of step b + 1 (the caller keeps b + 1 within the tile); ONCE and
+    LATE: _widen_step's (LATE: its fence, barrier and arrives once both products are done, no wgmma in flight)."""
     BLOCK_M: gl.constexpr = qp_buf.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -112,13 +114,16 @@ def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_buf
         qk = _scores(qn_bufs, qp_buf, c_bufs, p_bufs, s, s_zero)
         acc = warpgroup_mma(p_op, _buf(c_bufs, 2 * sp + WG), acc, is_async=True)
         if F_STAGES > 0:
-            _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + it + 1, WG, F_STAGES, STAGES)
+            _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + it + 1, WG, F_STAGES, STAGES, ONCE, LATE)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         if MASKED:
             qk = gl.where((n0 + o_n)[None, :] < limit[:, None], qk, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, sm_scale)
         # P of this step overwrites the registers the P V wgmma in flight reads: convert after its wait
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if F_STAGES > 0:
+            if LATE:
+                _widened(fp8, kv_ready, kv + it + 1, F_STAGES, STAGES)
         mbarrier.arrive(kv_empty.index(sp))
         p_op = gl.convert_layout(p.to(c_bufs.dtype), p_layout)
         acc = acc * gl.convert_layout(alpha, o_row)[:, None]
@@ -129,7 +134,8 @@ def _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, b_start, b_end, qn_buf
 def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O, LSE, OP,
               LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
               sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, F_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              RETURN_LSE: gl.constexpr):
+              RETURN_LSE: gl.constexpr, ONCE: gl.constexpr, LATE: gl.constexpr):
+    """ONCE, LATE (fp8 caches): the widening's switches (_steps)."""
     BLOCK_M: gl.constexpr = qp_buf.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     DH: gl.constexpr = c_bufs.shape[3]
@@ -158,18 +164,19 @@ def _consumer(qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_em
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
             acc = gl.zeros([BLOCK_M, DH], gl.float32, layout=o_layout)
             if F_STAGES > 0:
-                _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv, WG, F_STAGES, STAGES)
+                _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv, WG, F_STAGES, STAGES, ONCE)
             mbarrier.wait(q_ready.index(0), j & 1)
             acc, m_i, l_i, p_op = _first_step(acc, m_i, l_i, kv, start, seqlen, limit, n_blocks, qn_bufs, qp_buf,
                                               c_bufs, p_bufs, kv_ready, kv_empty, fp8, sm_scale, WG, STAGES, F_STAGES,
-                                              s_layout, o_layout, p_layout)
+                                              s_layout, o_layout, p_layout, ONCE)
             acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, 1, b_full, qn_bufs,
                                          qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, fp8, sm_scale, WG, False, STAGES,
-                                         F_STAGES, s_layout, o_layout, p_layout)
+                                         F_STAGES, s_layout, o_layout, p_layout, ONCE, LATE)
             if F_STAGES > 0:  # the tile's last step has no next one to widen
                 acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit, gl.maximum(b_full, 1),
                                              n_blocks - 1, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, fp8,
-                                             sm_scale, WG, True, STAGES, F_STAGES, s_layout, o_layout, p_layout)
+                                             sm_scale, WG, True, STAGES, F_STAGES, s_layout, o_layout, p_layout, ONCE,
+                                             LATE)
                 acc, m_i, l_i, p_op = _steps(acc, m_i, l_i, p_op, kv, start, seqlen, limit,
                                              gl.maximum(gl.maximum(b_full, 1), n_blocks - 1), n_blocks, qn_bufs,
                                              qp_buf, c_bufs, p_bufs, kv_ready, kv_empty, fp8, sm_scale, WG, True,
@@ -228,10 +235,10 @@ def _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LS
 @gluon.jit
 def _first_step(acc, m_i, l_i, kv, start, seqlen, limit, n_blocks, qn_bufs, qp_buf, c_bufs, p_bufs, kv_ready,
                 kv_empty, fp8, sm_scale, WG: gl.constexpr, STAGES: gl.constexpr, F_STAGES: gl.constexpr,
-                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, ONCE: gl.constexpr = False):
     """Step 0 of a tile: its scores and softmax (masked: the rule holds trivially on a fully visible step), no
     P V yet (the pipelined steps issue it with step 1's scores). F_STAGES > 0: the warpgroup has widened its
-    share of step 0 (the caller) and widens that of step 1 here."""
+    share of step 0 (the caller) and widens that of step 1 here (ONCE: _widen_step's; no wgmma in flight)."""
     BLOCK_M: gl.constexpr = qp_buf.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     s = kv % STAGES
@@ -242,7 +249,7 @@ def _first_step(acc, m_i, l_i, kv, start, seqlen, limit, n_blocks, qn_bufs, qp_b
     qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
     if F_STAGES > 0:
         if n_blocks > 1:
-            _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 1, WG, F_STAGES, STAGES)
+            _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 1, WG, F_STAGES, STAGES, ONCE)
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     qk = gl.where((start + o_n)[None, :] < limit[:, None], qk, float("-inf"))
     p, _, m_i, l_i = _online_softmax(qk, m_i, l_i, sm_scale)
@@ -256,7 +263,7 @@ def mla_split_sm90_kernel(
     num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
     PAGE: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
     RETURN_LSE: gl.constexpr, F_STAGES: gl.constexpr = 0, C_LAYOUT: gl.constexpr = None,
-    P_LAYOUT: gl.constexpr = None,
+    P_LAYOUT: gl.constexpr = None, WIDEN_ONCE: gl.constexpr = False, FENCE_LATE: gl.constexpr = False,
 ):
     """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
 
@@ -264,7 +271,8 @@ def mla_split_sm90_kernel(
     with block [1, 64, DR]; ckv over [num_pages, page_size, DC] with block [1, BLOCK_N, DC / 2]; kpe over
     [num_pages, page_size, DR] with block [1, BLOCK_N, DR]. WORK, O, LSE, OP, LSEP, KVS and sm_scale as in
     kernels.mla_split_kernel. F_STAGES > 0: fp8 caches, streamed through F_STAGES fp8 steps and widened into
-    the STAGES 16-bit ones (C_LAYOUT / P_LAYOUT: their shared layouts, those of 16-bit descriptors; gluon_producer.py).
+    the STAGES 16-bit ones (C_LAYOUT / P_LAYOUT: their shared layouts, those of 16-bit descriptors; gluon_producer.py;
+    WIDEN_ONCE / FENCE_LATE: MLASm90Config.widen_once / fence_late).
     """
     # one Q slot (nope halves + rope), STAGES cache steps (ckv halves + kpe), in the descriptors' block shapes
     qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
@@ -295,10 +303,10 @@ def mla_split_sm90_kernel(
     gl.warp_specialize([
         (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O,
                      LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
-                     num_tiles, row_blocks, sm_scale, 0, STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+                     num_tiles, row_blocks, sm_scale, 0, STAGES, F_STAGES, CAUSAL, RETURN_LSE, WIDEN_ONCE, FENCE_LATE)),
         (_consumer, (qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready, kv_empty, fp8, WORK, SEQLENS, O,
                      LSE, OP, LSEP, KVS, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
-                     num_tiles, row_blocks, sm_scale, 1, STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+                     num_tiles, row_blocks, sm_scale, 1, STAGES, F_STAGES, CAUSAL, RETURN_LSE, WIDEN_ONCE, FENCE_LATE)),
         (_loader, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, l_c, l_p, q_ready, q_empty, l_ready,
                    l_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, l_stages)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import thread_barrier
-from .gluon_producer import _buf, _fp8_rings, _loader, _widen_step, _work_item
+from .gluon_producer import _buf, _fp8_rings, _loader, _widen_arrive, _widen_step, _work_item
 from .gluon_sm90 import _epilogue, _visible, _zero_tail
 
 
@@ -56,9 +56,10 @@ def _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, zero, qz=0):
 
 @gluon.jit
 def _publish(qk, m_i, l_i, n0, limit, sm_scale, x_buf, m_buf, r_buf, p_free, free_phase, p_ready,
-             s_layout: gl.constexpr):
+             s_layout: gl.constexpr, ARRIVE: gl.constexpr = True):
     """The owner's online-softmax step on its scores (tokens >= limit masked): (P 16-bit, alpha, m, l). P, m and
-    the row sums go to shared memory for the other warpgroup once it has freed the P buffer."""
+    the row sums go to shared memory for the other warpgroup once it has freed the P buffer. ARRIVE=False: the
+    stores only (the caller fences, synchronizes and arrives on p_ready)."""
     BLOCK_N: gl.constexpr = x_buf.shape[1]
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     qk = gl.where((n0 + o_n)[None, :] < limit[:, None], qk, float("-inf"))
@@ -72,9 +73,10 @@ def _publish(qk, m_i, l_i, n0, limit, sm_scale, x_buf, m_buf, r_buf, p_free, fre
     x_buf.store(p16)
     m_buf.store(m_new)
     r_buf.store(rs)
-    fence_async_shared()  # P is read by the other warpgroup's wgmma
-    thread_barrier()  # every thread's stores before the (single-thread) arrive
-    mbarrier.arrive(p_ready)
+    if ARRIVE:
+        fence_async_shared()  # P is read by the other warpgroup's wgmma
+        thread_barrier()  # every thread's stores before the (single-thread) arrive
+        mbarrier.arrive(p_ready)
     return p16, alpha, m_new, l_i * alpha + rs
 
 
@@ -123,14 +125,18 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
               p_free, fp8, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
               stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
               WG: gl.constexpr, STAGES: gl.constexpr, F_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              RETURN_LSE: gl.constexpr):
+              RETURN_LSE: gl.constexpr, ONCE: gl.constexpr, LATE: gl.constexpr):
     """F_STAGES > 0 (fp8 caches): each warpgroup widens its share of every step of the tile (gluon_producer's
     _widen_step; step g is ready when both have): warpgroup 0 steps 0 and 1 before the tile and at its turn k
     (own step o = 2k) steps o and o + 1, warpgroup 1 steps 0, 1 and 2 before the tile and at its turn k (o = 2k +
     1) steps o + 0 and o + 1: step o's share before its scores are waited for (under the own P V just issued),
     step o + 1's once step o - 2 is freed (under the scores). Each wait there is on the other warpgroup's earlier
     progress (its P, its freeing of step g - STAGES, its widening of g - F_STAGES), so with STAGES = 3 and
-    F_STAGES = 2 no cycle can form (docs/design/mla.md)."""
+    F_STAGES = 2 no cycle can form (docs/design/mla.md).
+    ONCE (MLASm90Config.widen_once): _widen_step's. LATE (MLASm90Config.fence_late, fp8 only): at a turn, the share
+    of step o + 1 and P of step o are published together, behind one fence and barrier placed after the P V wait
+    (no wgmma in flight); the other warpgroup's scores of o + 1 then wait for that publish (order model:
+    scripts/check_mla_shard_fp8_order.py 3 2 late)."""
     BLOCK_M: gl.constexpr = qn_bufs.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     DH: gl.constexpr = c_bufs.shape[3]
@@ -178,12 +184,12 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
             p16 = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, s_layout)
             alpha = gl.zeros([BLOCK_M], gl.float32, s_row)
             if F_STAGES > 0:  # this warpgroup's shares of the steps before its first turn
-                _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv, WG, F_STAGES, STAGES)
+                _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv, WG, F_STAGES, STAGES, ONCE)
                 if n_blocks > 1:
-                    _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 1, WG, F_STAGES, STAGES)
+                    _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 1, WG, F_STAGES, STAGES, ONCE)
                 if WG == 1:
                     if n_blocks > 2:
-                        _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 2, WG, F_STAGES, STAGES)
+                        _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + 2, WG, F_STAGES, STAGES, ONCE)
             mbarrier.wait(q_ready.index(0), j & 1)
             if WG == 0:  # step 0: the tile's first, no step of the other's before it
                 s = kv % STAGES
@@ -219,7 +225,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                 acc = _own_pv(acc, alpha, p16, _buf(c_bufs, 2 * spp + WG), n0 - 2 * BLOCK_N, seqlen, o_row,
                               p_layout)
                 if F_STAGES > 0:
-                    _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + o, WG, F_STAGES, STAGES)
+                    _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + o, WG, F_STAGES, STAGES, ONCE)
                 mbarrier.wait(kv_ready.index(s), ((kv + o) // STAGES) & 1)
                 qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero, k >> 30)  # 0 (k < 2^30), not loop-invariant
                 # the other's step o - 1 while the scores run: its P, m and row sums, then its P V
@@ -230,15 +236,23 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                 mbarrier.arrive(kv_empty.index(spp))
                 if F_STAGES > 0:
                     if o + 1 < n_blocks:
-                        _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + o + 1, WG, F_STAGES, STAGES)
+                        _widen_step(fp8, c_bufs, p_bufs, kv_ready, kv_empty, kv + o + 1, WG, F_STAGES, STAGES, ONCE,
+                                    LATE)
                 acc = _other_pv(acc, alpha, x_bufs.index(OTHER), _buf(c_bufs, 2 * sp + WG), n0 - BLOCK_N, seqlen,
                                 o_row)
                 # this warpgroup's step o: the softmax under the other's P V
                 qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
                 p16, alpha, m_i, l_i = _publish(qk, m_i, l_i, n0, limit, sm_scale, x_bufs.index(WG),
                                                 m_bufs.index(WG), r_bufs.index(WG), p_free.index(WG),
-                                                ((c_own + k) & 1) ^ 1, p_ready.index(WG), s_layout)
+                                                ((c_own + k) & 1) ^ 1, p_ready.index(WG), s_layout, not LATE)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                if LATE:  # P of step o and the share of o + 1 (widened above) behind one fence
+                    fence_async_shared()
+                    thread_barrier()
+                    mbarrier.arrive(p_ready.index(WG))
+                    if F_STAGES > 0:
+                        if o + 1 < n_blocks:
+                            _widen_arrive(fp8, kv_ready, kv + o + 1, F_STAGES, STAGES)
                 _release(p_free.index(OTHER))
                 mbarrier.arrive(kv_empty.index(sp))
             if n_own > 0:  # the P V of this warpgroup's last step
@@ -276,7 +290,7 @@ def mla_split_sm90_shard_kernel(
     num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
     PAGE: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
     RETURN_LSE: gl.constexpr, F_STAGES: gl.constexpr = 0, C_LAYOUT: gl.constexpr = None,
-    P_LAYOUT: gl.constexpr = None,
+    P_LAYOUT: gl.constexpr = None, WIDEN_ONCE: gl.constexpr = False, FENCE_LATE: gl.constexpr = False,
 ):
     """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
 
@@ -284,6 +298,7 @@ def mla_split_sm90_shard_kernel(
     strides stride_qpb, stride_qpr and unit columns, read into registers). F_STAGES > 0: fp8 caches, as there
     (STAGES = 3 with F_STAGES = 2: _consumer's widening order needs no more; with two 16-bit stages it deadlocks, and
     the plan asks for 2 fp8 stages though the order model, scripts/check_mla_shard_fp8_order.py, finds none at 3 / 1).
+    WIDEN_ONCE / FENCE_LATE: MLASm90Config.widen_once / fence_late (_consumer's ONCE / LATE).
     """
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
@@ -330,11 +345,11 @@ def mla_split_sm90_shard_kernel(
         (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
                      p_free, fp8, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
                      stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 0,
-                     STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+                     STAGES, F_STAGES, CAUSAL, RETURN_LSE, WIDEN_ONCE, FENCE_LATE)),
         (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, kv_ready, kv_empty, p_ready,
                      p_free, fp8, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
                      stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 1,
-                     STAGES, F_STAGES, CAUSAL, RETURN_LSE)),
+                     STAGES, F_STAGES, CAUSAL, RETURN_LSE, WIDEN_ONCE, FENCE_LATE)),
         (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, l_c, l_p, q_ready, q_empty,
                    l_ready, l_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, l_stages, False)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -91,7 +91,8 @@ class Sm90Backend(Backend):
                         RETURN_LSE=r.return_lse, num_warps=4)
             if cfg.fp8_stages:  # the 16-bit ring the consumers fill: the layouts of 16-bit descriptors' boxes
                 opts.update(F_STAGES=cfg.fp8_stages, C_LAYOUT=nvmma_layout([1, cfg.block_n, dh], plan.dtype),
-                            P_LAYOUT=nvmma_layout([1, cfg.block_n, plan.dr], plan.dtype))
+                            P_LAYOUT=nvmma_layout([1, cfg.block_n, plan.dr], plan.dtype),
+                            WIDEN_ONCE=cfg.widen_once, FENCE_LATE=cfg.fence_late)
             if cfg.qk_shard:
                 from .gluon_sm90_shard import mla_split_sm90_shard_kernel as kernel
                 return kernel, (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims), opts
