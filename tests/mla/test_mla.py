@@ -375,12 +375,13 @@ def test_gpu_mla_sm90_qk_shard_fp8(programs, hq, sq, causal, device):
         assert plan.sm90 == SM90_SHARD_FP8, plan
 
 
-# the fp8 widening's switches (MLASm90Config.widen_once / fence_late; no table holds them yet)
-WIDEN = [dict(widen_once=True), dict(fence_late=True), dict(widen_once=True, fence_late=True)]
+# the fp8 widening's switches (MLASm90Config.widen_once / fence_late), every combination: the tables hold one
+# each (configs.SM90_SHARD_FP8, SM90_FP8), a forced config any
+WIDEN = [dict(widen_once=o, fence_late=f) for o in (False, True) for f in (False, True)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("switches", WIDEN, ids=["once", "late", "once_late"])
+@pytest.mark.parametrize("switches", WIDEN, ids=["off", "late", "once", "once_late"])
 @pytest.mark.parametrize("base", [SM90_SHARD_FP8, FP8], ids=["qk_shard", "plain"])
 def test_gpu_mla_sm90_fp8_widen(base, switches, device):
     """The widening switches on both fp8 kernels, checked as test_gpu_mla_sm90_qk_shard_fp8: tiles of 1, 2, 3 and

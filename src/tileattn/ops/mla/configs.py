@@ -68,10 +68,11 @@ class MLASm90Config:
     # fp8 caches: cache steps in flight in fp8, which the consumer warpgroups widen into the `stages` 16-bit
     # steps the consumers read (gluon_producer.py); 0: 16-bit caches, loaded straight into the 16-bit ring
     fp8_stages: int = 0
-    # fp8 widening switches (docs/design/mla.md, 2c; in no table yet). widen_once: a warpgroup's share of a step
-    # loaded whole, then converted and stored with one store per buffer (in passes, Triton puts a warpgroup
-    # barrier before each pass's store). fence_late: the share's proxy fence placed where no wgmma is in flight
-    # (after the step's last wgmma wait; QK_SHARD: shared with the fence of the P published at the same turn)
+    # fp8 widening switches (docs/design/mla.md, 2c; the fp8 table below says which are on). widen_once: a
+    # warpgroup's share of a step loaded whole, then converted and stored with one store per buffer (in passes,
+    # Triton puts a warpgroup barrier before each pass's store). fence_late: the share's proxy fence placed where
+    # no wgmma is in flight (after the step's last wgmma wait; QK_SHARD: shared with the fence of the P published
+    # at the same turn)
     widen_once: bool = False
     fence_late: bool = False
 
@@ -130,8 +131,14 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
 # batch 128 kv 1K Hq 128 0.172 / 0.162; batch 768 kv 1K Hq 64 0.469 / 0.436; batch 128 kv 4K Hq 64 0.290 / 0.263;
 # batch 768 kv 2K Hq 128 1.669 / 1.513; batch 768 kv 1K Hq 16 0.433 / 0.403; batch 128 kv 2K Hq 32 0.158 / 0.145
 # (+6..+10%).
-SM90_SHARD_FP8 = MLASm90Config(block_n=32, stages=3, qk_shard=True, fp8_stages=2)
-SM90_FP8 = MLASm90Config(block_n=32, stages=3, consumer_regs=232, fp8_stages=2)  # (1 KB less shared memory)
+# The widening's switches (docs/design/mla.md 2c; on the H200, 2026-11-28, `scripts/sweep.py mla-sched --fp8
+# --configs 4,5,6,1,7,8,9`, page 64, graph ms, off / once / late / both): QK_SHARD batch 128 kv 1K Hq 64 0.093 /
+# 0.090 / 0.102 / 0.096, Hq 128 0.162 / 0.154 / 0.178 / 0.167, batch 768 kv 1K Hq 64 0.433 / 0.407 / 0.475 / 0.443;
+# the plain kernel 0.098 / 0.094 / 0.096 / 0.094, 0.174 / 0.168 / 0.172 / 0.166, 0.469 / 0.456 / 0.469 / 0.447.
+# So widen_once on both, fence_late on the plain kernel only (with QK_SHARD it delays the publish of P).
+SM90_SHARD_FP8 = MLASm90Config(block_n=32, stages=3, qk_shard=True, fp8_stages=2, widen_once=True)
+SM90_FP8 = MLASm90Config(block_n=32, stages=3, consumer_regs=232, fp8_stages=2, widen_once=True,
+                         fence_late=True)  # (1 KB less shared memory)
 SM90_FP8_CONFIGS = [SM90_SHARD_FP8, SM90_FP8]
 
 
