@@ -92,6 +92,32 @@ def test_gpu_split_scores_sm90_matches_triton(device, monkeypatch):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2 * b.float().abs().max().item())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,causal,window,softcap", [(torch.float16, True, (-1, -1), 0.0),
+                                                         (torch.bfloat16, False, (60, 30), 5.0)])
+def test_gpu_split_scores_sm90_do_shared(dtype, causal, window, softcap, device, monkeypatch):
+    """The Hopper score kernel with dO in shared memory (gluon_bwd_scores_sm90.DO_SHARED: triton 3.9's form) and
+    in registers (3.6's) gives bit-identical gradients (the same products and sums; another ring layout: a slot
+    read before its load landed, or dO's slots refilled under it, would be far off). Both forms compile under
+    triton 3.6 and 3.9."""
+    q = leaf(2, 700, 4, 256, dtype=dtype, device=device)
+    k, v = (leaf(2, 650, 2, 256, dtype=dtype, device=device) for _ in range(2))
+    if gluon_sm90_reason(q.device):
+        pytest.skip(gluon_sm90_reason(q.device))
+    from tileattn.ops.dense import gluon_bwd_scores_sm90
+    w = torch.randn(2, 700, 4, 256, device=device)
+    chunks = _spy(monkeypatch)
+    got = {}
+    for shared in (False, True):
+        monkeypatch.setattr(gluon_bwd_scores_sm90, "DO_SHARED", shared)
+        plans.clear_plans()
+        got[shared] = grads(lambda q, k, v: tileattn.attention(q, k, v, causal=causal, window=window,
+                                                               softcap=softcap), (q, k, v), [w])
+    assert chunks and all(chunks)
+    for a, b in zip(got[False], got[True]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("memory,expected", [(80 << 30, 2 << 30), (16 << 30, 1 << 30), (0, 2 << 30)])
 def test_workspace_budget(memory, expected, monkeypatch):
     """The chunks' workspace: WORKSPACE_BYTES, at most a sixteenth of the device's memory (0: not known)."""

@@ -11,6 +11,12 @@
     tma_wait_writes wait until this thread's TMA stores and reduce-adds are written to global memory, not only
                     read from shared memory (3.9: tma.store_wait(0, read_only=False); 3.6's store_wait has
                     only the read wait, so the PTX wait is inline here)
+    RS_OPERAND_COPIES
+                    True where the lowering of a wgmma whose A operand is in registers copies each A register
+                    (a mov) before the wgmma (3.9, upstream triton #9514 / #9530 for a register hazard of
+                    pipelined wgmmas; 3.6 passes them as they are). Where the A operand stays live after the
+                    product (Q and dO held across the split backward's key loop), ptxas 13.4 (3.9's for sm90)
+                    spilled with the copies and not without them; ptxas 12.8 and 13.0 did not spill either way
 
 Everything else the kernels use is spelled the same in both. Import only where Gluon exists
 (ops/common/tma.py: `gluon_available`).
@@ -45,3 +51,4 @@ else:  # 3.6
         gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
 thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+RS_OPERAND_COPIES = hasattr(tma, "async_load")  # (3.9: see above)

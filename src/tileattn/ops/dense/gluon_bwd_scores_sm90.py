@@ -18,6 +18,9 @@ P and dZ' leave through TMA stores that overlap the next tile's products. Partit
     only once that store has read it (store_wait with one store left in flight: P's and dZ''s alternate).
   - Key tiles the rows cannot see are stored as zeros where a GEMM piece of the chunk reads them (the rule both
     score kernels share: kernels_bwd_large_d.hidden_tile_read), without products.
+Under triton 3.9 (DO_SHARED below) dO stays in two slots for the whole CTA as dP's A operand from shared memory
+and the ring has the other four: 3.9 copies a register A operand before each wgmma, and with Q and dO both held
+in registers its ptxas spilled in the step loop.
 Workspaces [units, rows, group, cols] in q's dtype (launch_bwd_large_d._scores; the column pitch a multiple of 8
 for TMA), their descriptors clip rows and columns past the chunk; rows past Sq get p = 0 (lse read as +inf), as
 do rows that saw no key (lse = -inf). Masking model: masking.py.
@@ -33,13 +36,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common import masking, softmax
-from ..common.gluon_compat import tma_load, tma_store
+from ..common.gluon_compat import RS_OPERAND_COPIES, tma_load, tma_store
 from .kernels_bwd_large_d import hidden_tile_read
 
 LOG2E = gl.constexpr(softmax.LOG2E)
 _tanh = gluon.jit(softmax.tanh.fn)
 _key_range = gluon.jit(masking.key_range.fn)
 _hidden_tile_read = gluon.jit(hidden_tile_read.fn)
+# dO as dP's A operand from shared memory (the kernel's DO_SHARED) where the triton copies a wgmma's register A
+# operand before it (RS_OPERAND_COPIES: triton 3.9). With Q and dO in registers, ptxas 13.4 (3.9's for sm90)
+# spilled 124 bytes (468 causal) in the step loop, ptxas 13.0 and 12.8 none; with dO in shared memory none.
+# The ring's K / V tiles in flight go from three to two (dO's slots are kept). Compiled, not measured.
+DO_SHARED = RS_OPERAND_COPIES
 
 
 @gluon.jit
@@ -66,11 +74,21 @@ def _tiles(r0, m0, n0, cols, seqlen_k, off_diag, left, right, BLOCK_N: gl.conste
 
 
 @gluon.jit
-def _load(desc, coord, bufs, ready, empty, pos):
-    """One tile into ring position pos (slot pos % slots) once the consumers have handed that slot back."""
+def _slot(pos, NS: gl.constexpr, PIN: gl.constexpr):
+    """(slot, earlier tiles of that slot) of ring position pos: the ring cycles through slots PIN .. NS - 1 (slots
+    below PIN hold dO for the whole CTA: DO_SHARED)."""
+    if PIN == 0:
+        return pos % NS, pos // NS
+    else:
+        return PIN + pos % (NS - PIN), pos // (NS - PIN)
+
+
+@gluon.jit
+def _load(desc, coord, bufs, ready, empty, pos, PIN: gl.constexpr):
+    """One tile into ring position pos (_slot) once the consumers have handed that slot back."""
     NS: gl.constexpr = bufs.shape[0]
-    s = pos % NS
-    mbarrier.wait(empty.index(s), ((pos // NS) & 1) ^ 1)  # fresh slots pass
+    s, use = _slot(pos, NS, PIN)
+    mbarrier.wait(empty.index(s), (use & 1) ^ 1)  # fresh slots pass
     mbarrier.expect(ready.index(s), desc.block_type.nbytes)
     tma_load(desc, coord, ready.index(s), bufs.index(s))
 
@@ -78,22 +96,26 @@ def _load(desc, coord, bufs, ready, empty, pos):
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, bufs, ready, empty, num_m, heads_chunk, group_size, b0, hq0, m0, n0,
             cols, seqlen_k, off_diag, left, right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-            REVERSE_M: gl.constexpr):
+            REVERSE_M: gl.constexpr, DO_SHARED: gl.constexpr):
     """Ring positions 0-3: the two 64-row halves of Q, then of dO; then K and V of each key tile the CTA's rows
-    can see, K at 4 + 2 * tile, V after it."""
+    can see, K at 4 + 2 * tile, V after it. DO_SHARED: dO's halves in slots 0 and 1 for good, the ring (Q at
+    positions 0-1, K and V from 2) in the other slots."""
+    PIN: gl.constexpr = 2 if DO_SHARED else 0
+    KV0: gl.constexpr = 2 if DO_SHARED else 4
+    DO0: gl.constexpr = 0 if DO_SHARED else 2
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     i_m, i_b, i_h, _, _ = _cta(num_m, heads_chunk, group_size, b0, hq0, REVERSE_M)
     i_hk = i_h // group_size
     r0 = i_m * 128
     for w in gl.static_range(2):
-        _load(q_desc, [i_b, m0 + r0 + w * 64, i_h, 0], bufs, ready, empty, w)
+        _load(q_desc, [i_b, m0 + r0 + w * 64, i_h, 0], bufs, ready, empty, w, PIN)
     for w in gl.static_range(2):
-        _load(do_desc, [i_b, m0 + r0 + w * 64, i_h, 0], bufs, ready, empty, 2 + w)
+        _load(do_desc, [i_b, m0 + r0 + w * 64, i_h, 0], bufs, ready, empty, DO0 + w, 0)
     c_lo, n_it = _tiles(r0, m0, n0, cols, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     for it in range(n_it):
         key = n0 + c_lo + it * BLOCK_N
-        _load(k_desc, [i_b, key, i_hk, 0], bufs, ready, empty, 4 + 2 * it)
-        _load(v_desc, [i_b, key, i_hk, 0], bufs, ready, empty, 5 + 2 * it)
+        _load(k_desc, [i_b, key, i_hk, 0], bufs, ready, empty, KV0 + 2 * it, PIN)
+        _load(v_desc, [i_b, key, i_hk, 0], bufs, ready, empty, KV0 + 1 + 2 * it, PIN)
 
 
 @gluon.jit
@@ -107,11 +129,11 @@ def _stage_store(desc, buf, x, coord):
 
 
 @gluon.jit
-def _wait(bufs, ready, pos):
-    """The ring slot of position pos once its tile has landed, as a [rows, D] matrix."""
+def _wait(bufs, ready, pos, PIN: gl.constexpr):
+    """The slot of ring position pos (_slot) once its tile has landed, as a [rows, D] matrix."""
     NS: gl.constexpr = bufs.shape[0]
-    s = pos % NS
-    mbarrier.wait(ready.index(s), (pos // NS) & 1)
+    s, use = _slot(pos, NS, PIN)
+    mbarrier.wait(ready.index(s), use & 1)
     return bufs.index(s).reshape([bufs.shape[2], bufs.shape[4]])
 
 
@@ -119,10 +141,14 @@ def _wait(bufs, ready, pos):
 def _consumer(p_desc, ds_desc, bufs, p_bufs, ds_bufs, ready, empty, lse_ptr, delta_ptr, stride_lb, stride_lh, num_m,
               heads_chunk, group_size, b0, hq0, m0, n0, rows, cols, row_piece, key_piece, seqlen_q, seqlen_k, off_diag,
               left, right, scale, qk_scale, softcap_scale, softcap_out, WG: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr, REVERSE_M: gl.constexpr):
-    """This warpgroup's 64 rows: every visible key tile's P and dZ' * scale, then zeros where a hidden tile is read."""
+              HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr, REVERSE_M: gl.constexpr,
+              DO_SHARED: gl.constexpr):
+    """This warpgroup's 64 rows: every visible key tile's P and dZ' * scale, then zeros where a hidden tile is read.
+    DO_SHARED: dO stays in its slot, the A operand of dP from shared memory (_loader)."""
     BLOCK_N: gl.constexpr = bufs.shape[2]
     NS: gl.constexpr = bufs.shape[0]
+    PIN: gl.constexpr = 2 if DO_SHARED else 0
+    KV0: gl.constexpr = 2 if DO_SHARED else 4
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_N, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
@@ -142,29 +168,38 @@ def _consumer(p_desc, ds_desc, bufs, p_bufs, ds_bufs, ready, empty, lse_ptr, del
         _, _, full_lo, full_hi = _key_range(m0 + rw, m0 + rw + 63, seqlen_k, off_diag, left, right, BLOCK_N, HAS_LEFT,
                                             HAS_RIGHT)
     # Q and dO of this warpgroup's rows into registers (the wgmmas' A operands: shared memory then carries only
-    # the B operands, and the four slots go back to the ring); every warpgroup hands back all four slots
-    q = _wait(bufs, ready, WG).load(a_layout)
-    do = _wait(bufs, ready, 2 + WG).load(a_layout)
-    for i in gl.static_range(4):
-        # the slots this warpgroup does not read are waited on too: a ready barrier's parity wait tells its phases
-        # apart only if each waiter sees every one (skipped, the wait for the slot's next tile could pass on this
-        # one's phase while it is still loading: wrong tiles in 1 of ~3 runs on the H100)
-        _wait(bufs, ready, i)
-        mbarrier.arrive(empty.index(i % NS))
+    # the B operands, and the four slots go back to the ring); every warpgroup hands back all four slots.
+    # DO_SHARED: dO stays in its slot as dP's A operand, Q's two slots go back
+    q = _wait(bufs, ready, WG, PIN).load(a_layout)
+    # the slots this warpgroup does not read are waited on too: a ready barrier's parity wait tells its phases
+    # apart only if each waiter sees every one (skipped, the wait for the slot's next tile could pass on this one's
+    # phase while it is still loading: wrong tiles in 1 of ~3 runs on the H100)
+    if DO_SHARED:  # (dO's slots are never handed back)
+        do = _wait(bufs, ready, WG, 0)
+        for i in gl.static_range(2):
+            _wait(bufs, ready, i, PIN)
+            mbarrier.arrive(empty.index(PIN + i))
+            _wait(bufs, ready, i, 0)
+    else:
+        do = _wait(bufs, ready, 2 + WG, 0).load(a_layout)
+        for i in gl.static_range(4):
+            _wait(bufs, ready, i, 0)
+            mbarrier.arrive(empty.index(i % NS))
     p_buf = p_bufs.index(WG)
     ds_buf = ds_bufs.index(WG)
     zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
     for it in range(n_it):
         c = c_lo + it * BLOCK_N
-        pos = 4 + 2 * it
-        sc = warpgroup_mma(q, _wait(bufs, ready, pos).permute((1, 0)), zero, use_acc=False, is_async=True)
+        pos = KV0 + 2 * it
+        sc = warpgroup_mma(q, _wait(bufs, ready, pos, PIN).permute((1, 0)), zero, use_acc=False, is_async=True)
         if not HAS_SOFTCAP:  # dP under the softmax (with a softcap its accumulator, tanh's and P's tiles spilled
             # registers; it is issued once P is stored)
-            dp = warpgroup_mma(do, _wait(bufs, ready, pos + 1).permute((1, 0)), zero, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do, _wait(bufs, ready, pos + 1, PIN).permute((1, 0)), zero, use_acc=False,
+                               is_async=True)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         else:
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-        mbarrier.arrive(empty.index(pos % NS))
+        mbarrier.arrive(empty.index(_slot(pos, NS, PIN)[0]))
         if HAS_SOFTCAP:
             th = _tanh(sc * softcap_scale)
             p = gl.exp2(th * softcap_out - lse[:, None])
@@ -183,9 +218,10 @@ def _consumer(p_desc, ds_desc, bufs, p_bufs, ds_bufs, ready, empty, lse_ptr, del
         _stage_store(p_desc, p_buf, p, coord)
         if HAS_SOFTCAP:
             p = p * (1.0 - th * th)  # (one tile across the dP wait instead of two)
-            dp = warpgroup_mma(do, _wait(bufs, ready, pos + 1).permute((1, 0)), zero, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do, _wait(bufs, ready, pos + 1, PIN).permute((1, 0)), zero, use_acc=False,
+                               is_async=True)
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-        mbarrier.arrive(empty.index((pos + 1) % NS))
+        mbarrier.arrive(empty.index(_slot(pos + 1, NS, PIN)[0]))
         _stage_store(ds_desc, ds_buf, p * (dp - delta[:, None]) * scale, coord)
     if NEEDS_MASK:  # hidden tiles a GEMM piece reads: zeros from the P buffer (no products)
         tma.store_wait(pendings=0)
@@ -209,6 +245,7 @@ def bwd_scores_sm90_kernel(
     scale, qk_scale, softcap_scale, softcap_out, left, right,
     SLOTS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
     ALIGN_BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, NEEDS_MASK: gl.constexpr,
+    DO_SHARED: gl.constexpr = False,
 ):
     """Grid (num_m * units * group_size,): num_m = cdiv(rows, 128) row tiles of query rows [m0, m0 + rows) for each
     (unit, head of the group) of the chunk (batches from b0, query heads from hq0, heads_chunk query heads per
@@ -240,11 +277,11 @@ def bwd_scores_sm90_kernel(
         (_consumer, (p_desc, ds_desc, bufs, p_bufs, ds_bufs, ready, empty, lse_ptr, delta_ptr, stride_lb, stride_lh,
                      num_m, heads_chunk, group_size, b0, hq0, m0, n0, rows, cols, row_piece, key_piece, seqlen_q,
                      seqlen_k, off_diag, left, right, scale, qk_scale, softcap_scale, softcap_out, 0, HAS_LEFT,
-                     HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, REVERSE_M)),
+                     HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, REVERSE_M, DO_SHARED)),
         (_consumer, (p_desc, ds_desc, bufs, p_bufs, ds_bufs, ready, empty, lse_ptr, delta_ptr, stride_lb, stride_lh,
                      num_m, heads_chunk, group_size, b0, hq0, m0, n0, rows, cols, row_piece, key_piece, seqlen_q,
                      seqlen_k, off_diag, left, right, scale, qk_scale, softcap_scale, softcap_out, 1, HAS_LEFT,
-                     HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, REVERSE_M)),
+                     HAS_RIGHT, HAS_SOFTCAP, NEEDS_MASK, REVERSE_M, DO_SHARED)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, bufs, ready, empty, num_m, heads_chunk, group_size, b0, hq0, m0,
-                   n0, cols, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
+                   n0, cols, seqlen_k, off_diag, left, right, HAS_LEFT, HAS_RIGHT, REVERSE_M, DO_SHARED)),
     ], [4, 1], [CONSUMER_REGS, 24])

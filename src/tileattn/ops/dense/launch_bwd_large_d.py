@@ -220,14 +220,14 @@ def _scores(p, c, do, delta, ch, tail, launch):
     args = (ch.b0, ch.h0 * ch.g, ch.m0, ch.lo, rows, cols, ch.row_piece, ch.key_piece, p.seqlen_q, p.seqlen_k,
             (ch.h1 - ch.h0) * ch.g)
     if ch.sm90:
-        from .gluon_bwd_scores_sm90 import bwd_scores_sm90_kernel
+        from .gluon_bwd_scores_sm90 import DO_SHARED, bwd_scores_sm90_kernel
         bn, slots, regs = SCORES_SM90_CONFIGS[p.head_dim]
         # (TMA: 16-byte aligned strides; the workspaces' own allocation keeps those of size-1 dimensions so)
         ws = _workspaces(ch, rows, cols, q, triton.cdiv(cols, 8) * 8)
         launch(bwd_scores_sm90_kernel, (triton.cdiv(rows, 128) * bh, ), (
             *ch.sm90_operands, *(gluon_desc(w, [1, 64, 1, bn]) for w in ws), lse, delta, lse.stride(0),
             lse.stride(1), *args, ch.g, triton.cdiv(rows, 128), scale, qk_scale, softcap_scale, softcap_out, left,
-            right), dict(SLOTS=slots, CONSUMER_REGS=regs, num_warps=4, **flags))
+            right), dict(SLOTS=slots, CONSUMER_REGS=regs, DO_SHARED=DO_SHARED, num_warps=4, **flags))
         return [w.flatten(1, 2) for w in ws]
     bm, bn, bk, warps, stages = SCORE_TILES_INTERPRETER if hw.interpreter_enabled() else SCORE_TILES
     ws = [w.flatten(1, 2) for w in _workspaces(ch, rows, cols, q, cols)]
