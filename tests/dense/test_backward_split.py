@@ -107,12 +107,24 @@ def test_gpu_split_scores_sm90_do_shared(dtype, causal, window, softcap, device,
     from tileattn.ops.dense import gluon_bwd_scores_sm90
     w = torch.randn(2, 700, 4, 256, device=device)
     chunks = _spy(monkeypatch)
+    forms = []  # the DO_SHARED each launch of the Hopper kernel was given (else both runs could take one form)
+    spied = launch_bwd_large_d._scores
+
+    def scores(p, c, do, delta, ch, tail, launch):
+        def recorded(kernel, grid, args, kwargs):
+            if kernel is gluon_bwd_scores_sm90.bwd_scores_sm90_kernel:
+                forms.append(kwargs["DO_SHARED"])
+            return launch(kernel, grid, args, kwargs)
+        return spied(p, c, do, delta, ch, tail, recorded)
+    monkeypatch.setattr(launch_bwd_large_d, "_scores", scores)
     got = {}
     for shared in (False, True):
         monkeypatch.setattr(gluon_bwd_scores_sm90, "DO_SHARED", shared)
         plans.clear_plans()
+        n = len(forms)
         got[shared] = grads(lambda q, k, v: tileattn.attention(q, k, v, causal=causal, window=window,
                                                                softcap=softcap), (q, k, v), [w])
+        assert len(forms) > n and all(f is shared for f in forms[n:]), (shared, forms)
     assert chunks and all(chunks)
     for a, b in zip(got[False], got[True]):
         assert torch.equal(a, b)
