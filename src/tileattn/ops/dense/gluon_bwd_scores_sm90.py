@@ -46,7 +46,11 @@ _hidden_tile_read = gluon.jit(hidden_tile_read.fn)
 # dO as dP's A operand from shared memory (the kernel's DO_SHARED) where the triton copies a wgmma's register A
 # operand before it (RS_OPERAND_COPIES: triton 3.9). With Q and dO in registers, ptxas 13.4 (3.9's for sm90)
 # spilled 124 bytes (468 causal) in the step loop, ptxas 13.0 and 12.8 none; with dO in shared memory none.
-# The ring's K / V tiles in flight go from three to two (dO's slots are kept). Compiled, not measured.
+# The ring's K / V tiles in flight go from three to two (dO's slots are kept). Measured on an H200 under 3.9 with
+# ptxas 13.4 (2026-11-28, `scripts/sweep.py bwd-large-d --dims 256 --seqlens 4096,8192`, ms, registers / shared):
+# causal 4K 7.09 / 6.76, 8K 26.75 / 25.53 (+5%); non-causal 4K 9.98 / 10.33, 8K 39.42 / 40.17 (-2..-3%, the
+# fewer tiles in flight cost more than the 124 bytes of spills). So launch_bwd_large_d takes it for masked
+# kernels only (causal, windows: the larger spills).
 DO_SHARED = RS_OPERAND_COPIES
 
 

@@ -227,7 +227,8 @@ def _scores(p, c, do, delta, ch, tail, launch):
         launch(bwd_scores_sm90_kernel, (triton.cdiv(rows, 128) * bh, ), (
             *ch.sm90_operands, *(gluon_desc(w, [1, 64, 1, bn]) for w in ws), lse, delta, lse.stride(0),
             lse.stride(1), *args, ch.g, triton.cdiv(rows, 128), scale, qk_scale, softcap_scale, softcap_out, left,
-            right), dict(SLOTS=slots, CONSUMER_REGS=regs, DO_SHARED=DO_SHARED, num_warps=4, **flags))
+            right), dict(SLOTS=slots, CONSUMER_REGS=regs, DO_SHARED=DO_SHARED and flags["NEEDS_MASK"],
+                         num_warps=4, **flags))
         return [w.flatten(1, 2) for w in ws]
     bm, bn, bk, warps, stages = SCORE_TILES_INTERPRETER if hw.interpreter_enabled() else SCORE_TILES
     ws = [w.flatten(1, 2) for w in _workspaces(ch, rows, cols, q, cols)]
