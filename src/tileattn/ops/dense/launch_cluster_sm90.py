@@ -182,8 +182,6 @@ class ClusterBackend(Backend):
             return False, f"dtype {p.dtype} (output {p.out_dtype}): fp16 or bf16, the output in the same"
         if p.head_dim != D_SERVED or p.head_dim_v != D_SERVED:
             return False, f"head dims D={p.head_dim}, Dv={p.head_dim_v}: D = Dv = {D_SERVED} only"
-        if p.opts.return_lse:
-            return False, "the log-sum-exp is asked for (by the caller, or for a gradient): the kernel writes none"
         if p.opts.softcap > 0 or p.descale:
             return False, "a softcap or descale tensors"
         if p.left >= 0 or p.right > 0:
