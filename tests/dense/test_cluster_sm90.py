@@ -98,6 +98,10 @@ def test_cluster_reason_checks_out():
     assert "one device" in reason(q, q.to("meta"), q)
     no_heads = torch.zeros(1, 256, 0, 128, dtype=torch.float16)
     assert "without heads" in reason(q, no_heads, no_heads)
+    # the lse buffer: [B, Hq, Sq] float32 with a unit stride along Sq (any other strides)
+    assert reason(q, q, q, lse=torch.empty(1, 2, 300)[..., :256]) == ""
+    for bad in (torch.empty(1, 256, 2), torch.empty(1, 2, 256, dtype=torch.float16), torch.empty(1, 256, 2).mT):
+        assert reason(q, q, q, lse=bad).startswith("lse:")
 
 
 @pytest.fixture
