@@ -102,6 +102,21 @@ def test_cluster_reason_checks_out():
     assert reason(q, q, q, lse=torch.empty(1, 2, 300)[..., :256]) == ""
     for bad in (torch.empty(1, 256, 2), torch.empty(1, 2, 256, dtype=torch.float16), torch.empty(1, 256, 2).mT):
         assert reason(q, q, q, lse=bad).startswith("lse:")
+    # rows that would share memory (two heads' clusters racing on one row): expanded, or strides shorter than Sq
+    assert reason(q, q, q, lse=torch.empty(1, 1, 256).expand(1, 2, 256)).startswith("lse:")
+    assert reason(q, q, q, lse=torch.empty(400).as_strided((1, 2, 256), (512, 128, 1))).startswith("lse:")
+    assert reason(q, q, q, lse=torch.empty(2, 1, 256).transpose(0, 1)) == ""  # heads outer, batch inner: fine
+    q2 = torch.zeros(2, 256, 2, 128, dtype=torch.float16)
+    assert reason(q2, q2, q2, lse=torch.empty(2, 2, 256).transpose(0, 1).contiguous().transpose(0, 1)) == ""
+    assert reason(q2, q2, q2, lse=torch.empty(1, 2, 256).expand(2, 2, 256)).startswith("lse:")
+
+
+def test_cluster_lse_buffer_needs_return_lse():
+    """An lse buffer passed without return_lse=True is refused (it would silently stay unwritten)."""
+    from tileattn.ops.dense.launch_cluster_sm90 import attention_cluster_sm90
+    q = torch.zeros(1, 256, 2, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="without return_lse"):
+        attention_cluster_sm90(q, q, q, lse=torch.empty(1, 2, 256))
 
 
 @pytest.fixture

@@ -77,7 +77,21 @@ def reason(q, k, v, out=None, lse=None):
     if lse is not None and (lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32
                             or lse.device != q.device or lse.stride(-1) != 1):
         return "lse: [B, Hq, Sq] float32 on q's device, unit stride along Sq"
+    if lse is not None and _rows_overlap(lse):
+        return "lse: the rows of its (batch, head) pairs overlap (an expanded or aliased buffer)"
     return ""
+
+
+def _rows_overlap(lse):
+    """Whether two (batch, head) rows of lse [B, Hq, Sq] (unit stride along Sq) may share memory: the kernel
+    writes each row from its own cluster, so overlapping rows would race. Outer dims of size 1 are ignored; the
+    others, taken by increasing stride, must each step over everything the smaller ones span."""
+    span = lse.shape[2]
+    for size, stride in sorted((lse.shape[d], lse.stride(d)) for d in (0, 1) if lse.shape[d] > 1):
+        if stride < span:
+            return True
+        span = stride * size
+    return False
 
 
 def _desc(t, block, cga_layout):
@@ -139,6 +153,9 @@ def attention_cluster_sm90(q, k, v, causal=False, scale=None, out=None, return_l
     """softmax(q k^T * scale [top-left causal mask]) v with the 2-CTA cluster kernel: out [B, Sq, Hq, D] in
     q's dtype; with return_lse, (out, lse) with lse [B, Hq, Sq] float32, natural log (written into `lse` if
     given: any strides with a unit one along Sq)."""
+    if lse is not None and not return_lse:
+        raise ValueError("attention_cluster_sm90: an lse buffer was given without return_lse=True (it would not "
+                         "be written)")
     if out is None:
         out = torch.empty_like(q)
     if return_lse and lse is None:
