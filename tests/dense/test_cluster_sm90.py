@@ -106,6 +106,11 @@ def test_cluster_reason_checks_out():
     assert reason(q, q, q, lse=torch.empty(1, 1, 256).expand(1, 2, 256)).startswith("lse:")
     assert reason(q, q, q, lse=torch.empty(400).as_strided((1, 2, 256), (512, 128, 1))).startswith("lse:")
     assert reason(q, q, q, lse=torch.empty(2, 1, 256).transpose(0, 1)) == ""  # heads outer, batch inner: fine
+    q3 = torch.empty(2, 256, 8, 128, dtype=torch.float16)  # both outer dims > 1, the smaller one outermost
+    assert reason(q3, q3, q3, lse=torch.empty(2, 8, 256)) == ""
+    assert reason(q3, q3, q3, lse=torch.empty(2, 8, 300)[..., :256]) == ""
+    assert reason(q3, q3, q3, lse=torch.empty(8, 2, 256).transpose(0, 1)) == ""
+    assert reason(q3, q3, q3, lse=torch.empty(2, 300)[:, :256].unsqueeze(1).expand(2, 8, 256)).startswith("lse:")
     q2 = torch.zeros(2, 256, 2, 128, dtype=torch.float16)
     assert reason(q2, q2, q2, lse=torch.empty(2, 2, 256).transpose(0, 1).contiguous().transpose(0, 1)) == ""
     assert reason(q2, q2, q2, lse=torch.empty(1, 2, 256).expand(2, 2, 256)).startswith("lse:")

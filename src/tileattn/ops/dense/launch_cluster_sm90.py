@@ -87,7 +87,7 @@ def _rows_overlap(lse):
     writes each row from its own cluster, so overlapping rows would race. Outer dims of size 1 are ignored; the
     others, taken by increasing stride, must each step over everything the smaller ones span."""
     span = lse.shape[2]
-    for size, stride in sorted((lse.shape[d], lse.stride(d)) for d in (0, 1) if lse.shape[d] > 1):
+    for stride, size in sorted((lse.stride(d), lse.shape[d]) for d in (0, 1) if lse.shape[d] > 1):
         if stride < span:
             return True
         span = stride * size
