@@ -4,7 +4,9 @@ print what ptxas made of it: registers, shared memory, spills, whether the wgmma
 multicast and cluster instructions in the PTX / SASS.
 
     python scripts/compile_cluster.py [--dtype fp16|bf16] [--causal] [--n 4096] [--hq 4] [--hkv 2] [--out DIR]
-                                      [--route]
+                                      [--route] [--lse]
+
+--lse compiles the kernel that writes the lse (RETURN_LSE; through --route: a call with return_lse=True).
 
 --route compiles through tileattn.attention instead (dispatch, the launch plan, its KernelLauncher): the kernel
 the route compiled is the one reported. Exit status 1 when ptxas spills or serializes the wgmmas, no multicast
@@ -35,6 +37,7 @@ def main():
     p.add_argument("--out", default="/tmp/cluster_proto/build")
     p.add_argument("--loops", action="store_true", help="each innermost wgmma loop's length and LDL / STL")
     p.add_argument("--route", action="store_true", help="through tileattn.attention (dispatch and launch plan)")
+    p.add_argument("--lse", action="store_true", help="the kernel that writes the lse (RETURN_LSE)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     h._setup()
@@ -45,20 +48,22 @@ def main():
     k, v = h._rand(a.b, a.n, a.hkv, D, dtype=dt), h._rand(a.b, a.n, a.hkv, D, dtype=dt)
     if a.route:
         import tileattn
-        tileattn.attention(q, k, v, causal=a.causal)
+        tileattn.attention(q, k, v, causal=a.causal, return_lse=a.lse)
         name, ck = h.COMPILED[-1]
         print(f"route: tileattn.attention compiled {name}")
         if name != "attn_fwd_cluster_sm90_kernel":
             return 1
     else:
-        ck = lc.launch(q, k, v, torch.empty_like(q), causal=a.causal)
-    base = os.path.join(a.out, f"cluster_{a.dtype}_{'causal' if a.causal else 'full'}")
+        lse = torch.empty(a.b, a.hq, a.n, dtype=torch.float32) if a.lse else None
+        ck = lc.launch(q, k, v, torch.empty_like(q), causal=a.causal, lse=lse)
+    base = os.path.join(a.out, f"cluster_{a.dtype}_{'causal' if a.causal else 'full'}{'_lse' if a.lse else ''}")
     for ext in ("ttgir", "ptx"):
         with open(f"{base}.{ext}", "w") as f:
             f.write(ck.asm[ext])
     ptx = ck.asm["ptx"]
     md = ck.metadata
-    print(f"kernel attn_fwd_cluster_sm90_kernel {a.dtype} {'causal' if a.causal else 'non-causal'}: num_ctas "
+    print(f"kernel attn_fwd_cluster_sm90_kernel {a.dtype} {'causal' if a.causal else 'non-causal'}"
+          f"{', lse' if a.lse else ''}: num_ctas "
           f"{md.num_ctas}, num_warps {md.num_warps}, shared {md.shared} bytes, grid {lc.grid(a.b, a.hq, a.n)} clusters")
     for i, meta in enumerate(getattr(md, "tensordesc_meta", None) or []):
         print(f"descriptor {i}: TMA box {meta.get('block_size')} swizzle {meta.get('swizzle')}")
@@ -101,6 +106,7 @@ def main():
         "UCGABAR (cluster barrier)": len(re.findall(r"UCGABAR", sass)),
         "SYNCS.ARRIVE* (mbarrier arrives, local and remote)": len(re.findall(r"SYNCS\.ARRIVE", sass)),
         "MUFU.EX2": len(re.findall(r"MUFU\.EX2", sass)),
+        "STG (plain global stores: the lse)": len(re.findall(r"\bSTG\b", sass)),
         "STL": len(re.findall(r"\bSTL\b", sass)),
         "LDL": len(re.findall(r"\bLDL\b", sass)),
     }

@@ -5,9 +5,10 @@ timed; a config that fails the check, does not compile or is refused is reported
             [--set all|ctas]: portable forward kernel (AttnConfig) vs cuDNN, B=4, H=32. A JSON line per (case,
             config), "BEST D=..." per case, the results file, a ranking per (D, causal): "  D=... <geomean> <cfg>"
     fwd     [--dims 64,128] [--causal 0,1] [--seqlens N,..] [--dtype fp16|bf16|e4m3] [--variants "pingpong=1;..."]
-            [--tag T] [--warm]: the Hopper forward (dense.sm90) with the table's Sm90Config and with each variant's
-            field overrides, vs cuDNN, B=4, H=32, outputs checked against cuDNN's: "FWD D=... N=...: cudnn: <TFLOPS> |
-            ..."; --warm: compile only
+            [--tag T] [--warm] [--cluster] [--lse]: the Hopper forward (dense.sm90) with the table's Sm90Config and
+            with each variant's field overrides, vs cuDNN, B=4, H=32, outputs checked against cuDNN's: "FWD D=...
+            N=...: cudnn: <TFLOPS> | ..."; --warm: compile only; --cluster: the 2-CTA cluster kernel too; --lse:
+            tileattn's calls return the lse (the forward of a training step; cuDNN's column without it)
     flex-fwd [--n 8192] [--d 128] [--variants ...] [--tag T] [--fp8]: the flex forward (flex.sm90) on the six
             mods, per Sm90Config variant, checked on one head against torch's eager flex (--fp8: e4m3 inputs with
             the fp8 table's config, checked as the flex bench's fp8 rows): "FLEXFWD <mod> N=... ms: ..."
@@ -207,7 +208,7 @@ def sm90_variants(spec, table):
     return out
 
 
-def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag="", table_n=None, cluster=False):
+def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag="", table_n=None, cluster=False, lse=False):
     """One (D, causal, N) of the dense forward: cuDNN (fp16 for an fp8 dtype), then the Hopper kernel with the
     shipped config of the shape (configs.sm90_dense_config: per head dim, causal and N; of N = table_n if given)
     and with each variant's overrides (variants: the --variants text), each output checked before it is timed:
@@ -228,8 +229,10 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag="", table_n=None, clu
         opts = dict(causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
     else:
         opts = dict(causal=causal)
+    opts["return_lse"] = lse
 
     def check(out):
+        out = out[0] if lse else out
         if fp8:
             ok, info = fp8_check.check(lambda: out, ref, tol)
             return ok, info.get("err_vs_fp32", float("nan"))
@@ -248,12 +251,12 @@ def fwd_case(D, causal, N, variants, dtype, B=4, H=32, tag="", table_n=None, clu
     if cluster:  # the 2-CTA cluster prototype (triton 3.9, D = 128, 16-bit; top-left causal = bottom-right here)
         from tileattn.ops.dense.launch_cluster_sm90 import attention_cluster_sm90
         try:
-            ms, diff = checked_ms(lambda: attention_cluster_sm90(q, k, v, causal=causal), check)
+            ms, diff = checked_ms(lambda: attention_cluster_sm90(q, k, v, causal=causal, return_lse=lse), check)
             line.append(f"cluster: {attn_tflops(B, H, N, N, D, D, causal, ms):.0f}" if ms else
                         f"cluster: WRONG ({diff:.2e})")
         except Exception as e:  # noqa: BLE001
             line.append(f"cluster: {err(e, 60)}")
-    print(f"{tag}FWD D={D} causal={int(causal)} N={N}: " + " | ".join(line), flush=True)
+    print(f"{tag}FWD D={D} causal={int(causal)} N={N}{' lse' if lse else ''}: " + " | ".join(line), flush=True)
 
 
 def fwd(a):
@@ -267,10 +270,10 @@ def fwd(a):
                 cfg = sm90_dense_config(D, dtype, n, causal)
                 if cfg not in seen:
                     seen.append(cfg)
-                    fwd_case(D, causal, 512, a.variants, dtype, B=1, H=4, tag="WARM ", table_n=n)
+                    fwd_case(D, causal, 512, a.variants, dtype, B=1, H=4, tag="WARM ", table_n=n, lse=a.lse)
         return
     for D, causal, N in itertools.product(a.dims, [bool(c) for c in a.causal], a.seqlens):
-        fwd_case(D, causal, N, a.variants, dtype, tag=a.tag, cluster=a.cluster)
+        fwd_case(D, causal, N, a.variants, dtype, tag=a.tag, cluster=a.cluster, lse=a.lse)
         torch.cuda.empty_cache()
 
 
@@ -766,6 +769,7 @@ def main():
     p.add_argument("--tag", default="", help="printed before each line")
     p.add_argument("--warm", action="store_true", help="only compile the variants (at a small shape)")
     p.add_argument("--cluster", action="store_true", help="also the 2-CTA cluster kernel (triton 3.9, D=128, 16-bit)")
+    p.add_argument("--lse", action="store_true", help="tileattn's calls return the lse (a training step's forward)")
     p.set_defaults(func=fwd)
     p = sub.add_parser("flex-fwd", help="the flex forward (Hopper kernel) on the flex bench's mods, per variant")
     p.add_argument("--n", type=int, default=8192)

@@ -241,7 +241,13 @@ CLUSTER_ROUTES = [  # (problem kwargs, backend on an H100 under triton 3.9): con
     (dict(heads_kv=32), "dense.sm90_cluster"),
     (dict(n=4096), "dense.sm90"),  # below the threshold: the 1-CTA kernel measured faster
     (dict(n=16384, causal=False), "dense.sm90"),  # non-causal: never measured faster
-    (dict(return_lse=True), "dense.sm90"),  # the kernel writes no lse (asked for, or for a gradient)
+    # the lse, asked for or kept for a gradient (api.py asks for it whenever one is tracked): the same rule
+    (dict(return_lse=True), "dense.sm90_cluster"),
+    (dict(n=16384, return_lse=True, dtype=BF16), "dense.sm90_cluster"),
+    (dict(n=4096, return_lse=True), "dense.sm90"),
+    (dict(n=16384, causal=False, return_lse=True), "dense.sm90"),
+    (dict(sk=16384, return_lse=True), "dense.sm90"),
+    (dict(sk=16384, bottom_right=False, return_lse=True), "dense.sm90_cluster"),
     (dict(window=(1024, 0)), "dense.sm90"),
     (dict(softcap=30.0), "dense.sm90"),
     (dict(head_dim=64, head_dim_v=64), "dense.sm90"),
@@ -277,8 +283,7 @@ def test_cluster_needs_triton_39_and_its_budget(h100, monkeypatch):
     monkeypatch.delenv("TILEATTN_BACKEND")
     with tileattn.force_backend("dense.sm90_cluster"):  # forced: the preference is not asked (non-causal 1K)
         assert dense.select(_cluster(n=1024, causal=False))[0].name == "dense.sm90_cluster"
-        with pytest.raises(ValueError, match="the log-sum-exp is asked for"):
-            dense.select(_cluster(return_lse=True))
+        assert dense.select(_cluster(n=1024, causal=False, return_lse=True))[0].name == "dense.sm90_cluster"
         with pytest.raises(ValueError, match="the kernel's causal mask is top-left"):
             dense.select(_cluster(sk=16384))
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(90, 132, 200 * 1024))

@@ -78,15 +78,20 @@ warp_specialize region), so neither CTA exits while the other may still arrive o
 kv_pair arrivals) or receive multicast bytes into its smem.
 
 O is staged in the warpgroup's own Q buffer after its last wgmma (never a multicast destination) and stored by
-TMA, each CTA its 64 rows (rows past Sq are clipped by the copy engine).
+TMA, each CTA its 64 rows (rows past Sq are clipped by the copy engine). With RETURN_LSE the lse (natural log, as
+the 1-CTA kernel's) is stored from registers: the row vector has the accumulator's row split, so each CTA stores
+the 64 logical rows it holds (warpgroup row m0 + CTA * 64 + the thread's row), rows past Sq masked.
 
 Status (scripts/compile_cluster.py, triton 3.9.0, sm_90a, fp16 / bf16, causal or not): 168 registers at launch
-(setmaxnreg 240 consumers / 24 loader), 229,744 bytes of shared memory per CTA, no spills, wgmmas not
-serialized, 4 UTMALDG.MULTICAST sites (K and V, two 64-column messages each). Per key step the SASS has one
-warpgroup BAR.SYNC more than the 1-CTA kernel (Triton puts one before each mbarrier.arrive: two arrives now) and a
-remote arrive (SYNCS.ARRIVE.TRANS64.RED) to the lead. Causal: warpgroup 0 walks one fully masked block per pair
-(the pair's range is warpgroup 1's). Run on an H200 (tests/dense/test_cluster_sm90.py passes); its speed against
-the 1-CTA kernel: configs.CLUSTER_FROM.
+(setmaxnreg 240 consumers / 24 loader), 229,744 bytes of shared memory per CTA (229,760 with RETURN_LSE: the
+partitions' captured lse pointer and strides), no spills, wgmmas not serialized, 4 UTMALDG.MULTICAST sites (K
+and V, two 64-column messages each). Per key step the SASS has one warpgroup BAR.SYNC more than the 1-CTA kernel
+(Triton puts one before each mbarrier.arrive: two arrives now) and a remote arrive (SYNCS.ARRIVE.TRANS64.RED) to
+the lead. Causal: warpgroup 0 walks one fully masked block per pair (the pair's range is warpgroup 1's). Run on
+an H200 (tests/dense/test_cluster_sm90.py passes); its speed against the 1-CTA kernel: configs.CLUSTER_FROM.
+RETURN_LSE (compiled, not yet run on a GPU): 2 STG per consumer warpgroup more (4 in all), the same registers;
+with RETURN_LSE=False the SASS is the one before the lse existed, but for the kernel parameters' constant-bank
+offsets (+16 bytes).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -99,7 +104,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common import masking
-from ..common.gluon_sm90_consumer import p_operand, softmax_block
+from ..common.gluon_sm90_consumer import LN2, p_operand, softmax_block
 
 _key_range = gluon.jit(masking.key_range.fn)
 
@@ -198,9 +203,10 @@ def _steps(acc, m_i, l_i, p_op, n_lo, b_start, b_end, o_m, o_n, q_smem, k_bufs, 
 
 
 @gluon.jit
-def consumer(o_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, kv_pair, num_pairs, num_heads,
-             seqlen_q, seqlen_k, off_diag, sm_scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
-             STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+def consumer(o_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, kv_pair, lse_ptr, stride_lb,
+             stride_lh, num_pairs, num_heads, seqlen_q, seqlen_k, off_diag, sm_scale, WG: gl.constexpr,
+             BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, HAS_RIGHT: gl.constexpr,
+             REVERSE_M: gl.constexpr, RETURN_LSE: gl.constexpr):
     """Consumer warpgroup WG of each CTA: its 2 * BLOCK_M logical rows (BLOCK_M in each CTA) of the pair tile."""
     WG_ROWS: gl.constexpr = 2 * BLOCK_M
     PAIR_ROWS: gl.constexpr = NUM_CONSUMERS * WG_ROWS
@@ -268,25 +274,33 @@ def consumer(o_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _release(kv_empty, kv_pair, sp)
 
-    # rows that saw no key: l = 0, acc = 0 -> out 0
-    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+    # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
     out = acc / gl.convert_layout(l_safe, o_row)[:, None]
     o_buf = q_bufs.index(WG)  # this warpgroup's Q is no longer read (its last wgmma was waited on)
     o_buf.reshape([WG_ROWS, DV]).store(out.to(o_desc.dtype))
     fence_async_shared()
     tma.async_store(o_desc, [i_b, m0, i_h, 0], o_buf)
+    if RETURN_LSE:  # natural log, as the 1-CTA kernel's. o_m holds the warpgroup's logical rows: split by the
+        # layout's cga_layout, each CTA stores its own 64 (rows past Sq masked)
+        lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe)) * LN2, float("-inf"))
+        gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,
+                 mask=o_m < seqlen_q)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def attn_fwd_cluster_sm90_kernel(q_desc, k_desc, v_desc, o_desc, seqlen_q, seqlen_k, num_heads, group_size, sm_scale,
-                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                 HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+def attn_fwd_cluster_sm90_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                                 num_heads, group_size, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                                 CONSUMER_REGS: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr,
+                                 RETURN_LSE: gl.constexpr):
     """Grid: (cdiv(Sq, 4 * BLOCK_M) * B * Hq,) clusters; num_warps = 4, num_ctas = 2.
 
     q/o over [B, Sq, Hq, D] with block [1, 2 * BLOCK_M, 1, D] and cga_layout [[0, 1, 0, 0]]; k/v over
     [B, Sk, Hkv, D] with block [1, BLOCK_N, 1, D] and cga_layout [[0, 0, 0, 0]]. sm_scale: scale * log2 e.
-    HAS_RIGHT: causal, top-left aligned (query i sees key j <= i). group_size = Hq // Hkv."""
+    HAS_RIGHT: causal, top-left aligned (query i sees key j <= i). group_size = Hq // Hkv. RETURN_LSE: lse
+    [B, Hq, Sq] float32 (natural log; strides stride_lb, stride_lh, 1) is written, else lse_ptr is not read."""
     gl.static_assert(gl.num_ctas() == 2, "a cluster of two CTAs")
     gl.static_assert(STAGES >= 2, "a warpgroup releases block b after waiting for block b + 1: two stages at least")
     NUM_CONSUMERS: gl.constexpr = 2
@@ -309,12 +323,12 @@ def attn_fwd_cluster_sm90_kernel(q_desc, k_desc, v_desc, o_desc, seqlen_q, seqle
         mbarrier.init(kv_pair.index(s), count=NUM_CONSUMERS)  # per CTA: the lead's barrier counts 2 * this
 
     gl.warp_specialize([
-        (consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, kv_pair, num_pairs,
-                    num_heads, seqlen_q, seqlen_k, off_diag, sm_scale, 0, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_RIGHT,
-                    REVERSE_M)),
-        (consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, kv_pair, num_pairs,
-                    num_heads, seqlen_q, seqlen_k, off_diag, sm_scale, 1, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_RIGHT,
-                    REVERSE_M)),
+        (consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, kv_pair, lse_ptr,
+                    stride_lb, stride_lh, num_pairs, num_heads, seqlen_q, seqlen_k, off_diag, sm_scale, 0, BLOCK_M,
+                    STAGES, NUM_CONSUMERS, HAS_RIGHT, REVERSE_M, RETURN_LSE)),
+        (consumer, (o_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, kv_pair, lse_ptr,
+                    stride_lb, stride_lh, num_pairs, num_heads, seqlen_q, seqlen_k, off_diag, sm_scale, 1, BLOCK_M,
+                    STAGES, NUM_CONSUMERS, HAS_RIGHT, REVERSE_M, RETURN_LSE)),
         (loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, kv_pair,
                   num_pairs, num_heads, group_size, seqlen_q, seqlen_k, off_diag, BLOCK_M, STAGES, NUM_CONSUMERS,
                   HAS_RIGHT, REVERSE_M)),

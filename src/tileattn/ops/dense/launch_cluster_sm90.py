@@ -2,13 +2,14 @@
 two CTAs share every K/V tile through TMA multicast; and its direct entry point:
 
     out = attention_cluster_sm90(q, k, v, causal=False)   # q [B, Sq, Hq, 128], k / v [B, Sk, Hkv, 128]
+    out, lse = attention_cluster_sm90(q, k, v, causal=True, return_lse=True)   # lse [B, Hq, Sq] float32
 
 Serves D = Dv = 128, fp16 / bf16, non-causal or causal with top-left alignment (query i sees key j <= i, torch
-SDPA's convention; `attention_ref(..., causal="top_left")`), GQA (Hq a multiple of Hkv), no lse (so no gradient),
-no window / softcap / fp8, TMA-aligned tensors; triton 3.9 only. Dispatch (dispatch.py) takes it where it measured
-faster than dense.sm90, causal from configs.CLUSTER_FROM query rows, and only where top-left is the asked
-alignment (Sq == Sk, or a top-left call such as scaled_dot_product_attention's); force_backend may take it on
-anything it serves.
+SDPA's convention; `attention_ref(..., causal="top_left")`), GQA (Hq a multiple of Hkv), with or without the lse
+(natural log, as dense.sm90's), no window / softcap / fp8, TMA-aligned tensors; triton 3.9 only. Dispatch
+(dispatch.py) takes it where it measured faster than dense.sm90, causal from configs.CLUSTER_FROM query rows, and
+only where top-left is the asked alignment (Sq == Sk, or a top-left call such as scaled_dot_product_attention's);
+force_backend may take it on anything it serves.
 
 Plans launch through launcher.KernelLauncher (num_ctas=2 as a launch option): the first call takes Triton's normal
 path, later ones its direct replay (launcher_raw.py, triton 3.9), whose packed metadata carries num_ctas, so the
@@ -33,7 +34,7 @@ NUM_CONSUMERS = 2
 PAIR_ROWS = 2 * NUM_CONSUMERS * BLOCK_M  # query rows of one cluster
 D_SERVED = 128
 DTYPES = (torch.float16, torch.bfloat16)
-SMEM_BYTES = 229_744  # per CTA (scripts/compile_cluster.py, triton 3.9.0, sm_90a)
+SMEM_BYTES = 229_760  # per CTA with the lse, 229,744 without (scripts/compile_cluster.py, triton 3.9.0, sm_90a)
 CLUSTER_TRITON = "3.9."  # the Gluon cluster API the kernel is written against (num_ctas, cga_layout, multicast)
 
 # cga_layout bases of the [1, rows, 1, D] boxes: Q / O split by rows between the two CTAs, K / V broadcast
@@ -48,8 +49,9 @@ def triton_reason():
     return ""
 
 
-def reason(q, k, v, out=None):
-    """Why attention_cluster_sm90 cannot take these inputs ("" when it can); out: the output buffer, if given."""
+def reason(q, k, v, out=None, lse=None):
+    """Why attention_cluster_sm90 cannot take these inputs ("" when it can); out, lse: the output buffers, if
+    given."""
     why = triton_reason()
     if why:
         return why
@@ -72,7 +74,24 @@ def reason(q, k, v, out=None):
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
                             or not tma_ok(out)):
         return "out: q's shape, dtype and device, aligned for TMA"
+    if lse is not None and (lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32
+                            or lse.device != q.device or lse.stride(-1) != 1):
+        return "lse: [B, Hq, Sq] float32 on q's device, unit stride along Sq"
+    if lse is not None and _rows_overlap(lse):
+        return "lse: the rows of its (batch, head) pairs overlap (an expanded or aliased buffer)"
     return ""
+
+
+def _rows_overlap(lse):
+    """Whether two (batch, head) rows of lse [B, Hq, Sq] (unit stride along Sq) may share memory: the kernel
+    writes each row from its own cluster, so overlapping rows would race. Outer dims of size 1 are ignored; the
+    others, taken by increasing stride, must each step over everything the smaller ones span."""
+    span = lse.shape[2]
+    for stride, size in sorted((lse.stride(d), lse.shape[d]) for d in (0, 1) if lse.shape[d] > 1):
+        if stride < span:
+            return True
+        span = stride * size
+    return False
 
 
 def _desc(t, block, cga_layout):
@@ -98,55 +117,70 @@ def grid(batch, heads_q, seqlen_q):
     return (triton.cdiv(seqlen_q, PAIR_ROWS) * batch * heads_q,)
 
 
-def kernel_args(q, k, v, out, causal, sm_scale):
-    """(args, kwargs) of attn_fwd_cluster_sm90_kernel on [B, S, H, D] tensors; sm_scale: scale * log2 e (> 0)."""
+def no_lse(device):
+    """The lse argument of a launch that writes none (not read): an empty float32 tensor, as the plans pass."""
+    return torch.empty(0, dtype=torch.float32, device=device)
+
+
+def kernel_args(q, k, v, out, lse, causal, sm_scale):
+    """(args, kwargs) of attn_fwd_cluster_sm90_kernel on [B, S, H, D] tensors; lse: the [B, Hq, Sq] float32 buffer
+    to write, or None (none written); sm_scale: scale * log2 e (> 0)."""
     B, Sq, Hq, _ = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    args = (*descriptors(q, k, v, out), Sq, Sk, Hq, Hq // Hkv, sm_scale)
+    strides = (0, 0) if lse is None else (lse.stride(0), lse.stride(1))
+    args = (*descriptors(q, k, v, out), no_lse(q.device) if lse is None else lse, *strides, Sq, Sk, Hq, Hq // Hkv,
+            sm_scale)
     kwargs = dict(BLOCK_M=BLOCK_M, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, HAS_RIGHT=bool(causal),
-                  REVERSE_M=bool(causal), num_warps=4, num_ctas=2)
+                  REVERSE_M=bool(causal), RETURN_LSE=lse is not None, num_warps=4, num_ctas=2)
     return args, kwargs
 
 
-def launch(q, k, v, out, causal=False, scale=None):
-    """Launches the cluster kernel on q, k, v into out; returns what the launch returns (triton's compiled
-    kernel: its asm / metadata are what scripts/compile_cluster.py reports)."""
+def launch(q, k, v, out, causal=False, scale=None, lse=None):
+    """Launches the cluster kernel on q, k, v into out (and lse, if given); returns what the launch returns
+    (triton's compiled kernel: its asm / metadata are what scripts/compile_cluster.py reports)."""
     from .gluon_cluster_sm90 import attn_fwd_cluster_sm90_kernel
-    why = reason(q, k, v, out)
+    why = reason(q, k, v, out, lse)
     if why:
         raise ValueError(f"attention_cluster_sm90: {why}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if scale <= 0:
         raise ValueError("a positive scale (it is folded into exp2 after the row max)")
-    args, kwargs = kernel_args(q, k, v, out, causal, scale * LOG2E)
+    args, kwargs = kernel_args(q, k, v, out, lse, causal, scale * LOG2E)
     return attn_fwd_cluster_sm90_kernel[grid(q.shape[0], q.shape[2], q.shape[1])](*args, **kwargs)
 
 
-def attention_cluster_sm90(q, k, v, causal=False, scale=None, out=None):
+def attention_cluster_sm90(q, k, v, causal=False, scale=None, out=None, return_lse=False, lse=None):
     """softmax(q k^T * scale [top-left causal mask]) v with the 2-CTA cluster kernel: out [B, Sq, Hq, D] in
-    q's dtype."""
+    q's dtype; with return_lse, (out, lse) with lse [B, Hq, Sq] float32, natural log (written into `lse` if
+    given: any strides with a unit one along Sq)."""
+    if lse is not None and not return_lse:
+        raise ValueError("attention_cluster_sm90: an lse buffer was given without return_lse=True (it would not "
+                         "be written)")
     if out is None:
         out = torch.empty_like(q)
-    launch(q, k, v, out, causal, scale)
-    return out
+    if return_lse and lse is None:
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    launch(q, k, v, out, causal, scale, lse if return_lse else None)
+    return (out, lse) if return_lse else out
 
 
 # the kernel parameters that change between calls of one launch plan (launcher.KernelLauncher's `varying`)
-VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "sm_scale")
+VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "sm_scale")
 
 
 class ClusterLaunch:
-    """A planned launch of attn_fwd_cluster_sm90_kernel: run(c) launches it on call c's tensors and scale."""
+    """A planned launch of attn_fwd_cluster_sm90_kernel: run(c) launches it on call c's tensors and scale (c.lse:
+    the lse to write, or the plans' empty stand-in where the plan writes none)."""
     __slots__ = ("grid", "launcher")
 
     def __init__(self, grid, launcher):
         self.grid, self.launcher = grid, launcher
 
     def run(self, c):
-        self.launcher(self.grid, c.q, c.k, c.v, c.out, c.scale * LOG2E)
+        self.launcher(self.grid, c.q, c.k, c.v, c.out, c.lse, c.scale * LOG2E)
 
     def compile(self, c):
-        return self.launcher.compile(self.grid, c.q, c.k, c.v, c.out, c.scale * LOG2E)
+        return self.launcher.compile(self.grid, c.q, c.k, c.v, c.out, c.lse, c.scale * LOG2E)
 
 
 class ClusterBackend(Backend):
@@ -165,8 +199,6 @@ class ClusterBackend(Backend):
             return False, f"dtype {p.dtype} (output {p.out_dtype}): fp16 or bf16, the output in the same"
         if p.head_dim != D_SERVED or p.head_dim_v != D_SERVED:
             return False, f"head dims D={p.head_dim}, Dv={p.head_dim_v}: D = Dv = {D_SERVED} only"
-        if p.opts.return_lse:
-            return False, "the log-sum-exp is asked for (by the caller, or for a gradient): the kernel writes none"
         if p.opts.softcap > 0 or p.descale:
             return False, "a softcap or descale tensors"
         if p.left >= 0 or p.right > 0:
@@ -194,6 +226,9 @@ class ClusterBackend(Backend):
 
     def plan(self, p, c):
         from .gluon_cluster_sm90 import attn_fwd_cluster_sm90_kernel
-        args, kwargs = kernel_args(c.q, c.k, c.v, c.out, p.right == 0, c.scale * LOG2E)
+        # the lse (asked for by the caller, or kept for a gradient): plans.py allocates it [B, Hq, Sq] contiguous,
+        # as for dense.sm90, so the backward reads the same layout whichever forward wrote it
+        lse = c.lse if p.opts.return_lse else None
+        args, kwargs = kernel_args(c.q, c.k, c.v, c.out, lse, p.right == 0, c.scale * LOG2E)
         launcher = KernelLauncher(attn_fwd_cluster_sm90_kernel, args, kwargs, VARYING)
         return ClusterLaunch(grid(p.batch, p.heads_q, p.seqlen_q), launcher)
