@@ -219,16 +219,20 @@ def large_d_sm90_config(d: int, dv: int) -> LargeDSm90Config:
 # ---- the 2-CTA cluster kernel (D = 128, triton 3.9) -----------------------------------------------------------
 # The query rows from which dispatch takes dense.sm90_cluster over dense.sm90, by causal; absent: never. Measured on
 # an H200 under triton 3.9 (B=4 H=32 fp16, outputs checked against cuDNN; TFLOPS of the table's 1-CTA config vs the
-# cluster, 2026-11-28), N = 1K / 2K / 4K / 8K / 16K, two runs:
+# cluster, 2026-11-28), N = 1K / 2K / 4K / 8K / 16K, three runs:
 #   run 1 (scripts/sweep.py fwd --dims 128 --variants "" --cluster, normal launches):
 #     causal      227 / 460 / 528 / 556 / 580  vs  102 / 403 / 496 / 566 / 607   (8K +1.8%, 16K +4.7%)
 #     non-causal  404 / 551 / 586 / 610 / 610  vs  277 / 546 / 591 / 599 / 598   (4K +0.9%, 8K / 16K -2%)
 #   run 2 (tileattn bench dense --cluster, direct launches; bench/results/h200/dense.json's cluster_rows):
 #     causal      347 / 487 / 523 / 558 / 582  vs  274 / 398 / 484 / 556 / 599   (8K -0.4%, 16K +2.9%)
 #     non-causal  492 / 547 / 571 / 597 / 597  vs  466 / 536 / 580 / 611 / 633   (4K-16K +2-6%)
-# Causal 16K won in both runs (+4.7%, +2.9%); causal 8K is about even (+1.8%, -0.4%: mean +0.7%), taken on that
-# mean; non-causal 4K-16K changed sides between the runs (noise at this size), so it stays on the 1-CTA kernel.
-# A third run would decide 8K: `tileattn bench dense --cluster` under triton 3.9.
+#   run 3 (as run 2, the kernel with the lse; ptxas 13.4; the cluster_rows there now):
+#     causal      360 / 473 / 534 / 565 / 598  vs  281 / 408 / 498 / 560 / 606   (8K -0.9%, 16K +1.3%)
+#     non-causal  471 / 546 / 599 / 609 / 604  vs  470 / 544 / 589 / 625 / 640   (8K +2.6%, 16K +6.1%)
+#   and with the lse (scripts/sweep.py fwd --causal 1 --cluster --lse): 8K 562 vs 569, 16K 589 vs 609.
+# Causal 16K won in every run (+1.3..+4.7%); causal 8K is even (+1.8%, -0.4%, -0.9%; +1.2% with the lse), kept;
+# non-causal 8K / 16K won two runs of three and lost the first by 2%: it stays on the 1-CTA kernel until more runs
+# agree.
 CLUSTER_FROM = {True: 8192}
 
 
