@@ -424,7 +424,7 @@ for s in $steps; do
         (cd "$dir" && PYTHONPATH=${T39_PATH:-}$PWD/src:$PWD timeout "${TREE_TIMEOUT:-240}" bash -c "$cmd") \
           > "$OUT/tree_run_$i.log" 2>&1; rc=$?
         summary+=("tree-run $i ($dir: ${cmd:0:90}) rc=$rc: $(tail -n 1 "$OUT/tree_run_$i.log" | cut -c1-160)")
-        grep -E "^(FAILED|ERROR)|^FWD|^SCHED|^  w[0-9]" "$OUT/tree_run_$i.log" | cut -c1-220 | head -40
+        grep -E "^(FAILED|ERROR)|\] (FAILED|ERROR) |^FWD|^SCHED|^  w[0-9]" "$OUT/tree_run_$i.log" | cut -c1-220 | head -40
       done <<< "${TREE_CMDS:-}" ;;
     *) echo "unknown step $s"; continue ;;
   esac

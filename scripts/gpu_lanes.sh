@@ -6,6 +6,8 @@
 # Lane i runs `bash LANE_SCRIPT_i` with CUDA_VISIBLE_DEVICES=i and OUT=$OUT/lane<i> (a lane script typically
 # calls scripts/gpu_check.sh, e.g. its tree-run step). Afterwards every lane's files go into $OUT/lanes.tar.gz
 # (the device tool brings back at most 8 files), after each lane's last 40 lines are printed.
+# Run pytest in a lane with -v (under xdist each result is a line "[gwN] [ p%] FAILED tests/..."): a lane killed at
+# its time limit prints no summary, and -q's progress dots do not name a failed test (tree-run prints those lines).
 set -u
 OUT=${OUT:-/tmp/tileattn-out}
 mkdir -p "$OUT"
@@ -13,7 +15,10 @@ i=0
 pids=()
 for script in "$@"; do
   mkdir -p "$OUT/lane$i"
-  (CUDA_VISIBLE_DEVICES=$i OUT=$OUT/lane$i timeout "${LANE_TIMEOUT:-540}" bash "$script" \
+  # each lane its own Triton cache: four lanes of pytest workers compiling the same kernels into one cache was
+  # what the lanes shared when 5 unnamed failures appeared (2026-11-28, docs/design/README.md "Measuring")
+  (CUDA_VISIBLE_DEVICES=$i OUT=$OUT/lane$i TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}-lane$i \
+     timeout "${LANE_TIMEOUT:-540}" bash "$script" \
      > "$OUT/lane$i/lane.log" 2>&1; echo "lane $i ($script) rc=$?" >> "$OUT/lane$i/lane.log") &
   pids+=($!)
   i=$((i + 1))
