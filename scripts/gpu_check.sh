@@ -30,14 +30,19 @@ mkdir -p "$OUT"
 export PYTHONPATH=${TILEATTN_SRC:-$PWD/src}:$PWD PYTHONUNBUFFERED=1
 if [ "${TILEATTN_TRITON:-}" = "3.9" ]; then
   # one unpacked copy per GPU lane (gpu_lanes.sh runs lanes at once: one lane must not rewrite the ptxas another
-  # is running), unpacked once per machine
+  # is running), unpacked again only when the carried files change (their checksums in .unpacked: a warm machine
+  # keeps /tmp between calls, and a call that carries another wheel, or no ptxas-blackwell.xz to compile with the
+  # machine's ptxas, must not run the earlier call's)
+  [ -f .triton39/triton.tar.xz ] || { echo "no .triton39/triton.tar.xz carried"; exit 2; }
   t39=/tmp/t39-gpu${CUDA_VISIBLE_DEVICES:-all}
-  if [ ! -f "$t39/.unpacked" ]; then
-    mkdir -p "$t39" && tar -xJf .triton39/triton.tar.xz -C "$t39" || { echo "no .triton39/triton.tar.xz carried"; exit 2; }
+  stamp=$(cksum .triton39/triton.tar.xz; [ -f .triton39/ptxas-blackwell.xz ] && cksum .triton39/ptxas-blackwell.xz)
+  if [ "$(cat "$t39/.unpacked" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$t39" && mkdir -p "$t39" && tar -xJf .triton39/triton.tar.xz -C "$t39" \
+      || { echo "could not unpack .triton39/triton.tar.xz"; exit 2; }
     if [ -f .triton39/ptxas-blackwell.xz ]; then
       xz -dc .triton39/ptxas-blackwell.xz > "$t39/ptxas-blackwell" && chmod +x "$t39/ptxas-blackwell"
     fi
-    touch "$t39/.unpacked"
+    printf '%s' "$stamp" > "$t39/.unpacked"
   fi
   ptxas=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
   # 3.9 compiles sm90 with the tool it calls ptxas-blackwell: the wheel's where carried, else the machine's

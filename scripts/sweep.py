@@ -96,7 +96,9 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
 MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4), G(32, 2),
              G(16, 8), G(64, 2)]
 # mla-sched --fp8: (block_n, 16-bit stages, consumer registers, fp8 stages)
-# 4-6: SM90_SHARD_FP8 (2) and 7-9: SM90_FP8 (1) with the widening switches (docs/design/mla.md, 2c)
+# 2 / 1: the fp8 table's QK_SHARD / plain kernels with the widening switches off (the A/B's baselines; the table's
+# configs.SM90_SHARD_FP8 / SM90_FP8 now have them on), 4-6 / 7-9: the same with widen_once, fence_late, both
+# (docs/design/mla.md, 2c); the table's own: 4 (QK_SHARD, once) and 9 (plain, both)
 _SHARD8, _PLAIN8 = G(32, 3, qk_shard=True, fp8_stages=2), G(32, 3, 232, fp8_stages=2)
 MLA_SCHED_FP8 = [G(32, 3, fp8_stages=2), _PLAIN8, _SHARD8, G(32, 3, 232, qk_shard=True, fp8_stages=2)] + [
     dataclasses.replace(base, **switches) for base in (_SHARD8, _PLAIN8)

@@ -433,7 +433,9 @@ def test_mla_sm90_fp8_configs(monkeypatch):
         with tileattn.force_backend(config=cfg):  # the widening switches change no fit
             assert backend.config(plan) == cfg
     # the switches on a 16-bit config (which never passes them to a kernel) or with steps too large to hold whole
-    for bad in (dict(fp8_stages=0, widen_once=True), dict(fp8_stages=0, fence_late=True),
+    # (each switch alone: SM90_SHARD_FP8 has widen_once on, so fence_late's case turns it off)
+    for bad in (dict(fp8_stages=0, widen_once=True, fence_late=False),
+                dict(fp8_stages=0, widen_once=False, fence_late=True),
                 dict(block_n=64, widen_once=True)):
         with pytest.raises(ValueError, match="MLASm90Config"):
             dataclasses.replace(SM90_SHARD_FP8, **bad)

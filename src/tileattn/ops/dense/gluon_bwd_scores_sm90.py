@@ -18,9 +18,10 @@ P and dZ' leave through TMA stores that overlap the next tile's products. Partit
     only once that store has read it (store_wait with one store left in flight: P's and dZ''s alternate).
   - Key tiles the rows cannot see are stored as zeros where a GEMM piece of the chunk reads them (the rule both
     score kernels share: kernels_bwd_large_d.hidden_tile_read), without products.
-Under triton 3.9 (DO_SHARED below) dO stays in two slots for the whole CTA as dP's A operand from shared memory
-and the ring has the other four: 3.9 copies a register A operand before each wgmma, and with Q and dO both held
-in registers its ptxas spilled in the step loop.
+Under triton 3.9 (DO_SHARED below), in masked kernels only (causal, windows: launch_bwd_large_d._scores), dO
+stays in two slots for the whole CTA as dP's A operand from shared memory and the ring has the other four: 3.9
+copies a register A operand before each wgmma, and with Q and dO both held in registers its ptxas spilled in the
+step loop (unmasked kernels keep dO in registers and their 124 bytes of spills: measured faster).
 Workspaces [units, rows, group, cols] in q's dtype (launch_bwd_large_d._scores; the column pitch a multiple of 8
 for TMA), their descriptors clip rows and columns past the chunk; rows past Sq get p = 0 (lse read as +inf), as
 do rows that saw no key (lse = -inf). Masking model: masking.py.

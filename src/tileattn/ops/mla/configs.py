@@ -132,7 +132,8 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
 # batch 768 kv 2K Hq 128 1.669 / 1.513; batch 768 kv 1K Hq 16 0.433 / 0.403; batch 128 kv 2K Hq 32 0.158 / 0.145
 # (+6..+10%).
 # The widening's switches (docs/design/mla.md 2c; on the H200, 2026-11-28, `scripts/sweep.py mla-sched --fp8
-# --configs 4,5,6,1,7,8,9`, page 64, graph ms, off / once / late / both): QK_SHARD batch 128 kv 1K Hq 64 0.093 /
+# --configs 4,5,6,1,7,8,9`, page 64, graph ms, off / once / late / both; QK_SHARD's off was the table's config
+# then, index 2 now): QK_SHARD batch 128 kv 1K Hq 64 0.093 /
 # 0.090 / 0.102 / 0.096, Hq 128 0.162 / 0.154 / 0.178 / 0.167, batch 768 kv 1K Hq 64 0.433 / 0.407 / 0.475 / 0.443;
 # the plain kernel 0.098 / 0.094 / 0.096 / 0.094, 0.174 / 0.168 / 0.172 / 0.166, 0.469 / 0.456 / 0.469 / 0.447.
 # So widen_once on both, fence_late on the plain kernel only (with QK_SHARD it delays the publish of P).
