@@ -5,7 +5,7 @@ them, before spending device time.
                                        [--pingpong 0|1] [--exp2-fma 0|1|2] [--consumers 2|3]
                                        [--epilogue tma|deferred|direct]
     python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse]
-    python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1]
+    python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1] [--shard | --seesaw]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
     python scripts/compile_sm90_cpu.py --bwd-sm90 [--d 128] [--causal] [--hkv 4] [--n 16384]
                                        (the Hopper backward, TILEATTN_SM90_BWD=1; it prints the walks N takes)
@@ -180,12 +180,13 @@ def flex(dt, D, which, gluon=True, bwd_sm90=False, N=1024):
         flex_bwd(p, c, torch.randn_like(q), None)
 
 
-def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False, portable=False):
+def mla(dt=torch.bfloat16, hq=64, sq=1, fp8_cache=False, qk_shard=False, portable=False, seesaw=False):
     import tileattn
-    from tileattn.ops.mla.configs import SM90_FP8, SM90_SHARD, SM90_SHARD_FP8
+    from tileattn.ops.mla.configs import SM90_FP8, SM90_SEESAW, SM90_SHARD, SM90_SHARD_FP8
     B, P, DC, DR = 4, 64, 512, 64
     # (an fp8 cache without qk_shard: the kernel without QK_SHARD, which the fp8 table no longer puts first)
     force = tileattn.force_backend("mla.triton") if portable else \
+        tileattn.force_backend(config=SM90_SEESAW) if seesaw else \
         tileattn.force_backend(config=SM90_SHARD_FP8 if fp8_cache else SM90_SHARD) if qk_shard else \
         tileattn.force_backend(config=SM90_FP8) if fp8_cache else contextlib.nullcontext()
     with force:
@@ -290,6 +291,7 @@ def variants():
     out["flexbwdsm90tail-f16-D64-causal"] = lambda: flex(f16, 64, "causal", bwd_sm90=True, N=1000)
     out["mla-sm90-hq64"] = lambda: mla()
     out["mla-sm90-shard-hq128"] = lambda: mla(hq=128, qk_shard=True)
+    out["mla-sm90-seesaw-hq128"] = lambda: mla(hq=128, seesaw=True)
     out["mla-triton-hq16"] = lambda: mla(hq=16, portable=True)
     out["mla-triton-hq64-fp8"] = lambda: mla(fp8_cache=True, portable=True)
     out["mla-sm90-hq64-fp8"] = lambda: mla(fp8_cache=True)
@@ -385,6 +387,7 @@ def main():
     p.add_argument("--large-d", action="store_true", help="the large-D Gluon kernel")
     p.add_argument("--mla", action="store_true", help="the MLA decode Gluon split kernel")
     p.add_argument("--shard", action="store_true", help="with --mla: the QK_SHARD kernel")
+    p.add_argument("--seesaw", action="store_true", help="with --mla: the seesaw kernel (configs.SM90_SEESAW)")
     p.add_argument("--fp8-cache", action="store_true", help="with --mla: an e4m3 cache (the converter partition)")
     p.add_argument("--bwd", default=None, metavar="M,N,WARPS,STAGES",
                    help="the dense backward's dK/dV kernel with these tiles")
@@ -446,8 +449,9 @@ def main():
         name = "bwd_dkdv_kernel"
     elif a.mla:
         mla(DT[a.dtype] if a.dtype in ("fp16", "bf16") else torch.bfloat16, a.hq, a.sq, qk_shard=a.shard,
-            fp8_cache=a.fp8_cache)
-        name = "mla_split_sm90_shard_kernel" if a.shard else "mla_split_sm90_kernel"
+            fp8_cache=a.fp8_cache, seesaw=a.seesaw)
+        name = "mla_split_sm90_seesaw_kernel" if a.seesaw else \
+            "mla_split_sm90_shard_kernel" if a.shard else "mla_split_sm90_kernel"
     elif a.large_d:
         dense(DT[a.dtype], a.d, a.dv or a.d, backend="dense.large_d_sm90", H=2, causal=a.causal, return_lse=a.lse)
         name = "attn_fwd_large_d_sm90_kernel"

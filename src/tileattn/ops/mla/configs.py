@@ -4,7 +4,8 @@ Forcing one: tileattn.force_backend(config=...) (a config's class names its back
     MLAConfig      portable split kernel (kernels.py): candidates per query-row tile, the first whose shared
                    memory fits the budget (so sm89 / sm80 budgets, emulated with TILEATTN_SMEM_BUDGET, get
                    smaller steps or split outputs)
-    MLASm90Config  Hopper split kernels (gluon_sm90.py; gluon_sm90_shard.py with qk_shard): the first that fits
+    MLASm90Config  Hopper split kernels (gluon_sm90.py; gluon_sm90_shard.py with qk_shard; gluon_sm90_seesaw.py with
+                   seesaw, forced only): the first that fits
                    the page size and the budget
 """
 from dataclasses import dataclass
@@ -75,8 +76,17 @@ class MLASm90Config:
     # at the same turn)
     widen_once: bool = False
     fence_late: bool = False
+    # the seesaw schedule (gluon_sm90_seesaw.py): 64-token blocks whose scores one warpgroup computes at N = 64,
+    # the output split by columns, a 2-block ring freed per half. No table selects it yet (not measured)
+    seesaw: bool = False
 
     def __post_init__(self):
+        if self.seesaw and (self.block_n != 64 or self.stages != 2):
+            raise ValueError(f"MLASm90Config.seesaw runs 64-token blocks through a 2-block ring (the shared memory "
+                             f"of a third is not there): block_n=64, stages=2, got {self.block_n}, {self.stages}")
+        if self.seesaw and (self.qk_shard or self.fp8_stages):
+            raise ValueError("MLASm90Config.seesaw is its own kernel for 16-bit caches: qk_shard and fp8_stages "
+                             "(fp8 caches) are not served with it")
         if (self.widen_once or self.fence_late) and not self.fp8_stages:
             raise ValueError("MLASm90Config: widen_once / fence_late switch the fp8 widening, which needs "
                              "fp8_stages > 0 (a 16-bit config would run without them)")
@@ -106,14 +116,16 @@ MIN_ROWS = 16
 # (one tile, batch 768, kv 1K / 2K) it is 0.93-1.00x: memory-bound rows, where both kernels stream alike.
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
 SHARD_MIN_ROWS = BLOCK_M + 1
+# the seesaw kernel, for forcing (tests, scripts/sweep.py mla-sched); 231,424 bytes of shared memory at Dc = 512
+SM90_SEESAW = MLASm90Config(block_n=64, stages=2, seesaw=True)
 
 
 def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int:
-    """The Q slot, `stages` cache steps, 1 KB for barriers and alignment; with qk_shard the Q slot holds only
-    the nope part (the rope part lives in registers) and two P tiles and the row statistics are added; with
+    """The Q slot, `stages` cache steps, 1 KB for barriers and alignment; with qk_shard (or seesaw) the Q slot holds
+    only the nope part (the rope part lives in registers) and two P tiles and the row statistics are added; with
     fp8_stages, that many fp8 cache steps."""
     fp8 = cfg.fp8_stages * cfg.block_n * (dc + dr)
-    if cfg.qk_shard:
+    if cfg.qk_shard or cfg.seesaw:  # (seesaw: the same parts, two 64-token blocks and two 64 x 64 P tiles)
         return (BLOCK_M * dc + cfg.stages * cfg.block_n * (dc + dr) + 2 * BLOCK_M * cfg.block_n) * elem_bytes \
             + fp8 + 2048
     return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + fp8 + 1024

@@ -1,5 +1,5 @@
-"""The producer side of the Hopper MLA kernel(s) (gluon_sm90.py, gluon_sm90_shard.py): what fills the ring of cache
-steps the consumer warpgroups read, and the work-item helpers both sides share.
+"""The producer side of the Hopper MLA kernel(s) (gluon_sm90.py, gluon_sm90_shard.py, gluon_sm90_seesaw.py): what
+fills the ring of cache steps the consumer warpgroups read, and the work-item helpers both sides share.
 
   - `_loader` (one warp): a tile's Q, then its cache steps through the ring with TMA (see gluon_sm90.py).
   - fp8 (e4m3) caches (gluon_sm90.py): the consumers' wgmmas take 16-bit operands (Q stays in q's dtype, so the
@@ -53,8 +53,9 @@ def _page_of(bt_row, n0, num_pages, PAGE: gl.constexpr):
 @gluon.jit
 def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
             kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks,
-            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True):
-    """QP_SMEM: the Q slot holds the rope part too (else only the nope halves: qp_desc and qp_buf unused)."""
+            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True, HALVES: gl.constexpr = False):
+    """QP_SMEM: the Q slot holds the rope part too (else only the nope halves: qp_desc and qp_buf unused).
+    HALVES (gluon_sm90_seesaw.py): every slot's two halves have their own barriers (_load_steps)."""
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     DH: gl.constexpr = ckv_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
@@ -73,7 +74,7 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
             # session of 2026-11-28)
             first = gl.minimum(n_blocks, STAGES) * (j > 0).to(gl.int32)
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, 0, first, start, bt_row,
-                        num_pages, PAGE, STAGES)
+                        num_pages, PAGE, STAGES, HALVES)
             mbarrier.wait(q_empty.index(0), (j & 1) ^ 1)
             if QP_SMEM:
                 mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
@@ -83,15 +84,17 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
             for h in gl.static_range(2):
                 tma_load(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0), qn_bufs.index(h))
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, first, n_blocks, start, bt_row,
-                        num_pages, PAGE, STAGES)
+                        num_pages, PAGE, STAGES, HALVES)
             j += 1
             kv += n_blocks
 
 
 @gluon.jit
 def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row,
-                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr):
-    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it."""
+                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr = False):
+    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it. HALVES: barriers
+    2s (ckv's first half) and 2s + 1 (its second half and kpe) per slot s, each half loaded once its own empty
+    barrier says so (a half frees before the other: gluon_sm90_seesaw.py)."""
     DH: gl.constexpr = ckv_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
@@ -103,13 +106,22 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
         n0 = start + it * BLOCK_N
         # the next step's page id is read while this one waits for its buffer
         next_page = _page_of(bt_row, gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N), num_pages, PAGE)
-        mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
-        mbarrier.expect(kv_ready.index(s), nbytes)
-        slot = n0 % PAGE
-        for h in gl.static_range(2):
-            tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s),
-                                            c_bufs.index(2 * s + h))
-        tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
+        if HALVES:
+            slot = n0 % PAGE
+            for h in gl.static_range(2):
+                mbarrier.wait(kv_empty.index(2 * s + h), (((kv + it) // STAGES) & 1) ^ 1)
+                mbarrier.expect(kv_ready.index(2 * s + h), ckv_desc.block_type.nbytes + h * kpe_desc.block_type.nbytes)
+                tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(2 * s + h), c_bufs.index(2 * s + h))
+                if h == 1:
+                    tma_load(kpe_desc, [page, slot, 0], kv_ready.index(2 * s + h), p_bufs.index(s))
+        else:
+            mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
+            mbarrier.expect(kv_ready.index(s), nbytes)
+            slot = n0 % PAGE
+            for h in gl.static_range(2):
+                tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s),
+                                                c_bufs.index(2 * s + h))
+            tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
         page = next_page
 
 

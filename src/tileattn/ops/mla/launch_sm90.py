@@ -1,4 +1,5 @@
-"""Backend "mla.sm90": the Hopper Gluon split kernels (gluon_sm90.py; gluon_sm90_shard.py for QK_SHARD configs).
+"""Backend "mla.sm90": the Hopper Gluon split kernels (gluon_sm90.py; gluon_sm90_shard.py for QK_SHARD configs,
+gluon_sm90_seesaw.py for seesaw ones).
 
 It serves plans on an H100/H200 with triton 3.6, 16-bit or fp8 (e4m3) caches (fp8: widened by the consumer
 warpgroups, gluon_producer.py), Dc / 2 and Dr powers of two up to 256, pages holding whole cache steps and a
@@ -56,15 +57,16 @@ class Sm90Backend(Backend):
     def config(self, plan):
         """The first config that fits the plan's page size, cache dtype and the shared-memory budget, or None (a
         qk_shard config also needs >= 3 stages of >= 32 tokens and Dr <= 64: the rope part of Q is held in
-        registers; an fp8 config, >= 3 stages (the consumers widen the next step into the slot of the one before
-        last), >= 2 fp8 stages with qk_shard, of a size the widening passes divide)."""
+        registers; a seesaw config, Dr <= 64 too; an fp8 config, >= 3 stages (the consumers widen the next step into
+        the slot of the one before last), >= 2 fp8 stages with qk_shard, of a size the widening passes divide)."""
         budget = hw.device_info(plan.device).smem_per_block
         fp8 = plan.cache_dtype == torch.float8_e4m3fn
         return next((cfg for cfg in sm90_configs(plan.rows, fp8) if plan.page_size % cfg.block_n == 0
                      and smem_bytes(cfg, plan.dc, plan.dr) <= budget and (cfg.fp8_stages > 0) == fp8
                      and (not fp8 or (cfg.stages >= 3 and (not cfg.qk_shard or cfg.fp8_stages >= 2)
                                       and all(cfg.block_n % widen_rows(d) == 0 for d in (plan.dc // 2, plan.dr))))
-                     and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))), None)
+                     and (not cfg.qk_shard or (cfg.stages >= 3 and cfg.block_n >= 32 and plan.dr <= 64))
+                     and (not cfg.seesaw or plan.dr <= 64)), None)
 
     def launch(self, plan, r):
         """Run the split kernel of plan's schedule on run r (plan.MLARun); returns the compiled kernel.
@@ -77,7 +79,8 @@ class Sm90Backend(Backend):
         qn, qp = _rows_view(r.q_nope), _rows_view(r.q_pe)
         tail = (r.block_table, plan.seqlens, plan.work, r.out, r.lse, plan.o_part, plan.lse_part, r.kv_scale)
         # the kernel's tensor arguments in order (a descriptor by its base)
-        tensors = (qn, r.ckv_cache, r.kpe_cache, qp, *tail) if cfg.qk_shard else (qn, qp, r.ckv_cache,
+        rope_in_regs = cfg.qk_shard or cfg.seesaw  # (no q_pe descriptor: its rows are read into registers)
+        tensors = (qn, r.ckv_cache, r.kpe_cache, qp, *tail) if rope_in_regs else (qn, qp, r.ckv_cache,
                                                                                    r.kpe_cache, *tail)
 
         def build():
@@ -93,6 +96,10 @@ class Sm90Backend(Backend):
                 opts.update(F_STAGES=cfg.fp8_stages, C_LAYOUT=nvmma_layout([1, cfg.block_n, dh], plan.dtype),
                             P_LAYOUT=nvmma_layout([1, cfg.block_n, plan.dr], plan.dtype),
                             WIDEN_ONCE=cfg.widen_once, FENCE_LATE=cfg.fence_late)
+            if cfg.seesaw:
+                from .gluon_sm90_seesaw import mla_split_sm90_seesaw_kernel as kernel
+                del opts["STAGES"]  # (2 blocks, fixed)
+                return kernel, (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims), opts
             if cfg.qk_shard:
                 from .gluon_sm90_shard import mla_split_sm90_shard_kernel as kernel
                 return kernel, (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims), opts
