@@ -12,7 +12,15 @@ import torch
 
 import tileattn
 from tileattn import hw
-from tileattn.ops.mla.configs import SM90_FP8, SM90_FP8_CONFIGS, SM90_SHARD, SM90_SHARD_FP8
+from tileattn.ops.mla.configs import (
+    SM90_FP8,
+    SM90_FP8_CONFIGS,
+    SM90_SEESAW,
+    SM90_SHARD,
+    SM90_SHARD_FP8,
+    MLASm90Config,
+    smem_bytes,
+)
 from tileattn.ops.mla.reference import mla_decode_ref
 
 from tests.helpers import assert_close, paged_caches, randn
@@ -293,6 +301,42 @@ def test_gpu_mla_sm90_qk_shard(page_size, hq, sq, causal, device):
     plan = run_case([1, 31, 32, 33, 63, 64, 65, 0, 96, 129, 5000, 191], page_size, hq, sq, 512, 64,
                     torch.bfloat16, device, causal=causal, plan_form=True, kv_scale=0.75, config=SHARD)
     assert plan.sm90 == SHARD, plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,sq", [(128, 1), (64, 1), (64, 2), (20, 3)])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_mla_sm90_seesaw(hq, sq, causal, dtype, device):
+    """The seesaw kernel (64-token blocks owned alternately, output split by columns, a 2-block ring freed per
+    half): tiles of one block (warpgroup 1 owns none), of odd and even block counts, lengths around the block and
+    the page, an empty sequence, split items (start / end inside a sequence: 3000 tokens)."""
+    if not _sm90(device):
+        pytest.skip("no Hopper kernel on this GPU")
+    plan = run_case([1, 63, 64, 65, 0, 127, 128, 129, 3000, 191], 64, hq, sq, 512, 64, dtype, device,
+                    causal=causal, plan_form=True, kv_scale=0.75, config=SM90_SEESAW)
+    assert plan.sm90 == SM90_SEESAW, plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [0, 1, 3])
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_gpu_mla_sm90_seesaw_few_ctas(programs, page_size, device):
+    """The seesaw kernel with 1 or 3 CTAs walking every tile (0: one per SM, the plan's): the ring's slot and
+    parity and the P exchange's phases carry across tiles of odd and even block counts, two row tiles per item."""
+    if not _sm90(device):
+        pytest.skip("no Hopper kernel on this GPU")
+    run_case([1, 64, 128, 192, 0, 3000, 65, 4097, 63, 129, 256], page_size, 128, 1, 512, 64, torch.bfloat16, device,
+             plan_form=True, programs=programs or None, config=SM90_SEESAW)
+
+
+def test_mla_sm90_seesaw_config():
+    """The seesaw config refuses what its kernel does not serve; its shared memory fits the sm90 budget."""
+    assert smem_bytes(SM90_SEESAW, 512, 64) == 231424 <= 232448
+    for kw, match in ((dict(block_n=32), "block_n=64"), (dict(stages=3), "stages=2"),
+                      (dict(qk_shard=True), "qk_shard"), (dict(fp8_stages=2), "fp8")):
+        with pytest.raises(ValueError, match=match):
+            MLASm90Config(**{**dict(block_n=64, stages=2, seesaw=True), **kw})
 
 
 @pytest.mark.gpu
