@@ -104,9 +104,9 @@ def consumer(w, tiles, WG, broken):
 
     def gather(g, o_idx):
         # the other's block g (its o_idx-th owned block overall): P, m, row sums; then its P V on my half
+        yield w.wait("ready" + half, g % STAGES, g // STAGES)
         yield w.wait("p_ready", OTHER, o_idx)
         w.read(me, ("x", OTHER), g)
-        yield w.wait("ready" + half, g % STAGES, g // STAGES)
         w.read(me, (half, g % STAGES), g)
 
     def other_pv_done(g):
