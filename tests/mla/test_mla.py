@@ -339,6 +339,24 @@ def test_mla_sm90_seesaw_config():
             MLASm90Config(**{**dict(block_n=64, stages=2, seesaw=True), **kw})
 
 
+def test_mla_sm90_seesaw_backend_config(monkeypatch):
+    """Forced on a plan, the seesaw config reaches the Hopper backend only where its kernel serves the plan: pages
+    of whole 64-token blocks, Dr <= 64 (the rope part of Q in registers), 16-bit caches, the sm90 budget."""
+    import types
+
+    from tileattn.ops.mla import launch_sm90
+    monkeypatch.setattr(launch_sm90.hw, "device_info", lambda device: hw.DeviceInfo(90, 132, 232448))
+
+    def plan(page_size=64, dr=64, cache_dtype=torch.bfloat16):
+        return types.SimpleNamespace(device=torch.device("cpu"), page_size=page_size, dc=512, dr=dr, rows=128,
+                                     cache_dtype=cache_dtype)
+    with tileattn.force_backend(config=SM90_SEESAW):
+        assert launch_sm90.Sm90Backend().config(plan()) == SM90_SEESAW
+        assert launch_sm90.Sm90Backend().config(plan(page_size=128)) == SM90_SEESAW
+        for bad in (plan(page_size=32), plan(dr=128), plan(cache_dtype=torch.float8_e4m3fn)):
+            assert launch_sm90.Sm90Backend().config(bad) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("programs", [1, 2, 3])
 def test_gpu_mla_sm90_qk_shard_few_ctas(programs, device):
