@@ -136,6 +136,10 @@ def consumer(w, tiles, WG, broken):
             w.unread(me, ("q", 0))
             for h in ("L", "R"):
                 w.unread(me, (h, s))
+                # the owner zeroes V's rows past the sequence in both halves (a tile's last block): no one else
+                # may be reading them
+                if w.readers[(h, s)]:
+                    w.bad.add(("race-write", (h, s), g, tuple(sorted(w.readers[(h, s)]))))
             w.read(me, (half, s), g)  # own P V reads my half (a wgmma from here to its wait)
             # publish P_o
             if broken != "no_pfree":

@@ -25,11 +25,11 @@ QK_SHARD; block g (the CTA's count) is in slot g % 2 with parity (g // 2) & 1.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_producer import _buf, _loader, _work_item
-from .gluon_sm90 import _epilogue, _visible
-from .gluon_sm90_shard import _gather, _other_pv, _own_pv, _publish, _release, _scores
+from .gluon_sm90 import _epilogue, _visible, _zero_tail
+from .gluon_sm90_shard import _gather, _publish, _release, _scores
 
 
 @gluon.jit
@@ -41,7 +41,15 @@ def _wait_block(ready, g):
 
 
 @gluon.jit
-def _other_block(acc, m_i, l_i, g, n0, seqlen, phase, x_bufs, m_bufs, r_bufs, c_bufs, ready, p_ready, sm_scale,
+def _pv(acc, alpha, p, v_smem, o_row: gl.constexpr):
+    """Rescale acc (no product of it in flight) and issue acc += P V (P from registers or shared memory). V's rows
+    past the sequence were zeroed by the block's owner (_turn), so no warpgroup branches on the tail here."""
+    acc = acc * gl.convert_layout(alpha, o_row)[:, None]
+    return warpgroup_mma(p, v_smem, acc, is_async=True)
+
+
+@gluon.jit
+def _other_block(acc, m_i, l_i, g, phase, x_bufs, m_bufs, r_bufs, c_bufs, ready, p_ready, sm_scale,
                  WG: gl.constexpr, s_row: gl.constexpr, o_row: gl.constexpr):
     """The other warpgroup's block g as seen by this one (its P, m and row sums; phase: of its p_ready), and the
     P V of it on this warpgroup's half, issued (the caller waits, then _release and frees the half)."""
@@ -50,15 +58,17 @@ def _other_block(acc, m_i, l_i, g, n0, seqlen, phase, x_bufs, m_bufs, r_bufs, c_
     mbarrier.wait(ready.index(2 * s + WG), (g // 2) & 1)
     alpha, m_i, l_i = _gather(m_i, l_i, m_bufs.index(OTHER), r_bufs.index(OTHER), p_ready.index(OTHER), phase,
                               sm_scale, s_row)
-    acc = _other_pv(acc, alpha, x_bufs.index(OTHER), _buf(c_bufs, 2 * s + WG), n0, seqlen, o_row)
+    acc = _pv(acc, alpha, x_bufs.index(OTHER), _buf(c_bufs, 2 * s + WG), o_row)
     return acc, m_i, l_i
 
 
 @gluon.jit
 def _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_zero, qn_bufs, c_bufs, p_bufs,
           x_bufs, m_bufs, r_bufs, ready, empty, p_ready, p_free, sm_scale, WG: gl.constexpr, HAS_OTHER: gl.constexpr,
-          s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
-    """This warpgroup's k-th block of the tile (o = 2k + WG) and, HAS_OTHER, the other's block o - 1 before it."""
+          TAIL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """This warpgroup's k-th block of the tile (o = 2k + WG) and, HAS_OTHER, the other's block o - 1 before it.
+    TAIL: o may be the tile's last block (the turns of the step loop are not: it has no branch on the tail, whose
+    registers cost 1-3 local-memory accesses per turn there under triton 3.6)."""
     OTHER: gl.constexpr = 1 - WG
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -70,11 +80,16 @@ def _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_z
     _wait_block(ready, g)
     qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero, k >> 30)  # (k >> 30 = 0: _scores' qz)
     if HAS_OTHER:  # under the scores
-        acc, m_i, l_i = _other_block(acc, m_i, l_i, g - 1, n0 - BLOCK_N, seqlen, (c_other + k - 1 + WG) & 1,
+        acc, m_i, l_i = _other_block(acc, m_i, l_i, g - 1, (c_other + k - 1 + WG) & 1,
                                      x_bufs, m_bufs, r_bufs, c_bufs, ready, p_ready, sm_scale, WG, s_row, o_row)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
     else:
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+    if TAIL:  # (only a tile's last block can cross the sequence's end)
+        if n0 + BLOCK_N > seqlen:  # its owner zeroes V's rows past the end in both halves (0 * NaN would poison
+            # the accumulators), after its scores and before the publish that the other's P V of o waits for
+            _zero_tail(_buf(c_bufs, 2 * s), n0, seqlen)
+            _zero_tail(_buf(c_bufs, 2 * s + 1), n0, seqlen)
     # the softmax of o (under the other's P V), from the max that includes o - 1
     # (buffer WG + (k >> 30) = WG: its store addresses computed here, not hoisted out of the loop and spilled)
     z = k >> 30
@@ -85,7 +100,7 @@ def _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_z
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _release(p_free.index(OTHER))
         mbarrier.arrive(empty.index(2 * ((g - 1) % 2) + WG))
-    acc = _own_pv(acc, alpha, p16, _buf(c_bufs, 2 * s + WG), n0, seqlen, o_row, p_layout)
+    acc = _pv(acc, alpha, gl.convert_layout(p16, p_layout), _buf(c_bufs, 2 * s + WG), o_row)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(empty.index(2 * s + WG))
     return acc, m_i, l_i
@@ -143,18 +158,21 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                 if n_own > 0:
                     acc, m_i, l_i = _turn(acc, m_i, l_i, 0, kv, c_own, c_other, start, seqlen, limit, qp_op, s_zero,
                                           qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, ready, empty, p_ready,
-                                          p_free, sm_scale, WG, False, s_layout, o_layout, p_layout)
-            for k in range(1 - WG, n_own):
+                                          p_free, sm_scale, WG, False, True, s_layout, o_layout, p_layout)
+            for k in range(1 - WG, n_own - 1):  # blocks before the tile's last two
                 acc, m_i, l_i = _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_zero,
                                       qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, ready, empty, p_ready, p_free,
-                                      sm_scale, WG, True, s_layout, o_layout, p_layout)
+                                      sm_scale, WG, True, False, s_layout, o_layout, p_layout)
+            if n_own - 1 >= 1 - WG:  # the last own block (the tile's last, or the one before it)
+                acc, m_i, l_i = _turn(acc, m_i, l_i, n_own - 1, kv, c_own, c_other, start, seqlen, limit, qp_op,
+                                      s_zero, qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, ready, empty, p_ready,
+                                      p_free, sm_scale, WG, True, True, s_layout, o_layout, p_layout)
             mbarrier.arrive(q_empty.index(0))  # every score wgmma of this warpgroup's was waited on
             last = n_blocks - 1
             if last % 2 == OTHER:  # the tile ends on the other's block (n_blocks = 0: last = -1, skipped)
                 g = kv + last
-                acc, m_i, l_i = _other_block(acc, m_i, l_i, g, start + last * BLOCK_N, seqlen,
-                                             (c_other + (last - OTHER) // 2) & 1, x_bufs, m_bufs, r_bufs, c_bufs,
-                                             ready, p_ready, sm_scale, WG, s_row, o_row)
+                acc, m_i, l_i = _other_block(acc, m_i, l_i, g, (c_other + (last - OTHER) // 2) & 1, x_bufs, m_bufs,
+                                             r_bufs, c_bufs, ready, p_ready, sm_scale, WG, s_row, o_row)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 _release(p_free.index(OTHER))
                 mbarrier.arrive(empty.index(2 * (g % 2) + WG))
