@@ -19,6 +19,9 @@ row statistics is QK_SHARD's (gluon_sm90_shard.py: read both docstrings first). 
     wait for the other's P V, free its P and the half; issue and wait the own P V of o, free the half. A wgmma
     result may not cross a loop iteration in flight, and the next own block reuses the slot of o (2 slots), so
     the own P V of o ends within the turn; the other warpgroup's scores and P V fill the tensor pipe meanwhile.
+  - rows of the cache past the sequence (only a tile's last block reaches them) are masked in the scores, and the
+    owner of that block zeroes them in both halves of V after its scores, before its publish (no one else reads
+    the block then). That branch lives in the peeled last turn, so the step loop has none.
 Barrier protocol: scripts/check_mla_seesaw.py (a model of this file: 0 deadlocks, aliasing or races over tiles of
 0-6 blocks, several per CTA). Phases: c0 / c1 count the blocks warpgroup 0 / 1 owned in earlier tiles, as in
 QK_SHARD; block g (the CTA's count) is in slot g % 2 with parity (g // 2) & 1.
