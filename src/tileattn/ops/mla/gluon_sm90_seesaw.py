@@ -172,7 +172,7 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                                       p_free, sm_scale, WG, True, True, s_layout, o_layout, p_layout)
             mbarrier.arrive(q_empty.index(0))  # every score wgmma of this warpgroup's was waited on
             last = n_blocks - 1
-            if last % 2 == OTHER:  # the tile ends on the other's block (n_blocks = 0: last = -1, skipped)
+            if (n_blocks > 0) & (last % 2 == OTHER):  # the tile ends on the other's block
                 g = kv + last
                 acc, m_i, l_i = _other_block(acc, m_i, l_i, g, (c_other + (last - OTHER) // 2) & 1, x_bufs, m_bufs,
                                              r_bufs, c_bufs, ready, p_ready, sm_scale, WG, s_row, o_row)
