@@ -79,8 +79,15 @@ class MLASm90Config:
     # the seesaw schedule (gluon_sm90_seesaw.py): 64-token blocks whose scores one warpgroup computes at N = 64,
     # the output split by columns, a 2-block ring freed per half. No table selects it yet (not measured)
     seesaw: bool = False
+    # the seesaw kernel's turn order (gluon_sm90_seesaw._turn; docs/design/mla.md item 3, "per-box waits"): 0 the
+    # first measured form (the scores wait for their block whole), 1 the scores wait box by box, 2 box by box
+    # after the other's P V, whose half is freed before the softmax (the loader then refills the half that frees
+    # first, first). Kept selectable for the A/B on the GPU (scripts/sweep.py mla-sched)
+    seesaw_order: int = 2
 
     def __post_init__(self):
+        if self.seesaw_order not in (0, 1, 2):
+            raise ValueError(f"MLASm90Config.seesaw_order is 0, 1 or 2, got {self.seesaw_order}")
         if self.seesaw and (self.block_n != 64 or self.stages != 2):
             raise ValueError(f"MLASm90Config.seesaw runs 64-token blocks through a 2-block ring (the shared memory "
                              f"of a third is not there): block_n=64, stages=2, got {self.block_n}, {self.stages}")

@@ -53,11 +53,12 @@ def _page_of(bt_row, n0, num_pages, PAGE: gl.constexpr):
 @gluon.jit
 def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
             kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks,
-            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True, HALVES: gl.constexpr = False):
+            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True, HALVES: gl.constexpr = 0):
     """QP_SMEM: the Q slot holds the rope part too (else only the nope halves: qp_desc and qp_buf unused).
-    HALVES (gluon_sm90_seesaw.py): every slot's two halves have their own barriers (_load_steps)."""
+    HALVES (gluon_sm90_seesaw.py): every slot's two halves have their own empty barriers and every box its own
+    ready barrier (_load_steps)."""
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
-    DH: gl.constexpr = ckv_desc.block_type.shape[2]
+    DH: gl.constexpr = qn_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     kv = 0  # cache steps loaded so far by this CTA: ring slot and phase
     j = 0  # tiles started so far: phase of the Q slot
@@ -91,10 +92,13 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
 
 @gluon.jit
 def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row,
-                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr = False):
-    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it. HALVES: barriers
-    2s (ckv's first half) and 2s + 1 (its second half and kpe) per slot s, each half loaded once its own empty
-    barrier says so (a half frees before the other: gluon_sm90_seesaw.py)."""
+                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr = 0):
+    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it. HALVES (1, 2):
+    empty barriers 2s (ckv's first half) and 2s + 1 (its second half and kpe) per slot s, each half loaded once
+    its own says so (a half frees before the other: gluon_sm90_seesaw.py); ckv_desc's box is one column box of
+    a half, and box c of slot s (ckv's boxes in column order, then kpe) lands on kv_ready[c].index(s). 1: the
+    left half first; 2: first the half of the warpgroup not owning the block (step it's owner: it % 2), which
+    it frees first."""
     DH: gl.constexpr = ckv_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
@@ -107,13 +111,11 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
         # the next step's page id is read while this one waits for its buffer
         next_page = _page_of(bt_row, gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N), num_pages, PAGE)
         if HALVES:
-            slot = n0 % PAGE
-            for h in gl.static_range(2):
-                mbarrier.wait(kv_empty.index(2 * s + h), (((kv + it) // STAGES) & 1) ^ 1)
-                mbarrier.expect(kv_ready.index(2 * s + h), ckv_desc.block_type.nbytes + h * kpe_desc.block_type.nbytes)
-                tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(2 * s + h), c_bufs.index(2 * s + h))
-                if h == 1:
-                    tma_load(kpe_desc, [page, slot, 0], kv_ready.index(2 * s + h), p_bufs.index(s))
+            first = 0
+            if HALVES == 2:
+                first = (it + 1) % 2  # the half of the warpgroup that does not own step it
+            _load_halves(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it, page, n0 % PAGE, first,
+                         STAGES)
         else:
             mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
             mbarrier.expect(kv_ready.index(s), nbytes)
@@ -123,6 +125,37 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
                                                 c_bufs.index(2 * s + h))
             tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
         page = next_page
+
+
+@gluon.jit
+def _load_halves(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, first,
+                 STAGES: gl.constexpr):
+    """Step g (ring position) of _load_steps(HALVES): half `first`, then the other."""
+    if first == 0:
+        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, 0, STAGES)
+        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, 1, STAGES)
+    else:
+        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, 1, STAGES)
+        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, 0, STAGES)
+
+
+@gluon.jit
+def _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, h: gl.constexpr,
+               STAGES: gl.constexpr):
+    """Half h of step g once its empty barrier says so, each box on its own ready barrier (kv_ready[c], a tuple of
+    [STAGES, 1] allocations: ckv's boxes in column order, then kpe with the right half)."""
+    DH: gl.constexpr = c_bufs.shape[3]
+    BOX: gl.constexpr = ckv_desc.block_type.shape[2]
+    H: gl.constexpr = DH // BOX
+    s = g % STAGES
+    mbarrier.wait(kv_empty.index(2 * s + h), ((g // STAGES) & 1) ^ 1)
+    for j in gl.static_range(H):
+        bar = kv_ready[h * H + j].index(s)
+        mbarrier.expect(bar, ckv_desc.block_type.nbytes)
+        tma_load(ckv_desc, [page, slot, h * DH + j * BOX], bar, c_bufs.index(2 * s + h).slice(j * BOX, BOX, dim=2))
+    if h == 1:
+        mbarrier.expect(kv_ready[2 * H].index(s), kpe_desc.block_type.nbytes)
+        tma_load(kpe_desc, [page, slot, 0], kv_ready[2 * H].index(s), p_bufs.index(s))
 
 
 # ---- fp8 caches ----------------------------------------------------------------------------------------------

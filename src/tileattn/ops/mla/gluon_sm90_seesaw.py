@@ -36,11 +36,68 @@ from .gluon_sm90_shard import _gather, _publish, _release, _scores
 
 
 @gluon.jit
-def _wait_block(ready, g):
-    """Block g's two halves have landed (the scores read both)."""
+def _ready_barriers():
+    """The ready barriers of the ring's boxes: one [2, 1] allocation (indexed by slot) per box position, 9 (ckv's
+    8 boxes of 64 columns at Dc = 512, then kpe; at a smaller Dc the first 2 H + 1 serve). Separate allocations:
+    Triton's barrier analysis takes a wait for a write of its allocation, and put a warpgroup barrier (BAR.SYNC)
+    between any two waits on one (seen in the SASS: one before every box wait)."""
+    ready = (_bar2(), _bar2(), _bar2(), _bar2(), _bar2(), _bar2(), _bar2(), _bar2(), _bar2())
+    for c in gl.static_range(9):
+        for s in gl.static_range(2):
+            mbarrier.init(ready[c].index(s), count=1)
+    return ready
+
+
+@gluon.jit
+def _bar2():
+    return gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+
+
+@gluon.jit
+def _wait_boxes(ready, g, lo: gl.constexpr, hi: gl.constexpr):
+    """Boxes lo..hi - 1 of block g have landed (box c of slot s completes ready[c].index(s))."""
+    for c in gl.static_range(lo, hi):
+        mbarrier.wait(ready[c].index(g % 2), (g // 2) & 1)
+
+
+@gluon.jit
+def _score_box(qk, qn_bufs, qp_op, c_bufs, p_bufs, ready, g, qz, C: gl.constexpr, USE_ACC: gl.constexpr,
+               WAIT: gl.constexpr):
+    """qk (+)= the scores of box C of block g (C < 2H: ckv columns C * BOX.., else kpe), issued; WAIT: its ready
+    wait first."""
+    BOX: gl.constexpr = 64 if c_bufs.shape[3] > 64 else c_bufs.shape[3]  # (the 128-byte swizzle's width)
+    H: gl.constexpr = c_bufs.shape[3] // BOX
     s = g % 2
-    mbarrier.wait(ready.index(2 * s), (g // 2) & 1)
-    mbarrier.wait(ready.index(2 * s + 1), (g // 2) & 1)
+    if WAIT:
+        mbarrier.wait(ready[C].index(s), (g // 2) & 1)
+    if C == 2 * H:
+        qk = warpgroup_mma(qp_op, _buf(p_bufs, s).permute((1, 0)), qk, use_acc=USE_ACC, is_async=True)
+    else:
+        h: gl.constexpr = C // H
+        j: gl.constexpr = C % H
+        qk = warpgroup_mma(_buf(qn_bufs, qz + h).slice(j * BOX, BOX, dim=1),
+                           _buf(c_bufs, 2 * s + h).slice(j * BOX, BOX, dim=1).permute((1, 0)), qk,
+                           use_acc=USE_ACC, is_async=True)
+    return qk
+
+
+@gluon.jit
+def _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, zero, qz, FIRST: gl.constexpr, BOXED: gl.constexpr):
+    """S = Q K^T of block g, issued asynchronously one 64-column box at a time (the box's 4 k16 wgmmas; the rope
+    part with Q's from registers), the boxes of half FIRST first (kpe goes with the right half). BOXED: each box
+    right after its own ready wait, so the scores start when the first box lands; else every box waited first,
+    then QK_SHARD's _scores (3 wgmma groups: the first measured form). qz: 0, from the loop counter (_scores'
+    note: the Q descriptors are not hoisted out of the loop)."""
+    H: gl.constexpr = c_bufs.shape[3] // 64 if c_bufs.shape[3] > 64 else 1  # boxes per half
+    NB: gl.constexpr = 2 * H + 1
+    if BOXED:
+        qk = zero
+        for i in gl.static_range(NB):
+            qk = _score_box(qk, qn_bufs, qp_op, c_bufs, p_bufs, ready, g, qz, (i + FIRST * H) % NB, i > 0, True)
+    else:
+        _wait_boxes(ready, g, 0, NB)
+        qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, g % 2, zero, qz)
+    return qk
 
 
 @gluon.jit
@@ -57,8 +114,9 @@ def _other_block(acc, m_i, l_i, g, phase, x_bufs, m_bufs, r_bufs, c_bufs, ready,
     """The other warpgroup's block g as seen by this one (its P, m and row sums; phase: of its p_ready), and the
     P V of it on this warpgroup's half, issued (the caller waits, then _release and frees the half)."""
     OTHER: gl.constexpr = 1 - WG
+    H: gl.constexpr = c_bufs.shape[3] // 64 if c_bufs.shape[3] > 64 else 1
     s = g % 2
-    mbarrier.wait(ready.index(2 * s + WG), (g // 2) & 1)
+    _wait_boxes(ready, g, WG * H, WG * H + H)
     alpha, m_i, l_i = _gather(m_i, l_i, m_bufs.index(OTHER), r_bufs.index(OTHER), p_ready.index(OTHER), phase,
                               sm_scale, s_row)
     acc = _pv(acc, alpha, x_bufs.index(OTHER), _buf(c_bufs, 2 * s + WG), o_row)
@@ -68,10 +126,14 @@ def _other_block(acc, m_i, l_i, g, phase, x_bufs, m_bufs, r_bufs, c_bufs, ready,
 @gluon.jit
 def _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_zero, qn_bufs, c_bufs, p_bufs,
           x_bufs, m_bufs, r_bufs, ready, empty, p_ready, p_free, sm_scale, WG: gl.constexpr, HAS_OTHER: gl.constexpr,
-          TAIL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
-    """This warpgroup's k-th block of the tile (o = 2k + WG) and, HAS_OTHER, the other's block o - 1 before it.
+          TAIL: gl.constexpr, ORDER: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+          p_layout: gl.constexpr):
+    """This warpgroup's k-th block of the tile (o = 2k + WG) and, HAS_OTHER, the other's block o - 1 in it.
     TAIL: o may be the tile's last block (the turns of the step loop are not: it has no branch on the tail, whose
-    registers cost 1-3 local-memory accesses per turn there under triton 3.6)."""
+    registers cost 1-3 local-memory accesses per turn there under triton 3.6). ORDER (MLASm90Config.seesaw_order):
+    0 / 1 the scores of o first, then the other's P V of o - 1 under them, waiting for o whole / box by box;
+    2 the other's P V of o - 1 first (its data is in: it fills the tensor pipe while o's boxes land), then the
+    scores box by box, the other's half first, and that half of o - 1 freed before the softmax."""
     OTHER: gl.constexpr = 1 - WG
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -80,26 +142,36 @@ def _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_z
     g = kv + o
     s = g % 2
     n0 = start + o * BLOCK_N
-    _wait_block(ready, g)
-    qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, s, s_zero, k >> 30)  # (k >> 30 = 0: _scores' qz)
-    if HAS_OTHER:  # under the scores
-        acc, m_i, l_i = _other_block(acc, m_i, l_i, g - 1, (c_other + k - 1 + WG) & 1,
-                                     x_bufs, m_bufs, r_bufs, c_bufs, ready, p_ready, sm_scale, WG, s_row, o_row)
-        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
-    else:
+    z = k >> 30  # (0: _scores_boxed's qz)
+    if ORDER == 2:
+        if HAS_OTHER:
+            acc, m_i, l_i = _other_block(acc, m_i, l_i, g - 1, (c_other + k - 1 + WG) & 1,
+                                         x_bufs, m_bufs, r_bufs, c_bufs, ready, p_ready, sm_scale, WG, s_row, o_row)
+        qk = _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, s_zero, z, OTHER, True)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+        if HAS_OTHER:  # (done: the scores were issued after it)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _release(p_free.index(OTHER))
+            mbarrier.arrive(empty.index(2 * ((g - 1) % 2) + WG))
+    else:
+        qk = _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, s_zero, z, 0, ORDER == 1)
+        if HAS_OTHER:  # under the scores
+            acc, m_i, l_i = _other_block(acc, m_i, l_i, g - 1, (c_other + k - 1 + WG) & 1,
+                                         x_bufs, m_bufs, r_bufs, c_bufs, ready, p_ready, sm_scale, WG, s_row, o_row)
+            qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+        else:
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
     if TAIL:  # (only a tile's last block can cross the sequence's end)
         if n0 + BLOCK_N > seqlen:  # its owner zeroes V's rows past the end in both halves (0 * NaN would poison
             # the accumulators), after its scores and before the publish that the other's P V of o waits for
             _zero_tail(_buf(c_bufs, 2 * s), n0, seqlen)
             _zero_tail(_buf(c_bufs, 2 * s + 1), n0, seqlen)
     # the softmax of o (under the other's P V), from the max that includes o - 1
-    # (buffer WG + (k >> 30) = WG: its store addresses computed here, not hoisted out of the loop and spilled)
-    z = k >> 30
+    # (buffer WG + z = WG: its store addresses computed here, not hoisted out of the loop and spilled)
     p16, alpha, m_i, l_i = _publish(qk, m_i, l_i, n0, limit, sm_scale, x_bufs.index(WG + z), m_bufs.index(WG + z),
                                     r_bufs.index(WG + z), p_free.index(WG), ((c_own + k) & 1) ^ 1, p_ready.index(WG),
                                     s_layout)
-    if HAS_OTHER:
+    if HAS_OTHER and ORDER != 2:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _release(p_free.index(OTHER))
         mbarrier.arrive(empty.index(2 * ((g - 1) % 2) + WG))
@@ -113,7 +185,7 @@ def _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_z
 def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, ready, empty, p_ready, p_free,
               WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os, stride_oh,
               stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale,
-              WG: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+              WG: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, ORDER: gl.constexpr):
     BLOCK_M: gl.constexpr = qn_bufs.shape[2]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     DH: gl.constexpr = c_bufs.shape[3]
@@ -161,15 +233,15 @@ def _consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty,
                 if n_own > 0:
                     acc, m_i, l_i = _turn(acc, m_i, l_i, 0, kv, c_own, c_other, start, seqlen, limit, qp_op, s_zero,
                                           qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, ready, empty, p_ready,
-                                          p_free, sm_scale, WG, False, True, s_layout, o_layout, p_layout)
+                                          p_free, sm_scale, WG, False, True, ORDER, s_layout, o_layout, p_layout)
             for k in range(1 - WG, n_own - 1):  # blocks before the tile's last two
                 acc, m_i, l_i = _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_zero,
                                       qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, ready, empty, p_ready, p_free,
-                                      sm_scale, WG, True, False, s_layout, o_layout, p_layout)
+                                      sm_scale, WG, True, False, ORDER, s_layout, o_layout, p_layout)
             if n_own - 1 >= 1 - WG:  # the last own block (the tile's last, or the one before it)
                 acc, m_i, l_i = _turn(acc, m_i, l_i, n_own - 1, kv, c_own, c_other, start, seqlen, limit, qp_op,
                                       s_zero, qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, ready, empty, p_ready,
-                                      p_free, sm_scale, WG, True, True, s_layout, o_layout, p_layout)
+                                      p_free, sm_scale, WG, True, True, ORDER, s_layout, o_layout, p_layout)
             mbarrier.arrive(q_empty.index(0))  # every score wgmma of this warpgroup's was waited on
             last = n_blocks - 1
             if (n_blocks > 0) & (last % 2 == OTHER):  # the tile ends on the other's block
@@ -193,15 +265,20 @@ def mla_split_sm90_seesaw_kernel(
     stride_qpb, stride_qpr, stride_bt, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     num_heads, q_len, num_pages, num_tiles, row_blocks, sm_scale,
     PAGE: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+    ORDER: gl.constexpr = 2,
 ):
     """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
-    Arguments as gluon_sm90_shard.mla_split_sm90_shard_kernel's (16-bit caches only; ckv / kpe boxes of 64 tokens)."""
+    Arguments as gluon_sm90_shard.mla_split_sm90_shard_kernel's (16-bit caches only; kpe boxes of 64 tokens), but
+    ckv_desc's box is one 64-column box of a half (min(64, Dc / 2) columns: the 128-byte swizzle's width), each
+    with its own ready barrier. ORDER: MLASm90Config.seesaw_order (_turn)."""
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
+    DH: gl.constexpr = qn_desc.block_type.shape[2]
     gl.static_assert(BLOCK_N == 64, "the seesaw kernel takes 64-token blocks")
+    gl.static_assert(ckv_desc.block_type.shape[2] == (64 if DH > 64 else DH), "ckv boxes of min(64, Dc / 2) columns")
     # the Q slot (nope halves), 2 blocks (ckv halves + kpe), the two P tiles and their row statistics
     qn_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2] + qn_desc.block_type.shape, qn_desc.layout)
-    c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [4] + ckv_desc.block_type.shape, ckv_desc.layout)
+    c_bufs = gl.allocate_shared_memory(ckv_desc.dtype, [4, 1, BLOCK_N, DH], ckv_desc.layout)
     p_bufs = gl.allocate_shared_memory(kpe_desc.dtype, [2] + kpe_desc.block_type.shape, kpe_desc.layout)
     x_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_bufs = gl.allocate_shared_memory(qn_desc.dtype, [2, BLOCK_M, BLOCK_N], x_layout)
@@ -210,15 +287,15 @@ def mla_split_sm90_seesaw_kernel(
     r_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], st_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    # per slot s: index 2s the left half (ckv columns :DC / 2), 2s + 1 the right half and kpe
-    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    # ready: box c of slot s at ready[c].index(s) (ckv's in column order, then kpe); empty: per half of slot s, 2s
+    # the left (ckv columns :DC / 2), 2s + 1 the right half and kpe
+    ready = _ready_barriers()
     empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready.index(0), count=1)
     mbarrier.init(q_empty.index(0), count=2)
     for i in gl.static_range(4):
-        mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)  # one warpgroup's P V reads each half
     for w in gl.static_range(2):
         mbarrier.init(p_ready.index(w), count=1)
@@ -228,11 +305,12 @@ def mla_split_sm90_seesaw_kernel(
         (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, ready, empty, p_ready,
                      p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
                      stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 0, CAUSAL,
-                     RETURN_LSE)),
+                     RETURN_LSE, ORDER)),
         (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, ready, empty, p_ready,
                      p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob, stride_os,
                      stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks, sm_scale, 1, CAUSAL,
-                     RETURN_LSE)),
+                     RETURN_LSE, ORDER)),
         (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
-                   ready, empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, 2, False, True)),
+                   ready, empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, 2, False,
+                   1 + (ORDER == 2))),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -96,9 +96,11 @@ class Sm90Backend(Backend):
                 opts.update(F_STAGES=cfg.fp8_stages, C_LAYOUT=nvmma_layout([1, cfg.block_n, dh], plan.dtype),
                             P_LAYOUT=nvmma_layout([1, cfg.block_n, plan.dr], plan.dtype),
                             WIDEN_ONCE=cfg.widen_once, FENCE_LATE=cfg.fence_late)
-            if cfg.seesaw:
+            if cfg.seesaw:  # ckv loaded per 64-column box (the 128-byte swizzle's width), each on its own barrier
                 from .gluon_sm90_seesaw import mla_split_sm90_seesaw_kernel as kernel
+                descs[1] = gluon_desc(r.ckv_cache, [1, cfg.block_n, min(dh, 64)])
                 del opts["STAGES"]  # (2 blocks, fixed)
+                opts["ORDER"] = cfg.seesaw_order
                 return kernel, (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims), opts
             if cfg.qk_shard:
                 from .gluon_sm90_shard import mla_split_sm90_shard_kernel as kernel
