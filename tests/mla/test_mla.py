@@ -321,20 +321,23 @@ def test_gpu_mla_sm90_seesaw(hq, sq, causal, dtype, device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("programs", [0, 1, 3])
 @pytest.mark.parametrize("page_size", [64, 128])
-def test_gpu_mla_sm90_seesaw_few_ctas(programs, page_size, device):
+@pytest.mark.parametrize("order", [2, 1, 0])
+def test_gpu_mla_sm90_seesaw_few_ctas(programs, page_size, order, device):
     """The seesaw kernel with 1 or 3 CTAs walking every tile (0: one per SM, the plan's): the ring's slot and
-    parity and the P exchange's phases carry across tiles of odd and even block counts, two row tiles per item."""
+    parity and the P exchange's phases carry across tiles of odd and even block counts, two row tiles per item;
+    every turn order (MLASm90Config.seesaw_order, kept for the A/B)."""
     if not _sm90(device):
         pytest.skip("no Hopper kernel on this GPU")
     run_case([1, 64, 128, 192, 0, 3000, 65, 4097, 63, 129, 256], page_size, 128, 1, 512, 64, torch.bfloat16, device,
-             plan_form=True, programs=programs or None, config=SM90_SEESAW)
+             plan_form=True, programs=programs or None, config=dataclasses.replace(SM90_SEESAW, seesaw_order=order))
 
 
 def test_mla_sm90_seesaw_config():
     """The seesaw config refuses what its kernel does not serve; its shared memory fits the sm90 budget."""
     assert smem_bytes(SM90_SEESAW, 512, 64) == 231424 <= 232448
     for kw, match in ((dict(block_n=32), "block_n=64"), (dict(stages=3), "stages=2"),
-                      (dict(qk_shard=True), "qk_shard"), (dict(fp8_stages=2), "fp8")):
+                      (dict(qk_shard=True), "qk_shard"), (dict(fp8_stages=2), "fp8"),
+                      (dict(seesaw_order=3), "0, 1 or 2")):
         with pytest.raises(ValueError, match=match):
             MLASm90Config(**{**dict(block_n=64, stages=2, seesaw=True), **kw})
 
