@@ -10,9 +10,9 @@ phase; a wait on parity p passes iff (completed phases & 1) != p.
 
 --order: MLASm90Config.seesaw_order (gluon_sm90_seesaw._turn), all three when not given: 0 a turn waits for its
 block whole, then issues its scores and the other's P V of the block before; 1 the same with the scores waiting
-box by box; 2 the other's P V first, then the scores box by box (the other's half first), both waited before the
-softmax, that half of the block before freed then (the loader refills the half of the warpgroup not owning a
-block first).
+box by box; 2 the other's P V first, then the scores box by box (the own half first), both waited before the
+softmax, this warpgroup's half of the block before freed then (the loader refills the owner's half of a block
+first).
 
 Every interleaving step picks a random runnable actor (TMA completions are actors too, one per box; 3 seeds in 4
 mostly favour one actor: WG0, WG1 or the TMA completions). Flags:
@@ -97,9 +97,9 @@ def loader(w, tiles, order, broken=None):
 
 def load_block(w, g, it, order, broken=None):
     """Block g (the tile's it-th): each half once its empty barrier says so, each box on its own ready barrier;
-    order 2: first the half of the warpgroup not owning the block (it % 2 owns it)."""
+    order 2: first the half of the warpgroup owning the block (it % 2 owns it)."""
     s = g % STAGES
-    first = (it + 1) % 2 if order == 2 else 0
+    first = it % 2 if order == 2 else 0
     for h in (first, 1 - first):
         if broken != "one_free" or h == 0:
             yield w.wait(("emptyL", "emptyR")[h], s, g // STAGES - 1)
@@ -136,9 +136,9 @@ def consumer(w, tiles, WG, order, broken):
 
     def scores(g):
         # the 9 boxes of block g: order 0 all waited, then read; else each waited and read in turn (order 2: the
-        # other's half first)
+        # own half first)
         s = g % STAGES
-        boxes = list(HALF[OTHER]) + list(HALF[WG]) if order == 2 else list(range(NB))
+        boxes = list(HALF[WG]) + list(HALF[OTHER]) if order == 2 else list(range(NB))
         if order == 0:
             for b in boxes:
                 yield w.wait("ready", (s, b), g // STAGES)

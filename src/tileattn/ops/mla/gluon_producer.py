@@ -97,8 +97,9 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
     empty barriers 2s (ckv's first half) and 2s + 1 (its second half and kpe) per slot s, each half loaded once
     its own says so (a half frees before the other: gluon_sm90_seesaw.py); ckv_desc's box is one column box of
     a half, and box c of slot s (ckv's boxes in column order, then kpe) lands on kv_ready[c].index(s). 1: the
-    left half first; 2: first the half of the warpgroup not owning the block (step it's owner: it % 2), which
-    it frees first."""
+    left half first; 2: first the half of the warpgroup owning the block (step it's owner: it % 2), which it
+    frees first: at the end of its turn before, while the other frees its half only once the scores of the block
+    in between are done (docs/design/mla.md item 3, per-box waits)."""
     DH: gl.constexpr = ckv_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
@@ -113,7 +114,7 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
         if HALVES:
             first = 0
             if HALVES == 2:
-                first = (it + 1) % 2  # the half of the warpgroup that does not own step it
+                first = it % 2  # the half of the warpgroup that owns step it
             _load_halves(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it, page, n0 % PAGE, first,
                          STAGES)
         else:

@@ -9,14 +9,17 @@ row statistics is QK_SHARD's (gluon_sm90_shard.py: read both docstrings first). 
     (gathered first), so both warpgroups keep bit-identical m and l and out = acc / l needs no exchange.
   - warpgroup 0 accumulates O[:, :DC / 2], warpgroup 1 O[:, DC / 2:]; each adds P V of every block for its half,
     its own P from registers, the other's from shared memory.
-  - a ring of 2 blocks (Q nope 64 KB + 2 x 72 KB + 16 KB of P fill 227 KB), each block in two halves with their
-    own ready and empty barriers: the left (ckv columns :DC / 2, read by warpgroup 0's P V) and the right (the
-    other ckv columns and kpe, read by warpgroup 1's P V). A warpgroup frees its half once its P V of the block is
-    waited on; the owner's scores read both halves, but they end before it publishes P, which the other's P V
-    waits for, so one arrive per half suffices. The loader refills a half as soon as it frees.
-  - a warpgroup's turn at its block o: wait for o (both halves) and issue its scores; gather the other's block
-    o - 1 (P, m, row sums) and issue that P V under the scores; wait for the scores, softmax, publish P of o;
-    wait for the other's P V, free its P and the half; issue and wait the own P V of o, free the half. A wgmma
+  - a ring of 2 blocks (Q nope 64 KB + 2 x 72 KB + 16 KB of P fill 227 KB). Each block lands in 9 boxes of 64
+    columns (8 of ckv, then kpe), each on its own ready barrier, and frees in two halves with their own empty
+    barriers: the left (ckv columns :DC / 2, read by warpgroup 0's P V) and the right (the other ckv columns and
+    kpe, read by warpgroup 1's P V). A warpgroup frees its half once its P V of the block is waited on; the owner's
+    scores read both halves, but they end before it publishes P, which the other's P V waits for, so one arrive
+    per half suffices. The loader refills a half as soon as it frees, the owner's half of a block first.
+  - a warpgroup's turn at its block o (seesaw_order 2, the default; _turn has the earlier forms): gather the
+    other's block o - 1 (P, m, row sums) and issue that P V (its data is in: it fills the tensor pipe while o
+    lands); issue the scores of o box by box, each box's 4 wgmmas after its own ready wait, its own half first
+    (freed at the end of its turn before, so loaded first); wait for both, free the other's P and this
+    warpgroup's half of o - 1; softmax, publish P of o; issue and wait the own P V of o, free the half. A wgmma
     result may not cross a loop iteration in flight, and the next own block reuses the slot of o (2 slots), so
     the own P V of o ends within the turn; the other warpgroup's scores and P V fill the tensor pipe meanwhile.
   - rows of the cache past the sequence (only a tile's last block reaches them) are masked in the scores, and the
@@ -133,7 +136,8 @@ def _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_z
     registers cost 1-3 local-memory accesses per turn there under triton 3.6). ORDER (MLASm90Config.seesaw_order):
     0 / 1 the scores of o first, then the other's P V of o - 1 under them, waiting for o whole / box by box;
     2 the other's P V of o - 1 first (its data is in: it fills the tensor pipe while o's boxes land), then the
-    scores box by box, the other's half first, and that half of o - 1 freed before the softmax."""
+    scores box by box, its own half first (freed a turn before, when the other frees its half only after its next
+    scores: that one lands last), and the other's half of o - 1 freed before the softmax."""
     OTHER: gl.constexpr = 1 - WG
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -147,7 +151,7 @@ def _turn(acc, m_i, l_i, k, kv, c_own, c_other, start, seqlen, limit, qp_op, s_z
         if HAS_OTHER:
             acc, m_i, l_i = _other_block(acc, m_i, l_i, g - 1, (c_other + k - 1 + WG) & 1,
                                          x_bufs, m_bufs, r_bufs, c_bufs, ready, p_ready, sm_scale, WG, s_row, o_row)
-        qk = _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, s_zero, z, OTHER, True)
+        qk = _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, s_zero, z, WG, True)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         if HAS_OTHER:  # (done: the scores were issued after it)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
