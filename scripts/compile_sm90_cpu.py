@@ -393,7 +393,7 @@ def main():
     p.add_argument("--mla", action="store_true", help="the MLA decode Gluon split kernel")
     p.add_argument("--shard", action="store_true", help="with --mla: the QK_SHARD kernel")
     p.add_argument("--seesaw", action="store_true", help="with --mla: the seesaw kernel (configs.SM90_SEESAW)")
-    p.add_argument("--seesaw-order", type=int, default=None, choices=(0, 1, 2),
+    p.add_argument("--seesaw-order", type=int, default=None, choices=(0, 1, 2, 3),
                    help="with --seesaw: MLASm90Config.seesaw_order instead of the config's")
     p.add_argument("--fp8-cache", action="store_true", help="with --mla: an e4m3 cache (the converter partition)")
     p.add_argument("--bwd", default=None, metavar="M,N,WARPS,STAGES",
@@ -405,7 +405,7 @@ def main():
                    help="the dense forward's consumer warpgroups (3: 160 registers each, no pingpong)")
     p.add_argument("--epilogue", default=None, choices=("tma", "deferred", "direct"),
                    help="the dense forward's Sm90Config.epilogue")
-    p.add_argument("--exp2-fma", type=int, default=None, choices=(0, 1, 2),
+    p.add_argument("--exp2-fma", type=int, default=None, choices=(0, 1, 2, 3),
                    help="the config's exp2_fma instead of the table's (of every 4 exp2s, how many on the FMA pipe)")
     p.add_argument("--hq", type=int, default=64)
     p.add_argument("--hkv", type=int, default=2, choices=(1, 2, 4),

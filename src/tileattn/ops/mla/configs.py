@@ -82,12 +82,14 @@ class MLASm90Config:
     # the seesaw kernel's turn order (gluon_sm90_seesaw._turn; docs/design/mla.md item 3, "per-box waits"): 0 the
     # first measured form (the scores wait for their block whole), 1 the scores wait box by box, 2 box by box
     # after the other's P V, whose half is freed before the softmax (the loader then refills the half that frees
-    # first, first). Kept selectable for the A/B on the GPU (scripts/sweep.py mla-sched)
+    # first, first), 3 the pair schedule (gluon_sm90_pair.py: blocks in pairs, only the row maxima exchanged
+    # before the softmaxes, which then run at once; compiled, not yet measured). Kept selectable for the A/B on
+    # the GPU (scripts/sweep.py mla-sched)
     seesaw_order: int = 2
 
     def __post_init__(self):
-        if self.seesaw_order not in (0, 1, 2):
-            raise ValueError(f"MLASm90Config.seesaw_order is 0, 1 or 2, got {self.seesaw_order}")
+        if self.seesaw_order not in (0, 1, 2, 3):
+            raise ValueError(f"MLASm90Config.seesaw_order is 0, 1, 2 or 3, got {self.seesaw_order}")
         if self.seesaw and (self.block_n != 64 or self.stages != 2):
             raise ValueError(f"MLASm90Config.seesaw runs 64-token blocks through a 2-block ring (the shared memory "
                              f"of a third is not there): block_n=64, stages=2, got {self.block_n}, {self.stages}")
@@ -124,6 +126,7 @@ MIN_ROWS = 16
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
 SHARD_MIN_ROWS = BLOCK_M + 1
 # the seesaw kernel, for forcing (tests, scripts/sweep.py mla-sched); 231,424 bytes of shared memory at Dc = 512
+# (231,936 with seesaw_order 3)
 SM90_SEESAW = MLASm90Config(block_n=64, stages=2, seesaw=True)
 
 
@@ -133,8 +136,9 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
     fp8_stages, that many fp8 cache steps."""
     fp8 = cfg.fp8_stages * cfg.block_n * (dc + dr)
     if cfg.qk_shard or cfg.seesaw:  # (seesaw: the same parts, two 64-token blocks and two 64 x 64 P tiles)
+        pair = 2 * BLOCK_M * 4 if cfg.seesaw and cfg.seesaw_order == 3 else 0  # (the pair's row maxima)
         return (BLOCK_M * dc + cfg.stages * cfg.block_n * (dc + dr) + 2 * BLOCK_M * cfg.block_n) * elem_bytes \
-            + fp8 + 2048
+            + fp8 + pair + 2048
     return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + fp8 + 1024
 
 

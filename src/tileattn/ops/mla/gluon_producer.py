@@ -99,33 +99,60 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
     a half, and box c of slot s (ckv's boxes in column order, then kpe) lands on kv_ready[c].index(s). 1: the
     left half first; 2: first the half of the warpgroup owning the block (step it's owner: it % 2), which it
     frees first: at the end of its turn before, while the other frees its half only once the scores of the block
-    in between are done (docs/design/mla.md item 3, per-box waits)."""
+    in between are done (docs/design/mla.md item 3, per-box waits); 3: by pairs of steps (_load_pairs)."""
     DH: gl.constexpr = ckv_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
     # (an empty range still reads a page id, within the tile's steps: its last step's, or its first's for the
     # empty range [0, 0) that a CTA's first tile starts with, never outside the sequence's row of the table)
-    page = _page_of(bt_row, start + gl.maximum(gl.minimum(it_lo, it_hi - 1), 0) * BLOCK_N, num_pages, PAGE)
-    for it in range(it_lo, it_hi):
-        s = (kv + it) % STAGES
+    if HALVES == 3:
+        _load_pairs(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row,
+                    num_pages, PAGE, STAGES)
+    else:
+        page = _page_of(bt_row, start + gl.maximum(gl.minimum(it_lo, it_hi - 1), 0) * BLOCK_N, num_pages, PAGE)
+        for it in range(it_lo, it_hi):
+            s = (kv + it) % STAGES
+            n0 = start + it * BLOCK_N
+            # the next step's page id is read while this one waits for its buffer
+            next_page = _page_of(bt_row, gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N), num_pages,
+                                 PAGE)
+            if HALVES:
+                first = 0
+                if HALVES == 2:
+                    first = it % 2  # the half of the warpgroup that owns step it
+                _load_halves(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it, page, n0 % PAGE,
+                             first, STAGES)
+            else:
+                mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
+                mbarrier.expect(kv_ready.index(s), nbytes)
+                slot = n0 % PAGE
+                for h in gl.static_range(2):
+                    tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s), c_bufs.index(2 * s + h))
+                tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
+            page = next_page
+
+
+@gluon.jit
+def _load_pairs(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row, num_pages,
+                PAGE: gl.constexpr, STAGES: gl.constexpr):
+    """_load_steps(HALVES=3), for the pair schedule (gluon_sm90_pair.py; it_lo even, or the range empty): steps
+    (it, it + 1) of a pair, owned by warpgroups 0 and 1, in the order their halves free: each owner's own half
+    (freed by its own P V, early in the pair before), then the others (freed by the P V of the other's P, last)."""
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
+    for it in range(it_lo, it_hi, 2):
         n0 = start + it * BLOCK_N
-        # the next step's page id is read while this one waits for its buffer
-        next_page = _page_of(bt_row, gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N), num_pages, PAGE)
-        if HALVES:
-            first = 0
-            if HALVES == 2:
-                first = it % 2  # the half of the warpgroup that owns step it
-            _load_halves(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it, page, n0 % PAGE, first,
-                         STAGES)
-        else:
-            mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
-            mbarrier.expect(kv_ready.index(s), nbytes)
-            slot = n0 % PAGE
-            for h in gl.static_range(2):
-                tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s),
-                                                c_bufs.index(2 * s + h))
-            tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
-        page = next_page
+        n1 = gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N)  # (no step it + 1: its page id unused)
+        page0 = _page_of(bt_row, n0, num_pages, PAGE)
+        page1 = _page_of(bt_row, n1, num_pages, PAGE)
+        two = it + 1 < it_hi
+        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it, page0, n0 % PAGE, 0, STAGES)
+        if two:
+            _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it + 1, page1, n1 % PAGE, 1,
+                       STAGES)
+        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it, page0, n0 % PAGE, 1, STAGES)
+        if two:
+            _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it + 1, page1, n1 % PAGE, 0,
+                       STAGES)
 
 
 @gluon.jit

@@ -25,6 +25,8 @@ row statistics is QK_SHARD's (gluon_sm90_shard.py: read both docstrings first). 
   - rows of the cache past the sequence (only a tile's last block reaches them) are masked in the scores, and the
     owner of that block zeroes them in both halves of V after its scores, before its publish (no one else reads
     the block then). That branch lives in the peeled last turn, so the step loop has none.
+  - seesaw_order 3, the pair schedule: other consumers (gluon_sm90_pair.py), the same ring, buffers and loader
+    (which takes a pair's halves in the order they free), plus the pair's row maxima and their barriers.
 Barrier protocol: scripts/check_mla_seesaw.py (a model of this file: 0 deadlocks, aliasing or races over tiles of
 0-6 blocks, several per CTA). Phases: c0 / c1 count the blocks warpgroup 0 / 1 owned in earlier tiles, as in
 QK_SHARD; block g (the CTA's count) is in slot g % 2 with parity (g // 2) & 1.
@@ -36,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from .gluon_producer import _buf, _loader, _work_item
 from .gluon_sm90 import _epilogue, _visible, _zero_tail
 from .gluon_sm90_boxes import _other_block, _pv, _ready_barriers, _scores_boxed
+from .gluon_sm90_pair import _pair_consumer
 from .gluon_sm90_shard import _publish, _release
 
 
@@ -187,7 +190,8 @@ def mla_split_sm90_seesaw_kernel(
     """Grid: (programs,), up to num_tiles = row_blocks * work items; num_warps = 4 (the first consumer).
     Arguments as gluon_sm90_shard.mla_split_sm90_shard_kernel's (16-bit caches only; kpe boxes of 64 tokens), but
     ckv_desc's box is one 64-column box of a half (min(64, Dc / 2) columns: the 128-byte swizzle's width), each
-    with its own ready barrier. ORDER: MLASm90Config.seesaw_order (_turn)."""
+    with its own ready barrier. ORDER: MLASm90Config.seesaw_order (0-2: _turn; 3: the pair schedule,
+    gluon_sm90_pair.py)."""
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     DH: gl.constexpr = qn_desc.block_type.shape[2]
@@ -218,16 +222,34 @@ def mla_split_sm90_seesaw_kernel(
         mbarrier.init(p_ready.index(w), count=1)
         mbarrier.init(p_free.index(w), count=1)
 
-    gl.warp_specialize([
-        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, ready, empty, p_ready,
-                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
-                     stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
-                     sm_scale, 0, CAUSAL, RETURN_LSE, ORDER)),
-        (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, ready, empty, p_ready,
-                     p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
-                     stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
-                     sm_scale, 1, CAUSAL, RETURN_LSE, ORDER)),
-        (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
-                   ready, empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, 2, False,
-                   1 + (ORDER == 2))),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    if ORDER == 3:  # the pair schedule (gluon_sm90_pair.py): the pair's row maxima have their own buffers
+        mx_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], st_layout)
+        mx_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for w in gl.static_range(2):
+            mbarrier.init(mx_ready.index(w), count=1)
+        gl.warp_specialize([
+            (_pair_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, mx_bufs, q_ready, q_empty, ready,
+                              empty, p_ready, p_free, mx_ready, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb,
+                              stride_qpr, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                              num_tiles, row_blocks, sm_scale, 0, CAUSAL, RETURN_LSE)),
+            (_pair_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, mx_bufs, q_ready, q_empty, ready,
+                              empty, p_ready, p_free, mx_ready, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb,
+                              stride_qpr, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len,
+                              num_tiles, row_blocks, sm_scale, 1, CAUSAL, RETURN_LSE)),
+            (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
+                       ready, empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, 2, False, 3)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([
+            (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, ready, empty, p_ready,
+                         p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
+                         stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
+                         sm_scale, 0, CAUSAL, RETURN_LSE, ORDER)),
+            (_consumer, (qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, q_ready, q_empty, ready, empty, p_ready,
+                         p_free, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr, stride_ob,
+                         stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
+                         sm_scale, 1, CAUSAL, RETURN_LSE, ORDER)),
+            (_loader, (qn_desc, qn_desc, ckv_desc, kpe_desc, qn_bufs, qn_bufs, c_bufs, p_bufs, q_ready, q_empty,
+                       ready, empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks, PAGE, 2, False,
+                       1 + (ORDER == 2))),
+        ], [4, 1], [CONSUMER_REGS, 24])

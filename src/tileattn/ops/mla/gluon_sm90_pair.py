@@ -1,0 +1,218 @@
+"""The seesaw kernel's pair schedule (MLASm90Config.seesaw_order 3): the consumers of gluon_sm90_seesaw.py's
+kernel (read its docstring first: the ring, the halves, the ownership of blocks are the same) with the blocks
+taken in pairs, so that neither warpgroup's softmax waits for the other's.
+
+In orders 0-2 a warpgroup's softmax of its block o starts from the running max through o - 1, which the other
+warpgroup publishes only after its own softmax of o - 1: the two softmaxes run one after the other, block after
+block (on the H200 the wait for the other's P was the largest stall). Here a turn is a pair of blocks
+(2k, 2k + 1), owned by warpgroups 0 and 1:
+  - both issue the scores of their own block at once (box by box, the own half first, as order 2);
+  - each masks its scores, takes their row maxima and publishes them (64 floats, `mx_bufs` / `mx_ready`); with
+    the other's it computes the pair's max m = max(m_old, max(rowmax S_2k, rowmax S_2k+1)) (the same operands in
+    the same order in both: bit-identical), its own P = exp2(scale (S - m)), alpha = exp2(scale (m_old - m));
+  - it rescales O by alpha (once per pair) and issues the own P V at once (its half of its own block: that
+    half frees first, and its refill is the first the next pair's scores wait for), then publishes P and its
+    row sums (`x_bufs`, `r_bufs`, p_ready / p_free as before), takes the other's and issues that P V on its half
+    of the other's block: both P are relative to the same max, so the other's needs no rescale;
+  - l = (l_old alpha + rowsum P_2k) + rowsum P_2k+1 in both (block order: bit-identical), so out = acc / l needs
+    no exchange at the end, as before.
+  - a half frees as soon as the last P V reading it is waited on: the own half of the own block after the own P V
+    (its wait leaves the other's P V in flight), the own half of the other's block after that one. The loader
+    takes a pair's halves in the order they free: the two own halves, then the two others (_load_steps).
+A tile of an odd block count ends on a lone block of warpgroup 0's: there is nothing to exchange, and it runs as
+order 2's last turn (warpgroup 0 publishes P, m and the row sums: _publish; warpgroup 1 takes them: _gather).
+The row maxima have their own buffers: the lone block's m (m_bufs) is read by warpgroup 1 while warpgroup 0 may
+already be at the next tile's first pair. mx_bufs[w] is rewritten at the next pair, which warpgroup w reaches only
+after it took the other's P of this pair, published after the other read the maxima: no barrier frees them.
+Phases: the pair's blocks are the k-th own block of each warpgroup in the tile (p_ready / p_free phase c_own + k
+and c_other + k, c0 / c1 as in QK_SHARD); mx_ready completes once per full pair: c1 + k (c1 counts the full pairs
+of earlier tiles, n // 2 per tile). Protocol model: scripts/check_mla_seesaw.py --order 3.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..common.gluon_compat import thread_barrier
+from .gluon_producer import _buf, _work_item
+from .gluon_sm90 import _epilogue, _visible, _zero_tail
+from .gluon_sm90_boxes import _other_block, _pv, _scores_boxed, _wait_boxes
+from .gluon_sm90_shard import _publish, _release
+
+
+@gluon.jit
+def _pair(acc, m_i, l_i, k, kv, c0, c1, start, seqlen, limit, qp_op, s_zero, qn_bufs, c_bufs, p_bufs,
+          x_bufs, r_bufs, mx_bufs, ready, empty, p_ready, p_free, mx_ready, sm_scale, WG: gl.constexpr,
+          TAIL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Pair k of the tile (blocks 2k and 2k + 1, both present) as seen by warpgroup WG: its own block o = 2k + WG,
+    the other's o ^ 1. c0 / c1: the blocks warpgroup 0 / 1 owned in earlier tiles (c1: also the full pairs of
+    earlier tiles, mx_ready's count). TAIL: the pair may hold the tile's last block (the step loop's pairs do
+    not)."""
+    OTHER: gl.constexpr = 1 - WG
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    H: gl.constexpr = c_bufs.shape[3] // 64 if c_bufs.shape[3] > 64 else 1
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    if WG == 0:
+        c_own = c0
+        c_other = c1
+    else:
+        c_own = c1
+        c_other = c0
+    o = 2 * k + WG
+    g = kv + o
+    s = g % 2
+    go = g - WG + OTHER  # the other's block, in the other slot
+    n0 = start + o * BLOCK_N
+    z = k >> 30  # (0, from the loop counter: _scores_boxed's qz, and the buffer indices below)
+    qk = _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, s_zero, z, WG, True)
+    qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+    if TAIL:  # (only a tile's last block can cross the sequence's end)
+        if n0 + BLOCK_N > seqlen:  # its owner zeroes V's rows past the end in both halves, before its own P V and
+            # the publish that the other's P V waits for (no one else reads the block then)
+            _zero_tail(_buf(c_bufs, 2 * s), n0, seqlen)
+            _zero_tail(_buf(c_bufs, 2 * s + 1), n0, seqlen)
+    # the pair's row maxima: publish this block's, take the other's
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    qk = gl.where((n0 + o_n)[None, :] < limit[:, None], qk, float("-inf"))
+    mx = gl.max(qk, 1)
+    mx_bufs.index(WG + z).store(mx)
+    thread_barrier()  # every thread's stores before the (single-thread) arrive
+    mbarrier.arrive(mx_ready.index(WG))
+    mbarrier.wait(mx_ready.index(OTHER), (c1 + k) & 1)
+    mx_other = mx_bufs.index(OTHER + z).load(s_row)
+    if WG == 0:  # (operands in block order: both warpgroups compute the same bits)
+        m_new = gl.maximum(m_i, gl.maximum(mx, mx_other))
+    else:
+        m_new = gl.maximum(m_i, gl.maximum(mx_other, mx))
+    shift = gl.where(m_new == float("-inf"), 0.0, m_new) * sm_scale
+    p = gl.exp2(qk * sm_scale - shift[:, None])
+    alpha = gl.exp2(m_i * sm_scale - shift)
+    rs = gl.sum(p, 1)
+    p16 = p.to(x_bufs.dtype)
+    # the own P V at once (O rescaled once for the pair), then the publish of P and its row sums
+    acc = _pv(acc, alpha, gl.convert_layout(p16, p_layout), _buf(c_bufs, 2 * s + WG), o_row)
+    mbarrier.wait(p_free.index(WG), ((c_own + k) & 1) ^ 1)
+    x_bufs.index(WG + z).store(p16)
+    r_bufs.index(WG + z).store(rs)
+    fence_async_shared()  # P is read by the other warpgroup's wgmma
+    thread_barrier()
+    mbarrier.arrive(p_ready.index(WG))
+    # the other's P V on this warpgroup's half of its block (relative to the same max: no rescale)
+    _wait_boxes(ready, go, WG * H, WG * H + H)
+    mbarrier.wait(p_ready.index(OTHER), (c_other + k) & 1)
+    rs_other = r_bufs.index(OTHER + z).load(s_row)
+    acc = warpgroup_mma(x_bufs.index(OTHER), _buf(c_bufs, 2 * (go % 2) + WG), acc, is_async=True)
+    if WG == 0:
+        l_i = l_i * alpha + rs + rs_other
+    else:
+        l_i = l_i * alpha + rs_other + rs
+    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # the own P V: its half of o frees
+    mbarrier.arrive(empty.index(2 * s + WG))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    _release(p_free.index(OTHER))
+    mbarrier.arrive(empty.index(2 * (go % 2) + WG))
+    return acc, m_new, l_i
+
+
+@gluon.jit
+def _lone(acc, m_i, l_i, k, kv, c0, start, seqlen, limit, qp_op, s_zero, qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs,
+          r_bufs, ready, empty, p_ready, p_free, sm_scale, WG: gl.constexpr, s_layout: gl.constexpr,
+          o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """The tile's lone last block 2k (an odd block count; warpgroup 0's): its owner publishes P, m and the row
+    sums (_publish), warpgroup 1 takes them (_gather) and adds that P V on its half, as in order 2."""
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    g = kv + 2 * k
+    s = g % 2
+    if WG == 0:
+        n0 = start + 2 * k * BLOCK_N
+        qk = _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, s_zero, 0, 0, True)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+        if n0 + BLOCK_N > seqlen:
+            _zero_tail(_buf(c_bufs, 2 * s), n0, seqlen)
+            _zero_tail(_buf(c_bufs, 2 * s + 1), n0, seqlen)
+        p16, alpha, m_i, l_i = _publish(qk, m_i, l_i, n0, limit, sm_scale, x_bufs.index(0), m_bufs.index(0),
+                                        r_bufs.index(0), p_free.index(0), ((c0 + k) & 1) ^ 1, p_ready.index(0),
+                                        s_layout)
+        acc = _pv(acc, alpha, gl.convert_layout(p16, p_layout), _buf(c_bufs, 2 * s), o_row)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(2 * s))
+    else:
+        acc, m_i, l_i = _other_block(acc, m_i, l_i, g, (c0 + k) & 1, x_bufs, m_bufs, r_bufs, c_bufs, ready,
+                                     p_ready, sm_scale, 1, s_row, o_row)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        _release(p_free.index(0))
+        mbarrier.arrive(empty.index(2 * s + 1))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _pair_consumer(qn_bufs, c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, mx_bufs, q_ready, q_empty, ready, empty,
+                   p_ready, p_free, mx_ready, WORK, SEQLENS, QP, O, LSE, OP, LSEP, KVS, stride_qpb, stride_qpr,
+                   stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_heads, q_len, num_tiles, row_blocks,
+                   sm_scale, WG: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+    """Consumer warpgroup WG of the pair schedule: the tile's full pairs (_pair; the last peeled, TAIL), then a
+    lone last block (_lone)."""
+    BLOCK_M: gl.constexpr = qn_bufs.shape[2]
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    DH: gl.constexpr = c_bufs.shape[3]
+    DR: gl.constexpr = p_bufs.shape[3]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DH, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows = q_len * num_heads
+    kv_scale = gl.load(KVS)
+    sm_scale = sm_scale * kv_scale
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    kv = 0  # blocks consumed so far (the loader's count): ring slot and phase
+    j = 0  # tiles done so far: phase of the Q slot
+    c0 = 0  # blocks owned by warpgroup 0 / 1 in earlier tiles: phases of p_ready and p_free (c1: full pairs too)
+    c1 = 0
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        b, i_r, start, end, out_slot = _work_item(r, row_blocks, num_tiles, WORK)
+        if b >= 0:
+            seqlen = gl.load(SEQLENS + b)
+            n_blocks = gl.cdiv(end - start, BLOCK_N)
+            n_pairs = n_blocks // 2
+            r0 = i_r * BLOCK_M
+            limit, _ = _visible(seqlen, end, r0, q_len, num_heads, BLOCK_M, CAUSAL, s_row)
+            qm = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
+            qc = gl.arange(0, DR, layout=gl.SliceLayout(0, q_layout))
+            qp_op = gl.load(QP + b.to(gl.int64) * stride_qpb + (qm.to(gl.int64) * stride_qpr)[:, None] + qc[None, :],
+                            mask=(qm < rows)[:, None], other=0.0)
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row)
+            l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_row)
+            acc = gl.zeros([BLOCK_M, DH], gl.float32, layout=o_layout)
+            mbarrier.wait(q_ready.index(0), j & 1)
+            for k in range(0, n_pairs - 1):
+                acc, m_i, l_i = _pair(acc, m_i, l_i, k, kv, c0, c1, start, seqlen, limit, qp_op, s_zero,
+                                      qn_bufs, c_bufs, p_bufs, x_bufs, r_bufs, mx_bufs, ready, empty, p_ready,
+                                      p_free, mx_ready, sm_scale, WG, False, s_layout, o_layout, p_layout)
+            if n_pairs > 0:
+                acc, m_i, l_i = _pair(acc, m_i, l_i, n_pairs - 1, kv, c0, c1, start, seqlen, limit, qp_op,
+                                      s_zero, qn_bufs, c_bufs, p_bufs, x_bufs, r_bufs, mx_bufs, ready, empty,
+                                      p_ready, p_free, mx_ready, sm_scale, WG, True, s_layout, o_layout, p_layout)
+            if WG == 1:
+                mbarrier.arrive(q_empty.index(0))  # every score wgmma of this warpgroup's was waited on
+            if n_blocks % 2 == 1:
+                acc, m_i, l_i = _lone(acc, m_i, l_i, n_pairs, kv, c0, start, seqlen, limit, qp_op, s_zero, qn_bufs,
+                                      c_bufs, p_bufs, x_bufs, m_bufs, r_bufs, ready, empty, p_ready, p_free,
+                                      sm_scale, WG, s_layout, o_layout, p_layout)
+            if WG == 0:
+                mbarrier.arrive(q_empty.index(0))
+            _epilogue(acc, m_i, l_i, kv_scale, sm_scale, b, r0, out_slot, O, LSE, OP, LSEP, stride_ob, stride_os,
+                      stride_oh, stride_lb, stride_lh, num_heads, rows, WG, RETURN_LSE, o_layout)
+            j += 1
+            kv += n_blocks
+            c0 += (n_blocks + 1) // 2
+            c1 += n_pairs
