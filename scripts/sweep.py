@@ -94,10 +94,11 @@ MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
        M(16, 4, 1, 2), M(16, 4, 1, 4)]
 # mla-sched: Hopper configs against the table's choice (QK_SHARD stages and registers); 7: the seesaw kernel
 # (configs.SM90_SEESAW, forced only; docs/design/mla.md item 3), 8 / 9: it with the earlier turn orders
-# (seesaw_order 0: the scores wait for their block whole, the first measured form; 1: box by box)
+# (seesaw_order 0: the scores wait for their block whole, the first measured form; 1: box by box); 10: the pair
+# schedule (seesaw_order 3, gluon_sm90_pair.py)
 MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4), G(32, 2),
              G(16, 8), G(64, 2), G(64, 2, seesaw=True), G(64, 2, seesaw=True, seesaw_order=0),
-             G(64, 2, seesaw=True, seesaw_order=1)]
+             G(64, 2, seesaw=True, seesaw_order=1), G(64, 2, seesaw=True, seesaw_order=3)]
 # mla-sched --fp8: (block_n, 16-bit stages, consumer registers, fp8 stages)
 # 2 / 1: the fp8 table's QK_SHARD / plain kernels with the widening switches off (the A/B's baselines; the table's
 # configs.SM90_SHARD_FP8 / SM90_FP8 now have them on), 4-6 / 7-9: the same with widen_once, fence_late, both

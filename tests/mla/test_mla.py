@@ -307,21 +307,24 @@ def test_gpu_mla_sm90_qk_shard(page_size, hq, sq, causal, device):
 @pytest.mark.parametrize("hq,sq", [(128, 1), (64, 1), (64, 2), (20, 3)])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gpu_mla_sm90_seesaw(hq, sq, causal, dtype, device):
+@pytest.mark.parametrize("order", [2, 3])
+def test_gpu_mla_sm90_seesaw(hq, sq, causal, dtype, order, device):
     """The seesaw kernel (64-token blocks owned alternately, output split by columns, a 2-block ring freed per
     half): tiles of one block (warpgroup 1 owns none), of odd and even block counts, lengths around the block and
-    the page, an empty sequence, split items (start / end inside a sequence: 3000 tokens)."""
+    the page, an empty sequence, split items (start / end inside a sequence: 3000 tokens); the default turn order
+    and the pair schedule (order 3: odd counts end on a lone block)."""
     if not _sm90(device):
         pytest.skip("no Hopper kernel on this GPU")
+    cfg = dataclasses.replace(SM90_SEESAW, seesaw_order=order)
     plan = run_case([1, 63, 64, 65, 0, 127, 128, 129, 3000, 191], 64, hq, sq, 512, 64, dtype, device,
-                    causal=causal, plan_form=True, kv_scale=0.75, config=SM90_SEESAW)
-    assert plan.sm90 == SM90_SEESAW, plan
+                    causal=causal, plan_form=True, kv_scale=0.75, config=cfg)
+    assert plan.sm90 == cfg, plan
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("programs", [0, 1, 3])
 @pytest.mark.parametrize("page_size", [64, 128])
-@pytest.mark.parametrize("order", [2, 1, 0])
+@pytest.mark.parametrize("order", [3, 2, 1, 0])
 def test_gpu_mla_sm90_seesaw_few_ctas(programs, page_size, order, device):
     """The seesaw kernel with 1 or 3 CTAs walking every tile (0: one per SM, the plan's): the ring's slot and
     parity and the P exchange's phases carry across tiles of odd and even block counts, two row tiles per item;
@@ -335,9 +338,10 @@ def test_gpu_mla_sm90_seesaw_few_ctas(programs, page_size, order, device):
 def test_mla_sm90_seesaw_config():
     """The seesaw config refuses what its kernel does not serve; its shared memory fits the sm90 budget."""
     assert smem_bytes(SM90_SEESAW, 512, 64) == 231424 <= 232448
+    assert smem_bytes(dataclasses.replace(SM90_SEESAW, seesaw_order=3), 512, 64) == 231936 <= 232448
     for kw, match in ((dict(block_n=32), "block_n=64"), (dict(stages=3), "stages=2"),
                       (dict(qk_shard=True), "qk_shard"), (dict(fp8_stages=2), "fp8"),
-                      (dict(seesaw_order=3), "0, 1 or 2")):
+                      (dict(seesaw_order=4), "0, 1, 2 or 3")):
         with pytest.raises(ValueError, match=match):
             MLASm90Config(**{**dict(block_n=64, stages=2, seesaw=True), **kw})
 
