@@ -1,5 +1,5 @@
-"""Usage: python3 scripts/check_mla_seesaw.py [--order {0,1,2}] [--broken {early_free,one_free,no_pfree,skip_box}]
-                                          [--seeds N]
+"""Usage: python3 scripts/check_mla_seesaw.py [--order {0,1,2,3}]
+                                          [--broken {early_free,one_free,no_pfree,skip_box,no_mxwait}] [--seeds N]
 
 Barrier-protocol model of the seesaw MLA kernel (gluon_sm90_seesaw.py), written from its code: actors loader,
 WG0, WG1; a 2-slot ring of 64-token blocks, each of 9 boxes (ckv columns in 64-column boxes 0-7, kpe box 8) with
@@ -12,7 +12,9 @@ phase; a wait on parity p passes iff (completed phases & 1) != p.
 block whole, then issues its scores and the other's P V of the block before; 1 the same with the scores waiting
 box by box; 2 the other's P V first, then the scores box by box (the own half first), both waited before the
 softmax, this warpgroup's half of the block before freed then (the loader refills the owner's half of a block
-first).
+first); 3 the pair schedule (gluon_sm90_pair.py: consumer_pair): both warpgroups' scores of a pair at once, the
+row maxima exchanged (mx / mx_ready), the own P V, the publish, the other's P V, each half freed after the P V
+reading it; an odd tile's lone last block as order 2's last turn; the loader takes a pair's owners' halves first.
 
 Every interleaving step picks a random runnable actor (TMA completions are actors too, one per box; 3 seeds in 4
 mostly favour one actor: WG0, WG1 or the TMA completions). Flags:
@@ -23,7 +25,11 @@ Tiles: every mix of 1-6 blocks (and empty tiles), several tiles per CTA. --broke
   early_free  WG1 frees its half of the other's block before that P V is waited on (race);
   one_free    the whole slot refilled on warpgroup 0's free alone (races on the right half, and deadlocks);
   no_pfree    the owner publishes P without waiting for p_free (race on the P buffer);
-  skip_box    the scores do not wait for their last box (race: a read of a box still loading)."""
+  skip_box    the scores do not wait for their last box (race: a read of a box still loading);
+  no_mxwait   (order 3) the other's row maxima read without waiting for mx_ready (race).
+(Order 3 keeps the maxima out of m_bufs, which the lone block's publish writes. Writing them there shows no race
+in the model either: warpgroup 0's next scores wait for a half that the loader refills only after warpgroup 1
+has read m and freed the lone block's half, a dependence through the loader's order, too indirect to rely on.)"""
 import argparse
 import itertools
 import random
@@ -85,27 +91,45 @@ def loader(w, tiles, order, broken=None):
     kv = 0
     for j, n in enumerate(tiles):
         first = min(n, STAGES) if j > 0 else 0
-        for g in range(kv, kv + first):
-            yield from load_block(w, g, g - kv, order, broken)
+        load = load_pairs if order == 3 else load_blocks
+        yield from load(w, kv, 0, first, order, broken)
         yield w.wait("q_empty", 0, j - 1)  # (j = 0: parity 1 on a fresh barrier passes)
         w.write(("q", 0), j)
         w.tma.append((("q_ready", 0), [(("q", 0), j)]))
-        for g in range(kv + first, kv + n):
-            yield from load_block(w, g, g - kv, order, broken)
+        yield from load(w, kv, first, n, order, broken)
         kv += n
+
+
+def load_blocks(w, kv, lo, hi, order, broken=None):
+    for g in range(kv + lo, kv + hi):
+        yield from load_block(w, g, g - kv, order, broken)
+
+
+def load_pairs(w, kv, lo, hi, order, broken=None):
+    """Order 3 (_load_pairs): the blocks of a pair (lo even), the owners' halves first (block it's left, block
+    it + 1's right), then the others."""
+    for it in range(lo, hi, 2):
+        halves = [(it, 0), (it + 1, 1), (it, 1), (it + 1, 0)]
+        for b, h in halves:
+            if b < hi:
+                yield from load_half(w, kv + b, h, broken)
 
 
 def load_block(w, g, it, order, broken=None):
     """Block g (the tile's it-th): each half once its empty barrier says so, each box on its own ready barrier;
     order 2: first the half of the warpgroup owning the block (it % 2 owns it)."""
-    s = g % STAGES
     first = it % 2 if order == 2 else 0
     for h in (first, 1 - first):
-        if broken != "one_free" or h == 0:
-            yield w.wait(("emptyL", "emptyR")[h], s, g // STAGES - 1)
-        for c in HALF[h]:
-            w.write(("box", s, c), g)
-            w.tma.append((("ready", (s, c)), [(("box", s, c), g)]))
+        yield from load_half(w, g, h, broken)
+
+
+def load_half(w, g, h, broken=None):
+    s = g % STAGES
+    if broken != "one_free" or h == 0:
+        yield w.wait(("emptyL", "emptyR")[h], s, g // STAGES - 1)
+    for c in HALF[h]:
+        w.write(("box", s, c), g)
+        w.tma.append((("ready", (s, c)), [(("box", s, c), g)]))
 
 
 def consumer(w, tiles, WG, order, broken):
@@ -219,6 +243,128 @@ def consumer(w, tiles, WG, order, broken):
         c[1] += n // 2
 
 
+def consumer_pair(w, tiles, WG, broken):
+    """Order 3 (gluon_sm90_pair._pair_consumer): pair k of a tile holds blocks 2k (WG0's) and 2k + 1 (WG1's); both
+    warpgroups' scores at once, the row maxima exchanged (mx, mx_ready), the own P V, the publish of P, the other's
+    P V; an odd tile ends on WG0's lone block (order 2's publish and gather, with m)."""
+    me = f"wg{WG}"
+    OTHER = 1 - WG
+    empty = "emptyL" if WG == 0 else "emptyR"
+    mx = "mx"
+    kv = 0
+    c = [0, 0]  # blocks each warpgroup owned in earlier tiles (c[1]: the full pairs too)
+
+    def scores(g, own_first=True):
+        s = g % STAGES
+        boxes = list(HALF[WG]) + list(HALF[OTHER]) if own_first else list(range(NB))
+        for i, b in enumerate(boxes):
+            if not (broken == "skip_box" and i == len(boxes) - 1):
+                yield w.wait("ready", (s, b), g // STAGES)
+            w.read(me, ("box", s, b), g)
+
+    def scores_done(g, j):
+        s = g % STAGES
+        w.unread(me, ("q", 0))
+        for b in range(NB):
+            w.unread(me, ("box", s, b))
+            # the owner may zero V's rows past the sequence in both halves (a tile's last block): no one else may
+            # be reading them
+            if w.readers[("box", s, b)]:
+                w.bad.add(("race-write", ("box", s, b), g, tuple(sorted(w.readers[("box", s, b)]))))
+
+    for j, n in enumerate(tiles):
+        yield w.wait("q_ready", 0, j)
+        for k in range(n // 2):
+            g = kv + 2 * k + WG
+            go = kv + 2 * k + OTHER
+            pair = kv + 2 * k  # (the pair's identity, for the maxima's contents)
+            w.read(me, ("q", 0), j)
+            yield from scores(g)
+            yield  # the scores' wait
+            scores_done(g, j)
+            w.write((mx, WG), pair)
+            w.data[(mx, WG)] = pair
+            w.arrive("mx_ready", WG)
+            if broken != "no_mxwait":
+                yield w.wait("mx_ready", OTHER, c[1] + k)
+            w.read(me, (mx, OTHER), pair)
+            yield  # the softmax
+            w.unread(me, (mx, OTHER))
+            for b in HALF[WG]:
+                w.read(me, ("box", g % STAGES, b), g)  # the own P V, issued
+            if broken != "no_pfree":
+                yield w.wait("p_free", WG, c[WG] + k - 1)
+            w.write(("x", WG), g)
+            w.data[("x", WG)] = g
+            w.arrive("p_ready", WG)
+            for b in range(WG * H, WG * H + H):
+                yield w.wait("ready", (go % STAGES, b), go // STAGES)
+            yield w.wait("p_ready", OTHER, c[OTHER] + k)
+            w.read(me, ("x", OTHER), go)
+            for b in HALF[WG]:
+                w.read(me, ("box", go % STAGES, b), go)  # the other's P V, issued
+            if broken == "early_free":
+                w.arrive(empty, go % STAGES)
+            yield  # the own P V waited (the other's may still run)
+            for b in HALF[WG]:
+                w.unread(me, ("box", g % STAGES, b))
+            if broken != "one_free" or WG == 0:
+                w.arrive(empty, g % STAGES)
+            yield  # the other's P V waited
+            w.unread(me, ("x", OTHER))
+            for b in HALF[WG]:
+                w.unread(me, ("box", go % STAGES, b))
+            w.arrive("p_free", OTHER)
+            if broken != "early_free" and (broken != "one_free" or WG == 0):
+                w.arrive(empty, go % STAGES)
+        if WG == 1:
+            w.arrive("q_empty", 0)
+        if n % 2:  # the lone block of WG0
+            k = n // 2
+            g = kv + 2 * k
+            s = g % STAGES
+            if WG == 0:
+                w.read(me, ("q", 0), j)
+                yield from scores(g)
+                yield
+                scores_done(g, j)
+                for b in HALF[0]:
+                    w.read(me, ("box", s, b), g)
+                if broken != "no_pfree":
+                    yield w.wait("p_free", 0, c[0] + k - 1)
+                for buf in (("x", 0), ("m", 0)):
+                    w.write(buf, g)
+                    w.data[buf] = g
+                w.arrive("p_ready", 0)
+                yield  # own P V waited
+                for b in HALF[0]:
+                    w.unread(me, ("box", s, b))
+                w.arrive(empty, s)
+            else:
+                for b in range(H, 2 * H):
+                    yield w.wait("ready", (s, b), g // STAGES)
+                yield w.wait("p_ready", 0, c[0] + k)
+                w.read(me, ("x", 0), g)
+                w.read(me, ("m", 0), g)
+                for b in HALF[1]:
+                    w.read(me, ("box", s, b), g)
+                if broken == "early_free":
+                    w.arrive(empty, s)
+                yield
+                w.unread(me, ("x", 0))
+                w.unread(me, ("m", 0))
+                for b in HALF[1]:
+                    w.unread(me, ("box", s, b))
+                w.arrive("p_free", 0)
+                if broken != "early_free" and broken != "one_free":
+                    w.arrive(empty, s)
+        if WG == 0:
+            w.arrive("q_empty", 0)
+        kv += n
+        c[0] += (n + 1) // 2
+        c[1] += n // 2
+
+
 def tma_actor(w):
     while True:
         if not w.tma:
@@ -234,10 +380,11 @@ def tma_actor(w):
 
 def run(tiles, seed, order, broken=None):
     random.seed(seed)
-    counts = dict(ready=1, emptyL=1, emptyR=1, p_ready=1, p_free=1, q_ready=1, q_empty=2)
+    counts = dict(ready=1, emptyL=1, emptyR=1, p_ready=1, p_free=1, q_ready=1, q_empty=2, mx_ready=1)
     w = World(counts)
-    actors = {"loader": loader(w, tiles, order, broken), "wg0": consumer(w, tiles, 0, order, broken),
-              "wg1": consumer(w, tiles, 1, order, broken)}
+    cons = (lambda wg: consumer_pair(w, tiles, wg, broken)) if order == 3 else \
+        (lambda wg: consumer(w, tiles, wg, order, broken))
+    actors = {"loader": loader(w, tiles, order, broken), "wg0": cons(0), "wg1": cons(1)}
     blocked = {k: None for k in actors}  # a pending wait predicate
     live = set(actors)
     # a quarter of the interleavings pick uniformly; the others mostly run one actor ahead whenever it can (a
@@ -266,15 +413,17 @@ def run(tiles, seed, order, broken=None):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--order", type=int, choices=(0, 1, 2), default=None, help="one seesaw_order (else all)")
-    p.add_argument("--broken", choices=("early_free", "one_free", "no_pfree", "skip_box"), default=None)
+    p.add_argument("--order", type=int, choices=(0, 1, 2, 3), default=None, help="one seesaw_order (else all)")
+    p.add_argument("--broken", choices=("early_free", "one_free", "no_pfree", "skip_box", "no_mxwait"), default=None)
     p.add_argument("--seeds", type=int, default=40)
     a = p.parse_args()
     seqs = [list(t) for r in (1, 2, 3) for t in itertools.product(range(0, 7), repeat=r)]
     seqs += [[5, 1, 6, 0, 3, 2, 4], [1, 1, 1, 1], [6, 6, 6], [2, 3, 2, 3, 1]]
-    orders = (0, 1, 2) if a.order is None else (a.order, )
+    orders = (0, 1, 2, 3) if a.order is None else (a.order, )
     if a.broken == "skip_box":
         orders = tuple(o for o in orders if o > 0) or (2, )  # (order 0 waits for every box before any read)
+    if a.broken == "no_mxwait":
+        orders = (3, )  # (the pair schedule's row maxima)
     rc = 0
     for order in orders:
         total = defaultdict(int)

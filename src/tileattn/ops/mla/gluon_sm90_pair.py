@@ -21,9 +21,10 @@ block (on the H200 the wait for the other's P was the largest stall). Here a tur
     takes a pair's halves in the order they free: the two own halves, then the two others (_load_steps).
 A tile of an odd block count ends on a lone block of warpgroup 0's: there is nothing to exchange, and it runs as
 order 2's last turn (warpgroup 0 publishes P, m and the row sums: _publish; warpgroup 1 takes them: _gather).
-The row maxima have their own buffers: the lone block's m (m_bufs) is read by warpgroup 1 while warpgroup 0 may
-already be at the next tile's first pair. mx_bufs[w] is rewritten at the next pair, which warpgroup w reaches only
-after it took the other's P of this pair, published after the other read the maxima: no barrier frees them.
+The row maxima have their own buffers (512 B), not the lone block's m_bufs: that would be safe only through the
+loader's order (scripts/check_mla_seesaw.py's note). mx_bufs[w] is rewritten at the next pair, which warpgroup w
+reaches only after it took the other's P of this pair, published after the other read the maxima: no barrier
+frees them.
 Phases: the pair's blocks are the k-th own block of each warpgroup in the tile (p_ready / p_free phase c_own + k
 and c_other + k, c0 / c1 as in QK_SHARD); mx_ready completes once per full pair: c1 + k (c1 counts the full pairs
 of earlier tiles, n // 2 per tile). Protocol model: scripts/check_mla_seesaw.py --order 3.
