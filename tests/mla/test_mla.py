@@ -307,7 +307,7 @@ def test_gpu_mla_sm90_qk_shard(page_size, hq, sq, causal, device):
 @pytest.mark.parametrize("hq,sq", [(128, 1), (64, 1), (64, 2), (20, 3)])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("order", [2, 3])
+@pytest.mark.parametrize("order", [2, 3], ids=lambda o: f"order{o}")
 def test_gpu_mla_sm90_seesaw(hq, sq, causal, dtype, order, device):
     """The seesaw kernel (64-token blocks owned alternately, output split by columns, a 2-block ring freed per
     half): tiles of one block (warpgroup 1 owns none), of odd and even block counts, lengths around the block and
@@ -324,7 +324,7 @@ def test_gpu_mla_sm90_seesaw(hq, sq, causal, dtype, order, device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("programs", [0, 1, 3])
 @pytest.mark.parametrize("page_size", [64, 128])
-@pytest.mark.parametrize("order", [3, 2, 1, 0])
+@pytest.mark.parametrize("order", [3, 2, 1, 0], ids=lambda o: f"order{o}")
 def test_gpu_mla_sm90_seesaw_few_ctas(programs, page_size, order, device):
     """The seesaw kernel with 1 or 3 CTAs walking every tile (0: one per SM, the plan's): the ring's slot and
     parity and the P exchange's phases carry across tiles of odd and even block counts, two row tiles per item;
