@@ -18,7 +18,8 @@ block (on the H200 the wait for the other's P was the largest stall). Here a tur
     no exchange at the end, as before.
   - a half frees as soon as the last P V reading it is waited on: the own half of the own block after the own P V
     (its wait leaves the other's P V in flight), the own half of the other's block after that one. The loader
-    takes a pair's halves in the order they free: the two own halves, then the two others (_load_steps).
+    takes a pair's halves in the order they free: the two own halves, then the two others
+    (gluon_producer._load_pairs).
 A tile of an odd block count ends on a lone block of warpgroup 0's: there is nothing to exchange, and it runs as
 order 2's last turn (warpgroup 0 publishes P, m and the row sums: _publish; warpgroup 1 takes them: _gather).
 The row maxima have their own buffers (512 B), not the lone block's m_bufs: that would be safe only through the
