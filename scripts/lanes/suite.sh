@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole GPU test suite spread over the lanes of scripts/gpu_lanes.sh: four groups of test files of about equal
-# time (measured on an H200 on 2026-11-28 with -n 14: the backward + flex group ~290 s, MLA / decode / the rest
+# The whole GPU test suite spread over the lanes of scripts/gpu_lanes.sh: four groups of test files meant to take
+# about equal time (from an H200 on 2026-11-28 with -n 14: the backward + flex group ~290 s, MLA / decode / the rest
 # ~190 s; the dense forward's files were over 500 s in one lane, so they are split in two), group g running in lane
 # g % LANES. With pytest -v each result is a line, so a lane killed at its limit still names its failures.
 #   bash scripts/gpu_lanes.sh scripts/lanes/suite.sh scripts/lanes/suite.sh scripts/lanes/suite.sh scripts/lanes/suite.sh
