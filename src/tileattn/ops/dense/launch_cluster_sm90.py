@@ -25,6 +25,7 @@ from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from ..common.tma import gl_dtype, gluon_sm90_reason, tma_ok
 from .configs import cluster_from
+from .problem import AttnLaunch
 
 BLOCK_M = 64  # rows per consumer warpgroup and CTA (a warpgroup's box covers 2 * BLOCK_M rows of the pair)
 BLOCK_N = 128
@@ -168,19 +169,10 @@ def attention_cluster_sm90(q, k, v, causal=False, scale=None, out=None, return_l
 VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "sm_scale")
 
 
-class ClusterLaunch:
-    """A planned launch of attn_fwd_cluster_sm90_kernel: run(c) launches it on call c's tensors and scale (c.lse:
-    the lse to write, or the plans' empty stand-in where the plan writes none)."""
-    __slots__ = ("grid", "launcher")
-
-    def __init__(self, grid, launcher):
-        self.grid, self.launcher = grid, launcher
-
-    def run(self, c):
-        self.launcher(self.grid, c.q, c.k, c.v, c.out, c.lse, c.scale * LOG2E)
-
-    def compile(self, c):
-        return self.launcher.compile(self.grid, c.q, c.k, c.v, c.out, c.lse, c.scale * LOG2E)
+class ClusterLaunch(AttnLaunch):
+    """A planned launch of attn_fwd_cluster_sm90_kernel (c.lse: the lse to write, or the plans' empty stand-in where
+    the plan writes none)."""
+    __slots__ = ()
 
 
 class ClusterBackend(Backend):
