@@ -403,6 +403,7 @@ def test_sm90_plan_builds(dtype, lpt, monkeypatch):
     from tileattn.ops.common import launch_sm90 as pipeline
     from tileattn.ops.dense import launch_sm90
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    monkeypatch.setattr(hw, "interpreter_enabled", lambda: True)  # CPU tensors pass the device check, as on CI
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
     monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append((self, self._values(c))))
@@ -436,6 +437,7 @@ def test_sm90_epilogue_reaches_kernel(monkeypatch):
         with pytest.raises(ValueError, match="epilogue"):
             Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, epilogue=mode)
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    monkeypatch.setattr(hw, "interpreter_enabled", lambda: True)  # CPU tensors pass the device check, as on CI
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
     monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.launcher))
@@ -475,6 +477,7 @@ def test_sm90_dense_config_by_shape(monkeypatch):
     assert sm90_dense_config(128, torch.float16, 1 << 16, False) == sm90_config(128, torch.float16)
     with force_backend("dense.sm90", config=sm90_config(64, torch.float16)):
         assert sm90_dense_config(64, torch.float16, 1 << 16, False).consumers == 2
+    monkeypatch.setattr(hw, "interpreter_enabled", lambda: True)  # CPU tensors pass the device check, as on CI
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
     monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append((self.grid, self.order)))
