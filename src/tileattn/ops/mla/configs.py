@@ -100,12 +100,15 @@ SM90_CONFIGS = [
     MLASm90Config(block_n=64, stages=2),
 ]
 MIN_ROWS = 16
-# QK_SHARD (gluon_sm90_shard.py) first for more than one 64-row tile per work item. Measured on the H100
-# (2026-11-24, bench mla --groups qk_shard, bf16, page 64), ms on / off: Hq 128 batch 128 kv 1K-8K 0.127 / 0.133,
-# 0.199 / 0.225, 0.349 / 0.421, 0.665 / 0.821 (287-439 TFLOPS against 275-356); batch 768 1.13-1.27x. At Hq 16-64
-# (one tile, batch 768, kv 1K / 2K) it is 0.93-1.00x: memory-bound rows, where both kernels stream alike.
+# QK_SHARD (gluon_sm90_shard.py) first at every row count (the other configs where it does not fit: page sizes
+# below 32, Dr > 64). Measured on the H100 (2026-11-24, bench mla --groups qk_shard, bf16, page 64), ms on / off:
+# Hq 128 batch 128 kv 1K-8K 0.127 / 0.133, 0.199 / 0.225, 0.349 / 0.421, 0.665 / 0.821; batch 768 1.13-1.27x; at
+# Hq 16-64 (one tile) then 0.93-1.00x, so it served only more than one 64-row tile. Since then the kernel's step
+# (Q first, the rope Q in registers) changed, and on the H200 (bench/results/h200/mla.json, 6130c0b, the same
+# group) it wins at one tile too: batch 768 Hq 16 / 32 / 64, kv 1K 0.282 / 0.317, 0.294 / 0.317, 0.323 / 0.369 ms,
+# kv 2K 0.524 / 0.614, 0.548 / 0.654, 0.584 / 0.708 (1.08-1.21x); `sweep.py mla-sched --configs 0` (2026-11-28,
+# graph ms): batch 128 kv 4K Hq 64 0.189 against the table's 0.223.
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
-SHARD_MIN_ROWS = BLOCK_M + 1
 
 
 def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int:
@@ -150,12 +153,11 @@ def widen_rows(d):
     return max(8, 32 // min(32, d // 16) * 4)
 
 
-def sm90_configs(rows, fp8=False):
-    """The Gluon kernels' configs for `rows` query rows (Sq * Hq) and 16-bit (or fp8) caches, best first (the
-    forced one alone)."""
+def sm90_configs(fp8=False):
+    """The Gluon kernels' configs for 16-bit (or fp8) caches, best first (the forced one alone)."""
     forced = forced_config(MLASm90Config)
     if forced is not None:
         return [forced]
     if fp8:
         return SM90_FP8_CONFIGS
-    return [SM90_SHARD] + SM90_CONFIGS if rows >= SHARD_MIN_ROWS else SM90_CONFIGS + [SM90_SHARD]
+    return [SM90_SHARD] + SM90_CONFIGS
