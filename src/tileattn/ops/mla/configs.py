@@ -107,7 +107,11 @@ MIN_ROWS = 16
 # (Q first, the rope Q in registers) changed, and on the H200 (bench/results/h200/mla.json, 6130c0b, the same
 # group) it wins at one tile too: batch 768 Hq 16 / 32 / 64, kv 1K 0.282 / 0.317, 0.294 / 0.317, 0.323 / 0.369 ms,
 # kv 2K 0.524 / 0.614, 0.548 / 0.654, 0.584 / 0.708 (1.08-1.21x); `sweep.py mla-sched --configs 0` (2026-11-28,
-# graph ms): batch 128 kv 4K Hq 64 0.189 against the table's 0.223.
+# graph ms): batch 128 kv 4K Hq 64 0.189 against the table's 0.223. With this rule, `bench mla` (052affa, H200,
+# h200/mla.json) against the previous file: seed 1.12-1.27x, batch 128 1.02-1.32x, long 0.94-1.35x; `gpu_check.sh
+# ab-mla` in the same call lost only on short split items (3-12%: batch 32 kv 1K Hq 16 Sq 4 0.041 -> 0.046 ms, batch
+# 4 kv 8K 0.064 -> 0.068, batch 1 kv 32K 0.145 -> 0.150), items under 1K tokens; the config is chosen before the
+# lengths split the items (plan._choose_kernels), so a gate on the item length is not made.
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
 
 
