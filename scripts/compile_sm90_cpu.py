@@ -403,7 +403,7 @@ def main():
                    help="dense forward: the table's Sm90Config with pingpong set to this")
     p.add_argument("--consumers", type=int, default=None, choices=(2, 3),
                    help="the dense forward's consumer warpgroups (3: 160 registers each, no pingpong)")
-    p.add_argument("--epilogue", default=None, choices=("tma", "deferred", "direct"),
+    p.add_argument("--epilogue", default=None, choices=("tma", "deferred"),
                    help="the dense forward's Sm90Config.epilogue")
     p.add_argument("--exp2-fma", type=int, default=None, choices=(0, 1, 2, 3),
                    help="the config's exp2_fma instead of the table's (of every 4 exp2s, how many on the FMA pipe)")

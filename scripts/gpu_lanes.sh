@@ -15,9 +15,10 @@ i=0
 pids=()
 for script in "$@"; do
   mkdir -p "$OUT/lane$i"
-  # each lane its own Triton cache: four lanes of pytest workers compiling the same kernels into one cache was
-  # what the lanes shared when 5 unnamed failures appeared (2026-11-28, docs/design/README.md "Measuring")
-  (CUDA_VISIBLE_DEVICES=$i OUT=$OUT/lane$i TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}-lane$i \
+  # each lane its own Triton cache, so that lanes of pytest workers never compile into one cache at once
+  # (LANE / LANES: a lane script that splits work by lane, e.g. scripts/lanes/suite.sh)
+  (CUDA_VISIBLE_DEVICES=$i LANE=$i LANES=$# OUT=$OUT/lane$i \
+     TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}-lane$i \
      timeout "${LANE_TIMEOUT:-540}" bash "$script" \
      > "$OUT/lane$i/lane.log" 2>&1; echo "lane $i ($script) rc=$?" >> "$OUT/lane$i/lane.log") &
   pids+=($!)

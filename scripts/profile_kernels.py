@@ -113,11 +113,16 @@ def bwd_one(a):
 
 def mla_one(a):
     """One MLA decode (MLADecodePlan.run, the bench's inputs; --fp8: an e4m3 cache at the bench's kv_scale) between
-    cudaProfilerStart/Stop, its output checked first (bench.mla.check)."""
+    cudaProfilerStart/Stop, its output checked first (bench.mla.check). --sched I: sweep.py's MLA_SCHED[I]
+    (MLA_SCHED_FP8 with --fp8) forced, for a config no table selects."""
     import tileattn
     from tileattn.bench.mla import FP8_SCALE, check, make_inputs
     fp8 = torch.float8_e4m3fn if a.fp8 else None
     scale = FP8_SCALE if a.fp8 else 1.0
+    if a.sched is not None:
+        import sweep  # (scripts/, this script's directory)
+        forced = tileattn.force_backend(config=(sweep.MLA_SCHED_FP8 if a.fp8 else sweep.MLA_SCHED)[a.sched])
+        forced.__enter__()  # for the rest of this process
     inputs = make_inputs(a.batch, a.kv, a.hq, a.sq, a.page, torch.bfloat16, cache_dtype=fp8)
     plan = tileattn.MLADecodePlan(inputs[5], num_heads=a.hq, q_len=a.sq, page_size=a.page, cache_dtype=fp8)
     ok, info = check(plan.run(*inputs[:5], kv_scale=scale), inputs, sample=8, kv_scale=scale)
@@ -587,6 +592,8 @@ def main():
     p.add_argument("--sq", type=int, default=1)
     p.add_argument("--page", type=int, default=64)
     p.add_argument("--fp8", action="store_true", help="an e4m3 cache (the bench's fp8 rows)")
+    p.add_argument("--sched", type=int, default=None,
+                   help="force sweep.py's MLA_SCHED[SCHED] (MLA_SCHED_FP8 with --fp8)")
     p.set_defaults(func=mla_one)
     p = sub.add_parser("mla-scale", help="MLA runs with the same number kv_scale against a changing one")
     p.add_argument("--cases", default="128x1024,128x4096,32x1024", help="batch x kv length, comma-separated")

@@ -476,6 +476,26 @@ def test_gpu_mla_smem_budget(budget, device, monkeypatch):
         assert plan.compiled.metadata.shared <= hw.device_info(plan.device).smem_per_block, plan
 
 
+def test_mla_sm90_16bit_configs(monkeypatch):
+    """The Hopper backend's config for a 16-bit plan: QK_SHARD at every row count it serves (16 rows and up: one
+    partial tile, one tile, two), a config without it where QK_SHARD does not fit (Dr > 64: its rope Q lives in
+    registers) and none where no config divides the page size (16: the portable kernel serves)."""
+    from types import SimpleNamespace
+
+    from tileattn import hw
+    from tileattn.ops.mla.configs import SM90_CONFIGS
+    from tileattn.ops.mla.launch_sm90 import Sm90Backend
+    monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    backend = Sm90Backend()
+    for rows in (16, 32, 64, 128, 256):
+        plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=None, rows=rows, device="cuda")
+        assert backend.config(plan) == SM90_SHARD, rows
+    plan = SimpleNamespace(page_size=64, dc=512, dr=128, cache_dtype=None, rows=64, device="cuda")
+    assert not backend.config(plan).qk_shard and backend.config(plan) in SM90_CONFIGS
+    plan = SimpleNamespace(page_size=16, dc=512, dr=64, cache_dtype=None, rows=64, device="cuda")
+    assert backend.config(plan) is None
+
+
 def test_mla_sm90_fp8_configs(monkeypatch):
     """The Hopper backend's config for an fp8 plan: the fp8 table's first (QK_SHARD), the one without QK_SHARD where
     only it fits the shared memory; a forced QK_SHARD one needs >= 3 16-bit and >= 2 fp8 steps (its widening

@@ -62,13 +62,13 @@ class Sm90Config:
     lpt: bool = False
     # how each tile's O leaves (dense only; gluon_attn_sm90._consume_tile): "tma" (staged in shared memory, TMA-stored,
     # the store waited for before the next tile), "deferred" (that wait in the next tile, where the buffer is needed
-    # again; with O staged in the Q slot (16-bit) it needs q_slots >= 2, else the dense plan takes "tma"), "direct"
-    # (plain stores from registers; the Q slot is freed before them, so the next tile's Q loads under the epilogue)
+    # again; with O staged in the Q slot (16-bit) it needs q_slots >= 2, else the dense plan takes "tma"). A third
+    # form, plain stores from registers ("direct"), lost on every row measured and was removed (dense.md lever 2)
     epilogue: str = "tma"
 
     def __post_init__(self):
-        if self.epilogue not in ("tma", "deferred", "direct"):
-            raise ValueError(f"Sm90Config.epilogue = {self.epilogue!r}: 'tma', 'deferred' or 'direct'")
+        if self.epilogue not in ("tma", "deferred"):
+            raise ValueError(f"Sm90Config.epilogue = {self.epilogue!r}: 'tma' or 'deferred'")
         if self.consumers not in (2, 3):
             raise ValueError(f"Sm90Config.consumers = {self.consumers}: the pipeline takes 2 or 3")
         if self.consumers == 3 and (self.consumer_regs > 160 or self.pingpong):
@@ -108,7 +108,7 @@ class Sm90Config:
 # -> deferred, TFLOPS: fp16 non-causal 1K/2K/4K 379/456/468 -> 385/473/471, causal 253/353/404 -> 257/357/405; e4m3
 # non-causal 398/500/542 -> 402/493/543, causal 243/375/446 -> 267/377/453. D = 128 fp8 (its O has its own buffer)
 # -1..+2%: "tma" kept; 16-bit D = 128 has one Q slot, where "deferred" falls back to "tma" (those rows, -1..+1%,
-# are the run's noise). "direct" lost on every row (-1..-30%).
+# are the run's noise). "direct" lost on every row (-1..-30%) and is gone.
 SM90 = {
     64: Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, lpt=True, epilogue="deferred"),
     128: Sm90Config(block_m=64, block_n=128, stages=3, consumer_regs=240, q_slots=1, one_cta_from=16384),

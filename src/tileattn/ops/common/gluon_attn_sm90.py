@@ -55,12 +55,11 @@ def attn_fwd_pipeline(
     HAS_DESCALE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
     SEPARATE_O: gl.constexpr,
     FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, PINGPONG: gl.constexpr,
-    NUM_CONSUMERS: gl.constexpr, order, ORDERED: gl.constexpr, EPILOGUE: gl.constexpr, o_raw,
+    NUM_CONSUMERS: gl.constexpr, order, ORDERED: gl.constexpr, EPILOGUE: gl.constexpr,
 ):
     """The whole forward: shared memory, barriers, and the loader and NUM_CONSUMERS (2 or 3) consumer partitions.
     order = (an int32 table, its rounds): with ORDERED the persistent grid takes its tiles from it (tile_of), else
-    (any placeholders) the snake order. EPILOGUE, o_raw: the consumer's _consume_tile's (o_raw is read with "direct"
-    only).
+    (any placeholders) the snake order. EPILOGUE: the consumer's _consume_tile's.
     The dense and flex kernels' docstrings say what their arguments hold; fx, caps_s / caps_m, SCORE_MOD /
     MASK_MOD are the flex mode's block mask and mods (placeholders for dense). Three consumers (tiles of 3 *
     BLOCK_M rows, 16 warps: at most 160 registers each) take no PINGPONG (its turns alternate two)."""
@@ -105,7 +104,7 @@ def attn_fwd_pipeline(
     c_args = (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
               stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
               stride_vdb, stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left,
-              right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order, o_raw)
+              right, sm_scale, softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order)
     l_args = (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
               num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx, order)
     if NUM_CONSUMERS == 2:

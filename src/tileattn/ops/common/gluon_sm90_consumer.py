@@ -293,7 +293,7 @@ def consumer(args, WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr
     (o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, lse_ptr,
      stride_lb, stride_lh, qd_ptr, kd_ptr, vd_ptr, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb,
      stride_vdh, num_tiles, num_m, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, sm_scale,
-     softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order, o_raw) = args
+     softcap_scale, softcap_out, out_scale, fx, caps_s, caps_m, order) = args
     j = 0  # tiles done so far: Q slot and phase
     kv = 0  # K/V tiles consumed so far (the loader's count): ring slot and phase
     t = 0  # wgmma turns taken so far (PINGPONG)
@@ -325,7 +325,7 @@ def consumer(args, WG: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr
                 stride_lb, stride_lh, j, kv, t, i_m, i_bh, num_heads, seqlen_q, seqlen_k, off_diag, left, right,
                 tile_scale, tile_cap_scale, softcap_out, tile_out_scale, fx, flex_scale, caps_s, caps_m, WG, BLOCK_M,
                 STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, RETURN_LSE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR,
-                SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG, EPILOGUE, o_raw)
+                SEPARATE_O, FLEX, SCORE_MOD, MASK_MOD, PINGPONG, EPILOGUE)
     if EPILOGUE == "deferred":  # the last tile's store must have read its buffer before the CTA's shared memory goes
         tma.store_wait(pendings=0)
 
@@ -338,17 +338,14 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                   RETURN_LSE: gl.constexpr, P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
                   SEPARATE_O: gl.constexpr, FLEX: gl.constexpr, SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
-                  PINGPONG: gl.constexpr, EPILOGUE: gl.constexpr, o_raw):
+                  PINGPONG: gl.constexpr, EPILOGUE: gl.constexpr):
     """This warpgroup's rows of one tile: Q from slot j % Q_SLOTS, K/V blocks from ring position kv, wgmma turns
     from t (PINGPONG). EPILOGUE (Sm90Config.epilogue), how O leaves:
     - "tma": staged in the Q slot (then handed back to the loader) or in this warpgroup's O buffer (SEPARATE_O),
       stored by TMA, and the store waited for before the tile ends;
     - "deferred": the same, with the wait moved to the next tile, where the buffer is needed again: before staging
       the next O (SEPARATE_O), or once the next tile's Q has landed (the Q slot goes back to the loader then; needs
-      Q_SLOTS >= 2, else the next Q would wait for the slot this wait releases);
-    - "direct": the Q slot goes back to the loader as soon as the last wgmma is waited on, and O is written from
-      registers by plain stores through o_raw = (O's pointer, its batch, row and head strides): the next tile's Q
-      loads under this epilogue (the one-slot ring's gap).
+      Q_SLOTS >= 2, else the next Q would wait for the slot this wait releases).
     Returns the three counts advanced."""
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
@@ -410,28 +407,18 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
-    if EPILOGUE == "direct":
+    if SEPARATE_O:
         mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
         out = acc * gl.convert_layout(out_scale / l_safe, o_row)[:, None]
-        o_ptr, stride_ob, stride_om, stride_oh = o_raw
-        rows = m0 + gl.arange(0, BLOCK_M, layout=o_row)
-        cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
-        ptrs = o_ptr + (i_b.to(gl.int64) * stride_ob + i_h.to(gl.int64) * stride_oh) \
-            + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
-        gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=(rows < seqlen_q)[:, None])
+        o_buf = o_bufs.index(WG)
     else:
-        if SEPARATE_O:
-            mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
-            out = acc * gl.convert_layout(out_scale / l_safe, o_row)[:, None]
-            o_buf = o_bufs.index(WG)
-        else:
-            out = acc / gl.convert_layout(l_safe, o_row)[:, None]
-            o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
-        if EPILOGUE == "deferred" and SEPARATE_O:
-            tma.store_wait(pendings=0)  # the previous tile's store has read this O buffer
-        o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
-        fence_async_shared()
-        tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
+        out = acc / gl.convert_layout(l_safe, o_row)[:, None]
+        o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
+    if EPILOGUE == "deferred" and SEPARATE_O:
+        tma.store_wait(pendings=0)  # the previous tile's store has read this O buffer
+    o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
+    fence_async_shared()
+    tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
     if RETURN_LSE:
         lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe) - P_SHIFT) * LN2, float("-inf"))
         gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,

@@ -15,7 +15,6 @@ def attn_fwd_sm90_kernel(
     stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seqlen_q, seqlen_k, num_heads, group_size, num_bh,
     sm_scale, softcap_scale, softcap_out, out_scale, left, right, order_ptr, order_rounds,
-    o_ptr, stride_ob, stride_om, stride_oh,
     BLOCK_M: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ALIGN_BOTTOM_RIGHT: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, RETURN_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
@@ -32,8 +31,8 @@ def attn_fwd_sm90_kernel(
     lse [B, Hq, Sq] float32 (natural log) when RETURN_LSE. fp8: descales [B, Hkv] (strides 0 broadcast one
     value) with HAS_DESCALE; out = (P V / l) * out_scale (* v descale) staged in SEPARATE_O buffers. ORDERED: the
     persistent grid walks the int32 tile table order_ptr [order_rounds, programs] (launch_sm90.tile_order), else
-    the snake order (order_ptr / order_rounds unread). EPILOGUE ("tma", "deferred", "direct"): how O leaves
-    (gluon_attn_sm90._consume_tile); o_ptr / stride_ob, stride_om, stride_oh: O itself, read with "direct" only.
+    the snake order (order_ptr / order_rounds unread). EPILOGUE ("tma", "deferred"): how O leaves
+    (gluon_attn_sm90._consume_tile).
     """
     # no block mask: placeholders the dense path never reads
     fx = (lse_ptr, lse_ptr, lse_ptr, lse_ptr, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0)
@@ -43,7 +42,7 @@ def attn_fwd_sm90_kernel(
         softcap_scale, softcap_out, out_scale, left, right, fx, (), (), BLOCK_M, Q_SLOTS, STAGES, CONSUMER_REGS,
         HAS_LEFT, HAS_RIGHT, ALIGN_BOTTOM_RIGHT, HAS_SOFTCAP, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA,
         V_SEQ_MAJOR, SEPARATE_O, False, None, None, PINGPONG, NUM_CONSUMERS, (order_ptr, order_rounds), ORDERED,
-        EPILOGUE, (o_ptr, stride_ob, stride_om, stride_oh))
+        EPILOGUE)
 
 
 # The same kernel, seqlen_k never a compile-time constant. Triton compiles an integer argument equal to 1 as the

@@ -19,23 +19,16 @@ from ..common.tma import gluon_desc, gluon_sm90_reason
 from .configs import LARGE_D_FROM, Q_RESIDENT_DIMS, LargeDConfig, large_d_candidates, large_d_sm90_config
 from .kernels_large_d import attn_fwd_large_d_kernel
 from .launch_triton import MAX_GRID_Y, block_dim, scales
+from .problem import AttnLaunch
 
 # ---- the Gluon kernel ----------------------------------------------------------------------------------------
 # the parameters that change between calls of one plan
 VARYING_SM90 = ("q_desc", "k_desc", "v_desc", "O", "LSE", "sm_scale")
 
 
-class LargeDSm90Launch:
-    __slots__ = ("grid", "launcher")
-
-    def __init__(self, grid, launcher):
-        self.grid, self.launcher = grid, launcher
-
-    def run(self, c):
-        self.launcher(self.grid, c.q, c.k, c.v, c.out, c.lse, c.scale * LOG2E)
-
-    def compile(self, c):
-        return self.launcher.compile(self.grid, c.q, c.k, c.v, c.out, c.lse, c.scale * LOG2E)
+class LargeDSm90Launch(AttnLaunch):
+    """A planned launch of attn_fwd_large_d_sm90_kernel."""
+    __slots__ = ()
 
 
 class LargeDSm90Backend(Backend):

@@ -18,7 +18,7 @@ from .gluon_sm90 import attn_fwd_sm90_kernel, attn_fwd_sm90_kernel_one_key
 
 # the kernel parameters that change between calls of one launch plan (launcher.KernelLauncher's `varying`)
 VARYING = ("q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "qd_ptr", "kd_ptr", "vd_ptr", "sm_scale",
-           "softcap_scale", "softcap_out", "out_scale", "order_ptr", "o_ptr")
+           "softcap_scale", "softcap_out", "out_scale", "order_ptr")
 
 
 def _pack_v(v):
@@ -46,7 +46,7 @@ class Sm90Launch:
         v = c.v if self.v_prep is None else self.v_prep(c.v)
         qd, kd, vd = c.descales if c.descales is not None else (c.lse, c.lse, c.lse)
         return (c.q, c.k, v, c.out, c.lse, qd, kd, vd, *pipeline.scales(c.scale, c.softcap), c.out_scale,
-                c.lse if self.order is None else self.order, c.out)
+                c.lse if self.order is None else self.order)
 
     def run(self, c):
         self.launcher(self.grid, *self._values(c))
@@ -103,7 +103,6 @@ class Sm90Backend(Backend):
             table = pipeline.tile_order(costs, len(costs), p.batch * p.heads_q, grid[0])
             order = None if table is None else torch.from_numpy(table).to(p.device)
         args += (order, order.shape[0]) if order is not None else (lse, 0)
-        args += (c.out, *c.out.stride()[:3])  # O [B, Sq, Hq, Dv] (unit stride in Dv, as TMA needs): "direct" stores
         kwargs = dict(
             BLOCK_M=cfg.block_m, Q_SLOTS=cfg.q_slots, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, ALIGN_BOTTOM_RIGHT=p.opts.bottom_right,

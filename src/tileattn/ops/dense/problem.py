@@ -21,6 +21,7 @@ from ... import hw
 from ..common.args import is_bool
 from ..common.fp8 import FP8_DTYPES, is_fp8, is_seq_major
 from ..common.masking import UNBOUNDED_WINDOW
+from ..common.softmax import LOG2E
 from ..common.tma import tma_ok
 
 
@@ -138,6 +139,26 @@ class Call:
     scale: float
     softcap: float
     out_scale: float
+
+
+class AttnLaunch:
+    """A planned launch (grid, launcher.KernelLauncher) of a Gluon kernel whose call-varying arguments are a Call's
+    q, k, v, out, lse and scale * log2 e, in that order: run(c) launches it on call c, compile(c) returns the
+    compiled kernel. The large-D and cluster forwards' plans."""
+    __slots__ = ("grid", "launcher")
+
+    def __init__(self, grid, launcher):
+        self.grid, self.launcher = grid, launcher
+
+    def run(self, c):
+        self.launcher(self.grid, *self._varying(c))
+
+    def compile(self, c):
+        return self.launcher.compile(self.grid, *self._varying(c))
+
+    @staticmethod
+    def _varying(c):
+        return c.q, c.k, c.v, c.out, c.lse, c.scale * LOG2E
 
 
 # ---------------------------------------------------------------------------------------------------------

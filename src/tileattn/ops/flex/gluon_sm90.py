@@ -29,4 +29,4 @@ def flex_fwd_sm90_kernel(
         stride_kdb, stride_kdh, stride_vdb, stride_vdh, seqlen_q, seqlen_k, num_heads, group_size, num_bh,
         1.4426950408889634, 1.0, 1.0, out_scale, 0, 0, fx, caps_s, caps_m, BLOCK_M, Q_SLOTS, STAGES, CONSUMER_REGS,
         False, False, False, False, RETURN_LSE, REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O,
-        FLEX, SCORE_MOD, MASK_MOD, PINGPONG, 2, (lse_ptr, 0), False, "tma", (lse_ptr, 0, 0, 0))
+        FLEX, SCORE_MOD, MASK_MOD, PINGPONG, 2, (lse_ptr, 0), False, "tma")

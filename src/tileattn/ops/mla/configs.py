@@ -119,12 +119,13 @@ SM90_CONFIGS = [
     MLASm90Config(block_n=64, stages=2),
 ]
 MIN_ROWS = 16
-# QK_SHARD (gluon_sm90_shard.py) first for more than one 64-row tile per work item. Measured on the H100
-# (2026-11-24, bench mla --groups qk_shard, bf16, page 64), ms on / off: Hq 128 batch 128 kv 1K-8K 0.127 / 0.133,
-# 0.199 / 0.225, 0.349 / 0.421, 0.665 / 0.821 (287-439 TFLOPS against 275-356); batch 768 1.13-1.27x. At Hq 16-64
-# (one tile, batch 768, kv 1K / 2K) it is 0.93-1.00x: memory-bound rows, where both kernels stream alike.
+# QK_SHARD (gluon_sm90_shard.py) first at every row count (the other configs where it does not fit: page sizes
+# below 32, Dr > 64). On the H100 (2026-11-24, bench mla --groups qk_shard) it won only above one 64-row tile
+# (Hq 128: 1.05-1.27x; one tile 0.93-1.00x); the kernel's step changed since, and on the H200 it wins at one tile
+# too: `bench mla` at 052affa against 6130c0b's file (h200/mla.json): seed 1.12-1.27x, batch 128 1.02-1.32x,
+# long 0.94-1.35x. Slower only on short split items (256-token items: 3-12%, `gpu_check.sh ab-mla`); docs/design/
+# mla.md, "QK_SHARD first at every row count".
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
-SHARD_MIN_ROWS = BLOCK_M + 1
 # the seesaw kernel, for forcing (tests, scripts/sweep.py mla-sched); 231,424 bytes of shared memory at Dc = 512
 # (231,936 with seesaw_order 3)
 SM90_SEESAW = MLASm90Config(block_n=64, stages=2, seesaw=True)
@@ -173,12 +174,11 @@ def widen_rows(d):
     return max(8, 32 // min(32, d // 16) * 4)
 
 
-def sm90_configs(rows, fp8=False):
-    """The Gluon kernels' configs for `rows` query rows (Sq * Hq) and 16-bit (or fp8) caches, best first (the
-    forced one alone)."""
+def sm90_configs(fp8=False):
+    """The Gluon kernels' configs for 16-bit (or fp8) caches, best first (the forced one alone)."""
     forced = forced_config(MLASm90Config)
     if forced is not None:
         return [forced]
     if fp8:
         return SM90_FP8_CONFIGS
-    return [SM90_SHARD] + SM90_CONFIGS if rows >= SHARD_MIN_ROWS else SM90_CONFIGS + [SM90_SHARD]
+    return [SM90_SHARD] + SM90_CONFIGS
