@@ -409,22 +409,46 @@ def test_gpu_mla_smem_budget(budget, device, monkeypatch):
 
 def test_mla_sm90_16bit_configs(monkeypatch):
     """The Hopper backend's config for a 16-bit plan: QK_SHARD at every row count it serves (16 rows and up: one
-    partial tile, one tile, two), a config without it where QK_SHARD does not fit (Dr > 64: its rope Q lives in
-    registers) and none where no config divides the page size (16: the portable kernel serves)."""
+    partial tile, one tile, two) unless one row tile has short items (configs.SHARD_MIN_CHUNK), a config without
+    it where QK_SHARD does not fit (Dr > 64: its rope Q lives in registers) and none where no config divides the
+    page size (16: the portable kernel serves)."""
     from types import SimpleNamespace
 
     from tileattn import hw
-    from tileattn.ops.mla.configs import SM90_CONFIGS
+    from tileattn.ops.mla.configs import SHARD_MIN_CHUNK, SM90_CONFIGS
     from tileattn.ops.mla.launch_sm90 import Sm90Backend
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     backend = Sm90Backend()
     for rows in (16, 32, 64, 128, 256):
-        plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=None, rows=rows, device="cuda")
+        plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=None, rows=rows, device="cuda",
+                               first_chunk=None)
         assert backend.config(plan) == SM90_SHARD, rows
-    plan = SimpleNamespace(page_size=64, dc=512, dr=128, cache_dtype=None, rows=64, device="cuda")
+    plan = SimpleNamespace(page_size=64, dc=512, dr=128, cache_dtype=None, rows=64, device="cuda", first_chunk=None)
     assert not backend.config(plan).qk_shard and backend.config(plan) in SM90_CONFIGS
-    plan = SimpleNamespace(page_size=16, dc=512, dr=64, cache_dtype=None, rows=64, device="cuda")
+    plan = SimpleNamespace(page_size=16, dc=512, dr=64, cache_dtype=None, rows=64, device="cuda", first_chunk=None)
     assert backend.config(plan) is None
+    # one row tile of short items (configs.SHARD_MIN_CHUNK): the plain kernel first; more rows, or long items: QK_SHARD
+    for rows, chunk, shard in ((64, 256, False), (16, 64, False), (64, SHARD_MIN_CHUNK, True), (128, 256, True),
+                               (16, 4096, True)):
+        plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=None, rows=rows, device="cuda",
+                               first_chunk=chunk)
+        assert backend.config(plan).qk_shard == shard, (rows, chunk)
+    # fp8 caches keep their table
+    plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=torch.float8_e4m3fn, rows=64, device="cuda",
+                           first_chunk=64)
+    assert backend.config(plan) == SM90_SHARD_FP8
+
+
+@pytest.mark.parametrize("batch,kv,hq,short", [(4, 8192, 64, True), (1, 32768, 64, True), (32, 1024, 16, True),
+                                               (128, 1024, 64, False), (768, 1024, 16, False), (16, 8192, 64, False)])
+def test_mla_plan_first_chunk(batch, kv, hq, short, monkeypatch):
+    """The plan's first_chunk (what chooses the Gluon kernel's config) on a 132-SM Hopper: the bench's rows where
+    QK_SHARD measured slower (items of 256 tokens: batch 4 x 8K, 1 x 32K, 32 x 1K) are short, the others not."""
+    from tileattn import hw
+    from tileattn.ops.mla.configs import SHARD_MIN_CHUNK
+    monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    plan = tileattn.MLADecodePlan(torch.full((batch,), kv, dtype=torch.int32), num_heads=hq)
+    assert plan.first_chunk % 32 == 0 and (plan.first_chunk < SHARD_MIN_CHUNK) == short, plan.first_chunk
 
 
 def test_mla_sm90_fp8_configs(monkeypatch):
@@ -437,7 +461,8 @@ def test_mla_sm90_fp8_configs(monkeypatch):
     from tileattn.ops.mla.configs import smem_bytes
     from tileattn.ops.mla.launch_sm90 import Sm90Backend
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
-    plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=torch.float8_e4m3fn, rows=128, device="cuda")
+    plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=torch.float8_e4m3fn, rows=128, device="cuda",
+                           first_chunk=None)
     backend = Sm90Backend()
     assert SM90_FP8_CONFIGS[0] == SM90_SHARD_FP8 and backend.config(plan) == SM90_SHARD_FP8
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=222800))

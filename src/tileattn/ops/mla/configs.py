@@ -104,9 +104,12 @@ MIN_ROWS = 16
 # below 32, Dr > 64). On the H100 (2026-11-24, bench mla --groups qk_shard) it won only above one 64-row tile
 # (Hq 128: 1.05-1.27x; one tile 0.93-1.00x); the kernel's step changed since, and on the H200 it wins at one tile
 # too: `bench mla` at 052affa against 6130c0b's file (h200/mla.json): seed 1.12-1.27x, batch 128 1.02-1.32x,
-# long 0.94-1.35x. Slower only on short split items (256-token items: 3-12%, `gpu_check.sh ab-mla`); docs/design/
-# mla.md, "QK_SHARD first at every row count".
+# long 0.94-1.35x. Slower only on short split items (`gpu_check.sh ab-mla`: 3-12% where items were 256 tokens;
+# the bench's long group: items of 64-256 tokens 0.94-0.99x, 512 0.99x, 1024 1.00-1.02x, 4096+ 1.22-1.35x), so
+# one row tile whose items are shorter than SHARD_MIN_CHUNK tokens (at the plan's first lengths) takes the plain
+# kernel first. docs/design/mla.md, "QK_SHARD first at every row count".
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
+SHARD_MIN_CHUNK = 512
 
 
 def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int:
@@ -151,11 +154,15 @@ def widen_rows(d):
     return max(8, 32 // min(32, d // 16) * 4)
 
 
-def sm90_configs(fp8=False):
-    """The Gluon kernels' configs for 16-bit (or fp8) caches, best first (the forced one alone)."""
+def sm90_configs(fp8=False, rows=BLOCK_M + 1, chunk=None):
+    """The Gluon kernels' configs for 16-bit (or fp8) caches, best first (the forced one alone): QK_SHARD first,
+    except for 16-bit plans of one row tile (`rows` <= BLOCK_M) whose work items are shorter than SHARD_MIN_CHUNK
+    tokens (`chunk`: the plan's item length at its first lengths; None: unknown, QK_SHARD)."""
     forced = forced_config(MLASm90Config)
     if forced is not None:
         return [forced]
     if fp8:
         return SM90_FP8_CONFIGS
+    if rows <= BLOCK_M and chunk is not None and chunk < SHARD_MIN_CHUNK:
+        return SM90_CONFIGS + [SM90_SHARD]
     return [SM90_SHARD] + SM90_CONFIGS
