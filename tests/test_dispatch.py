@@ -161,7 +161,8 @@ def test_flex_and_mla_routes(h100):
     assert flex.select(fp(128, seqlen=1, dtype=E4M3))[0].name == "flex.triton"  # fp8, a single key
 
     def mp(hq, cache=BF16, page=64):
-        return types.SimpleNamespace(device=CUDA, rows=hq, dc=512, dr=64, page_size=page, cache_dtype=cache)
+        return types.SimpleNamespace(device=CUDA, rows=hq, dc=512, dr=64, page_size=page, cache_dtype=cache,
+                                     first_chunk=None)
     assert mla.select(mp(64))[0].name == "mla.sm90"
     assert mla.select(mp(16))[0].name == "mla.sm90"  # configs.MIN_ROWS: measured faster from 16 rows up
     assert mla.select(mp(8))[0].name == "mla.triton"  # fewer: the Gluon kernel's 64-row tile is mostly padding

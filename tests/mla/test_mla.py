@@ -23,7 +23,7 @@ from tileattn.ops.mla.configs import (
 )
 from tileattn.ops.mla.reference import mla_decode_ref
 
-from tests.helpers import assert_close, paged_caches, randn
+from tests.helpers import assert_close, paged_caches, plan_only_device, randn
 
 
 def make_cache(lens, page_size, dc, dr, dtype, device, spare_pages=3):
@@ -356,7 +356,7 @@ def test_mla_sm90_seesaw_backend_config(monkeypatch):
 
     def plan(page_size=64, dr=64, cache_dtype=torch.bfloat16):
         return types.SimpleNamespace(device=torch.device("cpu"), page_size=page_size, dc=512, dr=dr, rows=128,
-                                     cache_dtype=cache_dtype)
+                                     cache_dtype=cache_dtype, first_chunk=None)
     with tileattn.force_backend(config=SM90_SEESAW):
         assert launch_sm90.Sm90Backend().config(plan()) == SM90_SEESAW
         assert launch_sm90.Sm90Backend().config(plan(page_size=128)) == SM90_SEESAW
@@ -477,23 +477,48 @@ def test_gpu_mla_smem_budget(budget, device, monkeypatch):
 
 
 def test_mla_sm90_16bit_configs(monkeypatch):
-    """The Hopper backend's config for a 16-bit plan: QK_SHARD at every row count it serves (16 rows and up: one
-    partial tile, one tile, two), a config without it where QK_SHARD does not fit (Dr > 64: its rope Q lives in
-    registers) and none where no config divides the page size (16: the portable kernel serves)."""
+    """The Hopper backend's config for a 16-bit plan: the pair schedule at every row count it serves (16 rows and up:
+    one partial tile, one tile, two) unless one row tile has short items (configs.SHARD_MIN_CHUNK: the plain kernel
+    first); QK_SHARD where pages hold 32-token steps but not 64-token blocks; a config without either where neither
+    fits (Dr > 64: their rope Q lives in registers); none where no config divides the page size (16: the portable
+    kernel serves)."""
     from types import SimpleNamespace
 
     from tileattn import hw
-    from tileattn.ops.mla.configs import SM90_CONFIGS
+    from tileattn.ops.mla.configs import SHARD_MIN_CHUNK, SM90_CONFIGS, SM90_PAIR
     from tileattn.ops.mla.launch_sm90 import Sm90Backend
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     backend = Sm90Backend()
+
+    def plan(rows=64, page_size=64, dr=64, chunk=None, cache_dtype=None):
+        return SimpleNamespace(page_size=page_size, dc=512, dr=dr, cache_dtype=cache_dtype, rows=rows, device="cuda",
+                               first_chunk=chunk)
     for rows in (16, 32, 64, 128, 256):
-        plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=None, rows=rows, device="cuda")
-        assert backend.config(plan) == SM90_SHARD, rows
-    plan = SimpleNamespace(page_size=64, dc=512, dr=128, cache_dtype=None, rows=64, device="cuda")
-    assert not backend.config(plan).qk_shard and backend.config(plan) in SM90_CONFIGS
-    plan = SimpleNamespace(page_size=16, dc=512, dr=64, cache_dtype=None, rows=64, device="cuda")
-    assert backend.config(plan) is None
+        assert backend.config(plan(rows)) == SM90_PAIR, rows
+        assert backend.config(plan(rows, page_size=128)) == SM90_PAIR, rows
+        assert backend.config(plan(rows, page_size=32)) == SM90_SHARD, rows
+    cfg = backend.config(plan(dr=128))
+    assert not cfg.qk_shard and not cfg.seesaw and cfg in SM90_CONFIGS
+    assert backend.config(plan(page_size=16)) is None
+    # one row tile of short items (configs.SHARD_MIN_CHUNK): the plain kernel first; more rows, or long items: the pair
+    for rows, chunk, first in ((64, 256, SM90_CONFIGS[0]), (16, 64, SM90_CONFIGS[0]), (64, SHARD_MIN_CHUNK, SM90_PAIR),
+                               (128, 256, SM90_PAIR), (16, 4096, SM90_PAIR)):
+        assert backend.config(plan(rows, chunk=chunk)) == first, (rows, chunk)
+    # fp8 caches keep their table
+    assert backend.config(plan(chunk=64, cache_dtype=torch.float8_e4m3fn)) == SM90_SHARD_FP8
+
+
+@pytest.mark.parametrize("batch,kv,hq,short", [(4, 8192, 64, True), (1, 32768, 64, True), (32, 1024, 16, True),
+                                               (128, 1024, 64, False), (768, 1024, 16, False), (16, 8192, 64, False)])
+def test_mla_plan_first_chunk(batch, kv, hq, short, monkeypatch):
+    """The plan's first_chunk (what chooses the Gluon kernel's config) on a 132-SM Hopper: the bench's rows where
+    QK_SHARD measured slower (items of 256 tokens: batch 4 x 8K, 1 x 32K, 32 x 1K) are short, the others not."""
+    from tileattn import hw
+    from tileattn.ops.mla.configs import SHARD_MIN_CHUNK
+    monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    dev = plan_only_device(monkeypatch)
+    plan = tileattn.MLADecodePlan(torch.full((batch,), kv, dtype=torch.int32, device=dev), num_heads=hq)
+    assert plan.first_chunk % 32 == 0 and (plan.first_chunk < SHARD_MIN_CHUNK) == short, plan.first_chunk
 
 
 def test_mla_sm90_fp8_configs(monkeypatch):
@@ -506,7 +531,8 @@ def test_mla_sm90_fp8_configs(monkeypatch):
     from tileattn.ops.mla.configs import smem_bytes
     from tileattn.ops.mla.launch_sm90 import Sm90Backend
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
-    plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=torch.float8_e4m3fn, rows=128, device="cuda")
+    plan = SimpleNamespace(page_size=64, dc=512, dr=64, cache_dtype=torch.float8_e4m3fn, rows=128, device="cuda",
+                           first_chunk=None)
     backend = Sm90Backend()
     assert SM90_FP8_CONFIGS[0] == SM90_SHARD_FP8 and backend.config(plan) == SM90_SHARD_FP8
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=222800))

@@ -4,9 +4,8 @@ Forcing one: tileattn.force_backend(config=...) (a config's class names its back
     MLAConfig      portable split kernel (kernels.py): candidates per query-row tile, the first whose shared
                    memory fits the budget (so sm89 / sm80 budgets, emulated with TILEATTN_SMEM_BUDGET, get
                    smaller steps or split outputs)
-    MLASm90Config  Hopper split kernels (gluon_sm90.py; gluon_sm90_shard.py with qk_shard; gluon_sm90_seesaw.py with
-                   seesaw, forced only): the first that fits
-                   the page size and the budget
+    MLASm90Config  Hopper split kernels (gluon_sm90.py; gluon_sm90_shard.py with qk_shard; gluon_sm90_seesaw.py and
+                   gluon_sm90_pair.py with seesaw): the first that fits the page size and the budget
 """
 from dataclasses import dataclass
 from typing import ClassVar
@@ -77,14 +76,15 @@ class MLASm90Config:
     widen_once: bool = False
     fence_late: bool = False
     # the seesaw schedule (gluon_sm90_seesaw.py): 64-token blocks whose scores one warpgroup computes at N = 64,
-    # the output split by columns, a 2-block ring freed per half. No table selects it yet (not measured)
+    # the output split by columns, a 2-block ring freed per half; with seesaw_order 3 the table's first 16-bit config
+    # (SM90_PAIR)
     seesaw: bool = False
     # the seesaw kernel's turn order (gluon_sm90_seesaw._turn; docs/design/mla.md item 3, "per-box waits"): 0 the
     # first measured form (the scores wait for their block whole), 1 the scores wait box by box, 2 box by box
     # after the other's P V, whose half is freed before the softmax (the loader then refills the half that frees
     # first, first), 3 the pair schedule (gluon_sm90_pair.py: blocks in pairs, only the row maxima exchanged
-    # before the softmaxes, which then run at once; compiled, not yet measured). Kept selectable for the A/B on
-    # the GPU (scripts/sweep.py mla-sched)
+    # before the softmaxes, which then run at once: the table's, 1.06-1.18x QK_SHARD on the H200). Orders 0-2 measured
+    # 8-20% slower than QK_SHARD and are kept forced-only, for the A/B (scripts/sweep.py mla-sched)
     seesaw_order: int = 2
 
     def __post_init__(self):
@@ -119,15 +119,26 @@ SM90_CONFIGS = [
     MLASm90Config(block_n=64, stages=2),
 ]
 MIN_ROWS = 16
-# QK_SHARD (gluon_sm90_shard.py) first at every row count (the other configs where it does not fit: page sizes
-# below 32, Dr > 64). On the H100 (2026-11-24, bench mla --groups qk_shard) it won only above one 64-row tile
-# (Hq 128: 1.05-1.27x; one tile 0.93-1.00x); the kernel's step changed since, and on the H200 it wins at one tile
-# too: `bench mla` at 052affa against 6130c0b's file (h200/mla.json): seed 1.12-1.27x, batch 128 1.02-1.32x,
-# long 0.94-1.35x. Slower only on short split items (256-token items: 3-12%, `gpu_check.sh ab-mla`); docs/design/
-# mla.md, "QK_SHARD first at every row count".
+# The 16-bit order: the seesaw pair schedule (gluon_sm90_pair.py) first, then QK_SHARD (gluon_sm90_shard.py), then
+# the plain kernel (where neither fits: pages not of whole 64-token blocks, Dr > 64).
+# Pair against QK_SHARD on the H200 (2026-11-28, `scripts/sweep.py mla-sched --configs 10,7,0` and the pair-first
+# table against `--configs 0,3`, page 64, bf16, graph ms, two runs with the order reversed; `bench mla` with it
+# first: docs/design/mla.md, "Pair schedule"): Hq 128 batch 128 kv 1K / 8K 0.105 / 0.115, 0.567 / 0.667, batch 768
+# kv 1K / 2K 0.501 / 0.590, 0.934 / 1.081; Hq 64 batch 768 kv 1K 0.319 / 0.338, batch 128 kv 4K 0.179 / 0.196,
+# batch 16 kv 32K Sq 2 0.286 / 0.334; Hq 16-32 batch 768 kv 2K 0.484-0.505 / 0.569-0.586, batch 128 kv 8K Hq 16
+# 0.311 / 0.356 (1.06-1.18x). Even at batch 128 kv 1K Hq 16 (0.067 / 0.068; the plain kernel 0.065).
+# QK_SHARD itself beat the plain kernel at every row count on the H200 (`bench mla` at 052affa: seed 1.12-1.27x,
+# batch 128 1.02-1.32x, long 0.94-1.35x), where on the H100 (2026-11-24) it won only above one 64-row tile.
+# Both lose on short split items, one row tile whose items are 256 tokens: graph ms pair / QK_SHARD / plain, batch
+# 32 kv 1K Hq 16 Sq 4 0.047 / 0.046 / 0.041, batch 4 kv 8K 0.072 / 0.069 / 0.064, batch 1 kv 32K 0.152 / 0.150 /
+# 0.144 (QK_SHARD against plain in the bench's long group: items of 64-256 tokens 0.94-0.99x, 512 0.99x, 1024
+# 1.00-1.02x). So one row tile whose items are shorter than SHARD_MIN_CHUNK tokens (at the plan's first lengths)
+# takes the plain kernel first.
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
-# the seesaw kernel, for forcing (tests, scripts/sweep.py mla-sched); 231,424 bytes of shared memory at Dc = 512
-# (231,936 with seesaw_order 3)
+SM90_PAIR = MLASm90Config(block_n=64, stages=2, seesaw=True, seesaw_order=3)
+SHARD_MIN_CHUNK = 512
+# the seesaw kernel's earlier turn orders, for forcing (tests, scripts/sweep.py mla-sched); 231,424 bytes of shared
+# memory at Dc = 512 (231,936 with seesaw_order 3)
 SM90_SEESAW = MLASm90Config(block_n=64, stages=2, seesaw=True)
 
 
@@ -174,11 +185,16 @@ def widen_rows(d):
     return max(8, 32 // min(32, d // 16) * 4)
 
 
-def sm90_configs(fp8=False):
-    """The Gluon kernels' configs for 16-bit (or fp8) caches, best first (the forced one alone)."""
+def sm90_configs(fp8=False, rows=BLOCK_M + 1, chunk=None):
+    """The Gluon kernels' configs for 16-bit (or fp8) caches, best first (the forced one alone): for 16-bit caches
+    the pair schedule, then QK_SHARD, except for plans of one row tile (`rows` <= BLOCK_M) whose work items are
+    shorter than SHARD_MIN_CHUNK tokens (`chunk`: the plan's item length at its first lengths; None: unknown), which
+    take the plain kernel first."""
     forced = forced_config(MLASm90Config)
     if forced is not None:
         return [forced]
     if fp8:
         return SM90_FP8_CONFIGS
-    return [SM90_SHARD] + SM90_CONFIGS
+    if rows <= BLOCK_M and chunk is not None and chunk < SHARD_MIN_CHUNK:
+        return SM90_CONFIGS + [SM90_PAIR, SM90_SHARD]
+    return [SM90_PAIR, SM90_SHARD] + SM90_CONFIGS

@@ -1,5 +1,6 @@
 """Hopper (sm90) MLA decode split kernel, "seesaw" schedule: 64-token blocks, each block's scores computed once by
-one warpgroup, the output split by columns (MLASm90Config(block_n=64, stages=2, seesaw=True); no table selects it).
+one warpgroup, the output split by columns (MLASm90Config(block_n=64, stages=2, seesaw=True); the table takes its
+pair schedule, seesaw_order 3: gluon_sm90_pair.py).
 
 Work items, tiles, the persistent grid and the masking are those of gluon_sm90.py; the exchange of P and of the
 row statistics is QK_SHARD's (gluon_sm90_shard.py: read both docstrings first). What differs:

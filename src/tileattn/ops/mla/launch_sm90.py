@@ -61,7 +61,8 @@ class Sm90Backend(Backend):
         the slot of the one before last), >= 2 fp8 stages with qk_shard, of a size the widening passes divide)."""
         budget = hw.device_info(plan.device).smem_per_block
         fp8 = plan.cache_dtype == torch.float8_e4m3fn
-        return next((cfg for cfg in sm90_configs(fp8) if plan.page_size % cfg.block_n == 0
+        order = sm90_configs(fp8, plan.rows, plan.first_chunk)
+        return next((cfg for cfg in order if plan.page_size % cfg.block_n == 0
                      and smem_bytes(cfg, plan.dc, plan.dr) <= budget and (cfg.fp8_stages > 0) == fp8
                      and (not fp8 or (cfg.stages >= 3 and (not cfg.qk_shard or cfg.fp8_stages >= 2)
                                       and all(cfg.block_n % widen_rows(d) == 0 for d in (plan.dc // 2, plan.dr))))
