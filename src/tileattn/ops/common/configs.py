@@ -62,13 +62,18 @@ class Sm90Config:
     lpt: bool = False
     # how each tile's O leaves (dense only; gluon_attn_sm90._consume_tile): "tma" (staged in shared memory, TMA-stored,
     # the store waited for before the next tile), "deferred" (that wait in the next tile, where the buffer is needed
-    # again; with O staged in the Q slot (16-bit) it needs q_slots >= 2, else the dense plan takes "tma"). A third
+    # again; with O staged in the Q slot (16-bit) it needs q_slots >= 2, else the dense plan takes "tma"), "kstage"
+    # (16-bit: O staged in the K buffer of the tile's last K/V stage, so the Q slot is handed back once the tile's
+    # last q.k is done and the next Q loads under the epilogue; needs consumers * block_m <= block_n). A fourth
     # form, plain stores from registers ("direct"), lost on every row measured and was removed (dense.md lever 2)
     epilogue: str = "tma"
 
     def __post_init__(self):
-        if self.epilogue not in ("tma", "deferred"):
-            raise ValueError(f"Sm90Config.epilogue = {self.epilogue!r}: 'tma' or 'deferred'")
+        if self.epilogue not in ("tma", "deferred", "kstage"):
+            raise ValueError(f"Sm90Config.epilogue = {self.epilogue!r}: 'tma', 'deferred' or 'kstage'")
+        if self.epilogue == "kstage" and self.consumers * self.block_m > self.block_n:
+            raise ValueError(f"Sm90Config.epilogue = 'kstage' stages the tile's {self.consumers} x {self.block_m} "
+                             f"output rows in one {self.block_n}-key K buffer: needs consumers * block_m <= block_n")
         if self.consumers not in (2, 3):
             raise ValueError(f"Sm90Config.consumers = {self.consumers}: the pipeline takes 2 or 3")
         if self.consumers == 3 and (self.consumer_regs > 160 or self.pingpong):
