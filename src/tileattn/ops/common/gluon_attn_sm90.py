@@ -116,7 +116,7 @@ def attn_fwd_pipeline(
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED, EPILOGUE)),
             (loader, (l_args, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
-                      ORDERED)),
+                      ORDERED, EPILOGUE)),
         ], [4, 1], [CONSUMER_REGS, 24])
     else:  # the first partition, two more consumer warpgroups, the loader
         gl.warp_specialize([
@@ -130,5 +130,5 @@ def attn_fwd_pipeline(
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED, EPILOGUE)),
             (loader, (l_args, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
-                      ORDERED)),
+                      ORDERED, EPILOGUE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
