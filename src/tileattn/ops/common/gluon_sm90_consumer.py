@@ -350,7 +350,9 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
       stored by TMA, and the store waited for before the tile ends;
     - "deferred": the same, with the wait moved to the next tile, where the buffer is needed again: before staging
       the next O (SEPARATE_O), or once the next tile's Q has landed (the Q slot goes back to the loader then; needs
-      Q_SLOTS >= 2, else the next Q would wait for the slot this wait releases).
+      Q_SLOTS >= 2, else the next Q would wait for the slot this wait releases);
+    - "kstage": staged in the K buffer of the stage of the tile's last block, the Q slot handed back before the last
+      p.v and that stage after the store (gluon_attn_sm90.py gives the order of the barriers).
     Returns the three counts advanced."""
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
