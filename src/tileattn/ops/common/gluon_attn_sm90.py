@@ -28,9 +28,10 @@ consumer warpgroup, in this order:
   4. it writes its BLOCK_M rows of O into its own rows of K of L (the K ring seen as O tiles: one 128-byte swizzle),
      fences (generic -> async proxy) and issues the TMA store (the lse goes out by plain stores meanwhile);
   5. it waits for the store to have read the buffer and arrives on L's `kv_empty`.
-A tile without key blocks (a window or Sq > Sk bottom-right) has no L: its O is staged in the Q slot and `q_empty`
-arrived on after the store, as "tma". With PINGPONG the turns are untouched: step 3 waits only for the other
-warpgroup's step 1, which needs no turn of this one's after its last p.v.
+A tile without key blocks (a window or Sq > Sk bottom-right) has the loader bring one block all the same, not
+computed: its warpgroups arrive on `q_empty` and wait for that block's K and V to land instead of step 1-2, then
+go on from step 3 (one store site, so the key loops compile as with "tma"). With PINGPONG the turns are
+untouched: step 3 waits only for the other warpgroup's step 1, which needs no turn of this one's after its last p.v.
 The consumers are independent warpgroups, so the softmax of one overlaps the wgmma of the other, and the loader
 runs STAGES tiles ahead. PINGPONG (Sm90Config.pingpong) makes that order strict, as FlashAttention-3's warp
 scheduler barrier does: the consumers issue their wgmmas in turns (`turns` barriers, the consumer's _turn_wait /

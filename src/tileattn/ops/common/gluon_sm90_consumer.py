@@ -414,24 +414,34 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
+    n_ring = n_blocks  # K/V blocks this tile takes from the ring
     if EPILOGUE == "kstage":
-        last = (kv + n_blocks - 1) % STAGES  # the stage of the tile's last block, whose K buffer stages O
         gl.static_assert(not SEPARATE_O, "epilogue 'kstage' stages O in a K buffer of the input dtype")
         gl.static_assert(NUM_CONSUMERS * BLOCK_M <= BLOCK_N, "epilogue 'kstage': the tile's O rows fit one K buffer")
+        # O is staged in the K buffer of the last block's stage. A tile without keys (a window, Sq > Sk
+        # bottom-right: out 0, lse -inf) has the loader bring one block all the same (_load_tile), only for that
+        # stage: it is not computed (so the key loops are those of "tma"), but its loads are waited for before
+        # the stage is written or handed back, and the Q slot is handed back here instead of before a last p.v
+        if n_blocks == 0:
+            mbarrier.arrive(q_empty.index(slot))
+            mbarrier.wait(k_ready.index(kv % STAGES), (kv // STAGES) & 1)
+            mbarrier.wait(v_ready.index(kv % STAGES), (kv // STAGES) & 1)
+        n_ring = gl.maximum(n_blocks, 1)
+        last = (kv + n_ring - 1) % STAGES
         out = acc / gl.convert_layout(l_safe, o_row)[:, None]
-        if n_blocks > 0:
-            # q_empty's phase of this tile completes when every warpgroup has waited on its last q.k
-            # (_consume_pipelined): no one reads the last stage's K any more, and the loader cannot refill it
-            # before this warpgroup hands it back below
-            mbarrier.wait(q_empty.index(slot), (j // Q_SLOTS) & 1)
-            # the K ring seen as O tiles: [BLOCK_N, D] and [BLOCK_M, D] tiles of one dtype share the 128-byte
-            # swizzle (its pattern repeats every 8 rows), so block c of stage s is BLOCK_M of its rows
-            PER: gl.constexpr = BLOCK_N // BLOCK_M
-            o_view = smem_reinterpret(k_bufs, o_desc.dtype, [k_bufs.shape[0] * PER] + o_desc.block_type.shape,
-                                      o_desc.layout)
-            _stage_store(o_desc, o_view.index(last * PER + WG), out, i_b, m0, i_h)
-        else:  # no block, no stage: the Q slot, as "tma"
-            _stage_store(o_desc, q_bufs.index(slot * NUM_CONSUMERS + WG), out, i_b, m0, i_h)
+        # q_empty's phase of this tile completes when every warpgroup has waited on its last q.k
+        # (_consume_pipelined): no one reads the last stage's K any more, and the loader cannot refill it before
+        # this warpgroup hands it back below
+        mbarrier.wait(q_empty.index(slot), (j // Q_SLOTS) & 1)
+        # the K ring seen as O tiles: [BLOCK_N, D] and [BLOCK_M, D] tiles of one dtype share the 128-byte swizzle
+        # (its pattern repeats every 8 rows), so block c of stage s is BLOCK_M of its rows
+        PER: gl.constexpr = BLOCK_N // BLOCK_M
+        o_view = smem_reinterpret(k_bufs, o_desc.dtype, [k_bufs.shape[0] * PER] + o_desc.block_type.shape,
+                                  o_desc.layout)
+        o_buf = o_view.index(last * PER + WG)
+        o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
+        fence_async_shared()
+        tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
     else:
         if SEPARATE_O:
             mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
@@ -455,17 +465,5 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
             mbarrier.arrive(q_empty.index(slot))
     elif EPILOGUE == "kstage":
         tma.store_wait(pendings=0)
-        if n_blocks > 0:  # the last stage goes back to the loader (the Q slot went before the last p.v)
-            mbarrier.arrive(kv_empty.index(last))
-        else:
-            mbarrier.arrive(q_empty.index(slot))
-    return j + 1, kv + n_blocks, t
-
-
-@gluon.jit
-def _stage_store(o_desc, o_buf, out, i_b, m0, i_h):
-    """Epilogue "kstage": O written to o_buf (a [1, BLOCK_M, 1, DV] view in o_desc's layout) and its TMA store
-    issued; the generic-proxy writes are fenced before the copy engine reads them."""
-    o_buf.reshape([o_buf.shape[1], o_buf.shape[3]]).store(out.to(o_desc.dtype))
-    fence_async_shared()
-    tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
+        mbarrier.arrive(kv_empty.index(last))  # the last stage goes back to the loader (the Q slot went before)
+    return j + 1, kv + n_ring, t

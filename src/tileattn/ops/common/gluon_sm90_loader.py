@@ -164,6 +164,8 @@ def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     i_hk = i_h // group_size
     m0, n_lo, n_blocks, n_part, tail = tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right,
                                                     NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, FLEX, 1)
+    if EPILOGUE == "kstage":  # a tile without keys takes one block all the same: its O is staged in that stage
+        n_blocks = gl.maximum(n_blocks, 1)  # (gluon_sm90_consumer._consume_tile)
     Q_SLOTS: gl.constexpr = q_ready.shape[0]
     if Q_SLOTS == 1 and EPILOGUE == "kstage":
         first = gl.minimum(n_blocks, STAGES - 1)
