@@ -58,8 +58,9 @@ def test_gpu_sm90_epilogue_kstage(dtype, variant, device, monkeypatch):
     pingpong (the wgmma turns around the epilogue's wait), with two stages (the loader puts one block before Q),
     with two Q slots; keys in 1, 2 and 9 blocks (causal: the first tiles walk 1 and 2, their last stage also their
     first), ragged tiles, 1 and 5 CTAs walking every tile (each stage and slot reused in every phase), out with and
-    without the lse, tiles with no key block (causal Sq > Sk bottom-right: O staged in the Q slot), GQA; outputs
-    filled with NaN first, so a store lost or overwritten shows."""
+    without the lse, tiles with no key block (causal Sq > Sk bottom-right, and a window past the keys: one
+    uncomputed block gives them a stage), GQA; outputs filled with NaN first, so a store lost or overwritten shows.
+    D = 64 (two O tiles per 128-key K buffer) once, at the table's D = 64 tiles."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the Gluon kernel serves sm90 only")
     monkeypatch.setenv("TILEATTN_DEBUG_FILL_NAN", "1")
@@ -82,6 +83,14 @@ def test_gpu_sm90_epilogue_kstage(dtype, variant, device, monkeypatch):
     for programs in (1, 5):
         with force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=programs)):
             _check(q, k[:1, :200], v[:1, :200], causal=True)
+            _check(q, k[:1, :200], v[:1, :200], window=(0, 0))  # rows 500.. see key i - 500 only: 0..199
+    if variant == "table":
+        cfg64 = dataclasses.replace(sm90_config(64, dtype), epilogue="kstage", lpt=False)
+        q, k64 = randn(2, 1100, 4, 64, dtype=dtype, device=device), randn(2, 1100, 2, 64, dtype=dtype, device=device)
+        for programs in (0, 5):
+            with force_backend("dense.sm90", config=dataclasses.replace(cfg64, max_programs=programs)):
+                for opts in (dict(), dict(causal=True)):
+                    _check(q, k64, k64.flip(1), **opts)
     plans.clear_plans()
 
 

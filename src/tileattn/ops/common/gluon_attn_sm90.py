@@ -25,7 +25,8 @@ consumer warpgroup, in this order:
   2. the last p.v (V of L) waited on: L's `kv_empty` is NOT arrived on (the other stages were, in the loop);
   3. it waits for `q_empty`'s phase of this tile: every warpgroup is past its last q.k, so no one reads K of L,
      and the loader, which waits the ring in order, cannot refill L before step 5;
-  4. it writes its BLOCK_M rows of O into its own rows of K of L (the K ring seen as O tiles: one 128-byte swizzle),
+  4. it writes its BLOCK_M rows of O into its own 16 KB of K of L (the K ring seen as O tiles: one 128-byte swizzle;
+     at D = 128 a K tile is two column slabs of 64, so warpgroup w's O lands in slab w),
      fences (generic -> async proxy) and issues the TMA store (the lse goes out by plain stores meanwhile);
   5. it waits for the store to have read the buffer and arrives on L's `kv_empty`.
 A tile without key blocks (a window or Sq > Sk bottom-right) has the loader bring one block all the same, not

@@ -433,8 +433,9 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
         # (_consume_pipelined): no one reads the last stage's K any more, and the loader cannot refill it before
         # this warpgroup hands it back below
         mbarrier.wait(q_empty.index(slot), (j // Q_SLOTS) & 1)
-        # the K ring seen as O tiles: [BLOCK_N, D] and [BLOCK_M, D] tiles of one dtype share the 128-byte swizzle
-        # (its pattern repeats every 8 rows), so block c of stage s is BLOCK_M of its rows
+        # the K ring seen as O tiles: [BLOCK_N, D] and [BLOCK_M, D] tiles of one dtype share the 128-byte swizzle,
+        # so stage s holds BLOCK_N // BLOCK_M O tiles, disjoint (at D = 128, K's two 64-column slabs); BLOCK_N is a
+        # multiple of BLOCK_M (both powers of two, BLOCK_M <= BLOCK_N: Sm90Config)
         PER: gl.constexpr = BLOCK_N // BLOCK_M
         o_view = smem_reinterpret(k_bufs, o_desc.dtype, [k_bufs.shape[0] * PER] + o_desc.block_type.shape,
                                   o_desc.layout)
