@@ -30,8 +30,19 @@ def check_bool(name, x):
         raise TypeError(f"{name} must be a bool, got {type(x).__name__} {x!r}")
 
 
+def overlaps(t):
+    """Whether two elements of t may share memory: taken by increasing stride, every dimension of size > 1 must
+    step over all that the smaller ones span (a stride 0 from expand fails, as do rows aliased by as_strided)."""
+    span = 1  # offsets 0 .. span - 1 reached by the dimensions taken so far
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
 def check_no_overlap(name, t):
-    """An output tensor whose elements share memory (stride 0 in a dimension of size > 1, e.g. from expand)."""
-    if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
-        raise ValueError(f"{name}: its elements overlap in memory (stride 0 in shape {list(t.shape)}, strides "
+    """An output tensor whose elements may share memory (overlaps: e.g. a stride 0 from expand)."""
+    if overlaps(t):
+        raise ValueError(f"{name}: its elements overlap in memory (shape {list(t.shape)}, strides "
                          f"{list(t.stride())}, e.g. from expand); pass a tensor that owns each element")

@@ -89,7 +89,8 @@ and V, two 64-column messages each). Per key step the SASS has one warpgroup BAR
 (Triton puts one before each mbarrier.arrive: two arrives now) and a remote arrive (SYNCS.ARRIVE.TRANS64.RED) to
 the lead. Causal: warpgroup 0 walks one fully masked block per pair (the pair's range is warpgroup 1's). Run on
 an H200 (tests/dense/test_cluster_sm90.py passes); its speed against the 1-CTA kernel: configs.CLUSTER_FROM.
-RETURN_LSE (compiled, not yet run on a GPU): 2 STG per consumer warpgroup more (4 in all), the same registers;
+RETURN_LSE (run on an H200 under 3.9: the cluster tests' lse cases and the training step's gradients): 2 STG per
+consumer warpgroup more (4 in all), the same registers;
 with RETURN_LSE=False the SASS is the one before the lse existed, but for the kernel parameters' constant-bank
 offsets (+16 bytes).
 """

@@ -21,6 +21,7 @@ import triton
 
 from ... import hw
 from ...launcher import KernelLauncher
+from ..common.args import overlaps
 from ..common.backend import Backend
 from ..common.softmax import LOG2E
 from ..common.tma import gl_dtype, gluon_sm90_reason, tma_ok
@@ -78,21 +79,9 @@ def reason(q, k, v, out=None, lse=None):
     if lse is not None and (lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32
                             or lse.device != q.device or lse.stride(-1) != 1):
         return "lse: [B, Hq, Sq] float32 on q's device, unit stride along Sq"
-    if lse is not None and _rows_overlap(lse):
+    if lse is not None and overlaps(lse):  # (each row is written by its own cluster: shared rows would race)
         return "lse: the rows of its (batch, head) pairs overlap (an expanded or aliased buffer)"
     return ""
-
-
-def _rows_overlap(lse):
-    """Whether two (batch, head) rows of lse [B, Hq, Sq] (unit stride along Sq) may share memory: the kernel
-    writes each row from its own cluster, so overlapping rows would race. Outer dims of size 1 are ignored; the
-    others, taken by increasing stride, must each step over everything the smaller ones span."""
-    span = lse.shape[2]
-    for stride, size in sorted((lse.stride(d), lse.shape[d]) for d in (0, 1) if lse.shape[d] > 1):
-        if stride < span:
-            return True
-        span = stride * size
-    return False
 
 
 def _desc(t, block, cga_layout):

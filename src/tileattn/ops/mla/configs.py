@@ -101,17 +101,11 @@ SM90_CONFIGS = [
 ]
 MIN_ROWS = 16
 # QK_SHARD (gluon_sm90_shard.py) first at every row count (the other configs where it does not fit: page sizes
-# below 32, Dr > 64). Measured on the H100 (2026-11-24, bench mla --groups qk_shard, bf16, page 64), ms on / off:
-# Hq 128 batch 128 kv 1K-8K 0.127 / 0.133, 0.199 / 0.225, 0.349 / 0.421, 0.665 / 0.821; batch 768 1.13-1.27x; at
-# Hq 16-64 (one tile) then 0.93-1.00x, so it served only more than one 64-row tile. Since then the kernel's step
-# (Q first, the rope Q in registers) changed, and on the H200 (bench/results/h200/mla.json, 6130c0b, the same
-# group) it wins at one tile too: batch 768 Hq 16 / 32 / 64, kv 1K 0.282 / 0.317, 0.294 / 0.317, 0.323 / 0.369 ms,
-# kv 2K 0.524 / 0.614, 0.548 / 0.654, 0.584 / 0.708 (1.08-1.21x); `sweep.py mla-sched --configs 0` (2026-11-28,
-# graph ms): batch 128 kv 4K Hq 64 0.189 against the table's 0.223. With this rule, `bench mla` (052affa, H200,
-# h200/mla.json) against the previous file: seed 1.12-1.27x, batch 128 1.02-1.32x, long 0.94-1.35x; `gpu_check.sh
-# ab-mla` in the same call lost only on short split items (3-12%: batch 32 kv 1K Hq 16 Sq 4 0.041 -> 0.046 ms, batch
-# 4 kv 8K 0.064 -> 0.068, batch 1 kv 32K 0.145 -> 0.150), items under 1K tokens; the config is chosen before the
-# lengths split the items (plan._choose_kernels), so a gate on the item length is not made.
+# below 32, Dr > 64). On the H100 (2026-11-24, bench mla --groups qk_shard) it won only above one 64-row tile
+# (Hq 128: 1.05-1.27x; one tile 0.93-1.00x); the kernel's step changed since, and on the H200 it wins at one tile
+# too: `bench mla` at 052affa against 6130c0b's file (h200/mla.json): seed 1.12-1.27x, batch 128 1.02-1.32x,
+# long 0.94-1.35x. Slower only on short split items (256-token items: 3-12%, `gpu_check.sh ab-mla`); docs/design/
+# mla.md, "QK_SHARD first at every row count".
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
 
 
