@@ -58,3 +58,14 @@ def paged_caches(lens, page_size, row_shapes, dtype, device, spare_pages, table_
             for cache, shape in zip(caches, row_shapes):
                 cache[pid, :used] = randn(used, *shape, dtype=dtype, device=device)
     return caches, table.to(device)
+
+
+def plan_only_device(monkeypatch):
+    """The device of a test that builds launch plans without launching the attention kernel: the GPU where there
+    is one (plans still run small Triton kernels, e.g. fp8 V's re-layout, which take CPU tensors only under the
+    interpreter), else the CPU, with the kernels' device check seeing it as CI does (through the interpreter)."""
+    from tileattn import hw
+    if torch.cuda.is_available() and not hw.interpreter_enabled():
+        return "cuda"
+    monkeypatch.setattr(hw, "interpreter_enabled", lambda: True)
+    return "cpu"

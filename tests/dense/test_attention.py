@@ -16,7 +16,7 @@ from tileattn.ops.dense import dispatch, launch_triton, plans
 from tileattn.ops.dense.configs import AttnConfig
 from tileattn.ops.dense.reference import attention_ref, varlen_attention_ref
 
-from tests.helpers import assert_close, randn
+from tests.helpers import assert_close, plan_only_device, randn
 
 
 def _check(q, k, v, **kw):
@@ -371,11 +371,11 @@ def test_sm90_plan_builds(dtype, lpt, monkeypatch):
     from tileattn.ops.common import launch_sm90 as pipeline
     from tileattn.ops.dense import launch_sm90
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
-    monkeypatch.setattr(hw, "interpreter_enabled", lambda: True)  # CPU tensors pass the device check, as on CI
+    dev = plan_only_device(monkeypatch)
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
     monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append((self, self._values(c))))
-    q = randn(2, 1000, 64, 64, dtype=torch.float16, device="cpu")
+    q = randn(2, 1000, 64, 64, dtype=torch.float16, device=dev)
     opts = dict(causal=True)
     if dtype != torch.float16:
         (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(t, dtype=dtype) for t in (q, q.flip(1), q.flip(2)))
@@ -415,11 +415,11 @@ def test_sm90_dense_config_by_shape(monkeypatch):
     assert sm90_dense_config(128, torch.float16, 1 << 16, False) == sm90_config(128, torch.float16)
     with force_backend("dense.sm90", config=sm90_config(64, torch.float16)):
         assert sm90_dense_config(64, torch.float16, 1 << 16, False).consumers == 2
-    monkeypatch.setattr(hw, "interpreter_enabled", lambda: True)  # CPU tensors pass the device check, as on CI
+    dev = plan_only_device(monkeypatch)
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
     monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append((self.grid, self.order)))
-    q = randn(1, 4096, 2, 64, dtype=torch.float16, device="cpu")
+    q = randn(1, 4096, 2, 64, dtype=torch.float16, device=dev)
     cases = ((232448, dict(), 192), (170000, dict(), 128),  # three consumers need 181,248 bytes here, two 164,864
              (232448, dict(causal=True), 128), (232448, dict(window=(100, -1)), 128))  # masked: from 16K rows
     for smem, opts, rows in cases:
@@ -431,7 +431,7 @@ def test_sm90_dense_config_by_shape(monkeypatch):
         assert runs.pop()[0] == (2 * -(-4096 // rows),), opts  # 2 heads of 22 or 32 tiles (fewer than the SMs)
     # where three consumers do not fit, the two-consumer fallback keeps the rule of its length: no longest-first
     # order at 16K rows (8 heads of 128 tiles on 132 CTAs would have one: launch_sm90.tile_order)
-    q = randn(1, 16384, 8, 64, dtype=torch.float16, device="cpu")
+    q = randn(1, 16384, 8, 64, dtype=torch.float16, device=dev)
     for smem in (232448, 170000):
         monkeypatch.setattr(hw, "device_info", lambda device, smem=smem: hw.DeviceInfo(
             arch=90, num_sms=132, smem_per_block=smem))

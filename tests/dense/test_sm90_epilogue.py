@@ -14,7 +14,7 @@ from tileattn.ops.dense import plans
 from tileattn.ops.dense.reference import attention_ref
 
 from tests.dense.test_attention import _check
-from tests.helpers import assert_close, randn
+from tests.helpers import assert_close, plan_only_device, randn
 
 
 @pytest.mark.gpu
@@ -105,13 +105,13 @@ def test_sm90_epilogue_reaches_kernel(monkeypatch):
         with pytest.raises(ValueError, match="epilogue"):
             Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, epilogue=mode)
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
-    monkeypatch.setattr(hw, "interpreter_enabled", lambda: True)  # CPU tensors pass the device check, as on CI
+    dev = plan_only_device(monkeypatch)
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
     monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.launcher))
     for D, dtype, mode, want in ((64, torch.float16, "deferred", "deferred"), (128, torch.float16, "deferred", "tma"),
                                  (128, torch.float8_e4m3fn, "deferred", "deferred")):
-        q = randn(1, 256, 2, D, dtype=torch.float16, device="cpu")
+        q = randn(1, 256, 2, D, dtype=torch.float16, device=dev)
         opts = {}
         if dtype != torch.float16:
             q, qd = tileattn.quantize_fp8(q, dtype=dtype)
@@ -138,12 +138,12 @@ def test_sm90_epilogue_kstage_reaches_kernel(monkeypatch):
     with pytest.raises(ValueError, match="kstage"):
         dataclasses.replace(sm90_config(256, torch.float16), epilogue="kstage")
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
-    monkeypatch.setattr(hw, "interpreter_enabled", lambda: True)  # CPU tensors pass the device check, as on CI
+    dev = plan_only_device(monkeypatch)
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
     monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.launcher))
     for D, dtype in ((128, torch.float16), (64, torch.float16), (128, torch.float8_e4m3fn)):
-        q = randn(1, 256, 2, D, dtype=torch.float16, device="cpu")
+        q = randn(1, 256, 2, D, dtype=torch.float16, device=dev)
         opts = {}
         if dtype == torch.float8_e4m3fn:
             q, qd = tileattn.quantize_fp8(q, dtype=dtype)
