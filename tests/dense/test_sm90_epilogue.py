@@ -164,3 +164,16 @@ def test_sm90_epilogue_kstage_reaches_kernel(monkeypatch):
     with force_backend(config=dataclasses.replace(sm90_config(128, torch.float16), epilogue="kstage")):
         ok, why = flex_sm90.Sm90Backend().supports(p)
     assert not ok and "kstage" in why
+
+
+def test_sm90_dense_config_kstage_rule():
+    """The table takes "kstage" for 16-bit D = 128 below SM90_KSTAGE_BELOW's query rows (causal or not), and
+    nowhere else: D = 64 keeps "deferred", fp8 its own epilogue, long problems the table's entry."""
+    from tileattn.ops.common.configs import SM90_KSTAGE_BELOW, sm90_dense_config
+    below = SM90_KSTAGE_BELOW[(128, 2)]
+    for dtype in (torch.float16, torch.bfloat16):
+        for n, masked in ((1, False), (1024, True), (below - 1, False)):
+            assert sm90_dense_config(128, dtype, n, masked).epilogue == "kstage", (dtype, n)
+        assert sm90_dense_config(128, dtype, below, False) == sm90_config(128, dtype)
+        assert sm90_dense_config(64, dtype, 1024, False).epilogue == sm90_config(64, dtype).epilogue != "kstage"
+    assert sm90_dense_config(128, torch.float8_e4m3fn, 1024, False).epilogue != "kstage"
