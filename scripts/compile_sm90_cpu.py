@@ -3,7 +3,7 @@ them, before spending device time.
 
     python scripts/compile_sm90_cpu.py [--dtype fp16|bf16|e4m3|e5m2] [--d 128] [--causal] [--lse] [--softcap X]
                                        [--pingpong 0|1] [--exp2-fma 0|1|2] [--consumers 2|3]
-                                       [--epilogue tma|deferred|direct]
+                                       [--epilogue tma|deferred|kstage]
     python scripts/compile_sm90_cpu.py --large-d [--d 1024] [--dv 1024] [--causal] [--lse]
     python scripts/compile_sm90_cpu.py --mla [--dtype bf16] [--hq 64] [--sq 1] [--shard | --seesaw]
     python scripts/compile_sm90_cpu.py --bwd 64,64,4,2 [--d 128] [--causal]
@@ -403,7 +403,7 @@ def main():
                    help="dense forward: the table's Sm90Config with pingpong set to this")
     p.add_argument("--consumers", type=int, default=None, choices=(2, 3),
                    help="the dense forward's consumer warpgroups (3: 160 registers each, no pingpong)")
-    p.add_argument("--epilogue", default=None, choices=("tma", "deferred"),
+    p.add_argument("--epilogue", default=None, choices=("tma", "deferred", "kstage"),
                    help="the dense forward's Sm90Config.epilogue")
     p.add_argument("--exp2-fma", type=int, default=None, choices=(0, 1, 2, 3),
                    help="the config's exp2_fma instead of the table's (of every 4 exp2s, how many on the FMA pipe)")

@@ -310,38 +310,6 @@ def test_gpu_sm90_three_consumers(dtype, device):
     plans.clear_plans()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("D,epilogue,consumers", [(64, "deferred", 2), (64, "deferred", 3), (128, "deferred", 2)])
-def test_gpu_sm90_epilogue(D, epilogue, consumers, device, monkeypatch):
-    """Sm90Config.epilogue: "deferred" (each tile's output store waited for in the next tile; O staged in the Q
-    slot, whose release moves there too; D = 128 with two Q slots and two stages for it, as its table's single slot
-    makes the plan take "tma"): CTAs walking many tiles (1 and 7 CTAs: every slot and phase reused), ragged last
-    tiles (at Sq = 300 a three-consumer tile's last warpgroup has no row), tiles that see no key (causal, Sq > Sk
-    bottom-right), causal / window / softcap / plain, lse, GQA; outputs filled with NaN first, so a store lost at a
-    CTA's end shows."""
-    if torch.cuda.get_device_capability(device)[0] != 9:
-        pytest.skip("the Gluon kernel serves sm90 only")
-    monkeypatch.setenv("TILEATTN_DEBUG_FILL_NAN", "1")
-    cfg = dataclasses.replace(sm90_config(D, torch.float16), epilogue=epilogue)
-    if D == 128 and epilogue == "deferred":
-        cfg = dataclasses.replace(cfg, q_slots=2, stages=2)
-    if consumers == 3:
-        cfg = dataclasses.replace(cfg, consumers=3, consumer_regs=160, pingpong=False)
-    k = randn(3, 555, 2, D, dtype=torch.float16, device=device)
-    v = randn(3, 555, 2, D, dtype=torch.float16, device=device)
-    plans.clear_plans()
-    for sq in (333, 300):
-        q = randn(3, sq, 8, D, dtype=torch.float16, device=device)
-        for programs in (0, 1, 7):
-            with force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=programs)):
-                for opts in (dict(), dict(causal=True), dict(window=(100, 20)), dict(causal=True, softcap=30.0)):
-                    _check(q, k, v, **opts)
-    q = randn(1, 700, 8, D, dtype=torch.float16, device=device)  # Sq > Sk, bottom-right: early rows see no key
-    with force_backend("dense.sm90", config=dataclasses.replace(cfg, max_programs=7)):
-        _check(q, k[:1], v[:1], causal=True)
-    plans.clear_plans()
-
-
 def test_sm90_tile_order():
     """launch_sm90.tile_order (Sm90Config.lpt): where it returns an order, every tile exactly once, each CTA's tiles
     window by window of heads, and less work for the busiest CTA than the snake (tile_of) on the cost model; None
@@ -424,36 +392,6 @@ def test_sm90_plan_builds(dtype, lpt, monkeypatch):
     assert (launch.order is not None) == lpt  # 128 heads of 8 tiles on 132 CTAs: the table wins
     if lpt:
         assert values[launch_sm90.VARYING.index("order_ptr")] is launch.order
-
-
-def test_sm90_epilogue_reaches_kernel(monkeypatch):
-    """Sm90Config.epilogue reaches the kernel: "deferred" where the output has its own buffer (fp8) or two Q slots
-    hold O in turn (D = 64), "tma" instead with O staged in D = 128's single Q slot (the next Q would wait on the
-    slot the deferred wait releases); an unknown mode (and "direct", measured slower and removed) is refused."""
-    from tileattn.ops.common import launch_sm90 as pipeline
-    from tileattn.ops.common.configs import Sm90Config
-    from tileattn.ops.dense import launch_sm90
-    for mode in ("async", "direct"):
-        with pytest.raises(ValueError, match="epilogue"):
-            Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, epilogue=mode)
-    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
-    dev = plan_only_device(monkeypatch)
-    monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
-    runs = []
-    monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.launcher))
-    for D, dtype, mode, want in ((64, torch.float16, "deferred", "deferred"), (128, torch.float16, "deferred", "tma"),
-                                 (128, torch.float8_e4m3fn, "deferred", "deferred")):
-        q = randn(1, 256, 2, D, dtype=torch.float16, device=dev)
-        opts = {}
-        if dtype != torch.float16:
-            q, qd = tileattn.quantize_fp8(q, dtype=dtype)
-            opts = dict(q_descale=qd, k_descale=qd, v_descale=qd)
-        plans.clear_plans()
-        with force_backend("dense.sm90", config=dataclasses.replace(sm90_config(D, dtype), epilogue=mode)):
-            tileattn.attention(q, q, q, **opts)
-        launcher = runs.pop()
-        assert launcher._values[launcher._names.index("EPILOGUE")] == want, (D, dtype, mode)
-    plans.clear_plans()
 
 
 def test_sm90_dense_config_by_shape(monkeypatch):

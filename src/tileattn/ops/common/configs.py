@@ -62,13 +62,18 @@ class Sm90Config:
     lpt: bool = False
     # how each tile's O leaves (dense only; gluon_attn_sm90._consume_tile): "tma" (staged in shared memory, TMA-stored,
     # the store waited for before the next tile), "deferred" (that wait in the next tile, where the buffer is needed
-    # again; with O staged in the Q slot (16-bit) it needs q_slots >= 2, else the dense plan takes "tma"). A third
+    # again; with O staged in the Q slot (16-bit) it needs q_slots >= 2, else the dense plan takes "tma"), "kstage"
+    # (16-bit: O staged in the K buffer of the tile's last K/V stage, so the Q slot is handed back once the tile's
+    # last q.k is done and the next Q loads under the epilogue; needs consumers * block_m <= block_n). A fourth
     # form, plain stores from registers ("direct"), lost on every row measured and was removed (dense.md lever 2)
     epilogue: str = "tma"
 
     def __post_init__(self):
-        if self.epilogue not in ("tma", "deferred"):
-            raise ValueError(f"Sm90Config.epilogue = {self.epilogue!r}: 'tma' or 'deferred'")
+        if self.epilogue not in ("tma", "deferred", "kstage"):
+            raise ValueError(f"Sm90Config.epilogue = {self.epilogue!r}: 'tma', 'deferred' or 'kstage'")
+        if self.epilogue == "kstage" and self.consumers * self.block_m > self.block_n:
+            raise ValueError(f"Sm90Config.epilogue = 'kstage' stages the tile's {self.consumers} x {self.block_m} "
+                             f"output rows in one {self.block_n}-key K buffer: needs consumers * block_m <= block_n")
         if self.consumers not in (2, 3):
             raise ValueError(f"Sm90Config.consumers = {self.consumers}: the pipeline takes 2 or 3")
         if self.consumers == 3 and (self.consumer_regs > 160 or self.pingpong):
@@ -157,6 +162,16 @@ def sm90_config(d: int, dtype) -> Sm90Config:
 # (e4m3's), a window without a causal bound (the causal column). To re-measure now that the table holds them:
 # `--variants "consumers=2,consumer_regs=240"` (fp8 D=64: ",pingpong=1" added).
 SM90_THREE_FROM = {(64, 2): (2048, 16384), (64, 1): (2048, 8192)}
+# The "kstage" epilogue (O staged in the K buffer of the tile's last stage, so D = 128's single Q slot frees after
+# the last q.k and the next tile's Q loads under the last p.v and the epilogue) for problems below this many query
+# rows; (d, bytes per input element) -> N. On the H200 (2026-11-28, `scripts/sweep.py fwd --dims 128 --seqlens
+# 1024,...,16384 --causal 0,1 --variants "epilogue=kstage;epilogue=kstage"`, B=4 H=32, outputs checked; two fp16
+# runs, one bf16; dense.md lever 2), table -> kstage, TFLOPS: fp16 non-causal 1K/2K/4K/8K/16K 513-518/558-565/
+# 590-597/561/627 -> 528-537/572-574/590-602/597-607/511-608, causal 348-351/451-454/468-521/548/596 -> 365-369/
+# 471-479/518-541/565/588; bf16 non-causal 1K/2K/4K/8K 531/587/618/643 -> 553/597/621/614, causal 354/466/539/585
+# -> 373/496/558/553. +2..+6% at 1K-2K, +0..+4% at 4K; 8K mixed (fp16 +3..+6%, bf16 -5%), 16K -1% (one CTA per
+# tile there): below 8K. D = 64 (two Q slots, "deferred") measured -0..-2% with it: not taken. fp8 refuses it.
+SM90_KSTAGE_BELOW = {(128, 2): 8192}
 # The longest-first order (lpt) for problems below this many query rows. At N = 16K causal, D = 64 (2026-11-28, the
 # H200, `sweep.py fwd --variants "lpt=0;lpt=1;lpt=0"`, three consumers) it lost: fp16 406-423 vs 454-459 TFLOPS,
 # e4m3 553 vs 580-581; at 8K it won (e4m3, three consumers: 544-549 vs 515). Its head windows put many heads' K/V
@@ -166,8 +181,9 @@ SM90_LPT_BELOW = 16384
 
 def sm90_dense_config(d: int, dtype, seqlen_q: int, masked: bool, budget: int = None, out_bytes: int = None
                       ) -> Sm90Config:
-    """The dense forward's config for one problem (masked: a causal or window bound): sm90_config's entry, with
-    three consumer warpgroups from SM90_THREE_FROM's query lengths on where their shared memory fits `budget`
+    """The dense forward's config for one problem (masked: a causal or window bound): sm90_config's entry, with the
+    "kstage" epilogue below SM90_KSTAGE_BELOW's query lengths, three consumer warpgroups from SM90_THREE_FROM's query
+    lengths on where their shared memory fits `budget`
     (bytes; None: no limit; out_bytes: the output's element size, as sm90_smem_bytes) and the longest-first order
     off from SM90_LPT_BELOW's; a forced config as it is."""
     forced = forced_config(Sm90Config)
@@ -176,6 +192,8 @@ def sm90_dense_config(d: int, dtype, seqlen_q: int, masked: bool, budget: int = 
     cfg = sm90_config(d, dtype)
     if cfg.lpt and seqlen_q >= SM90_LPT_BELOW:
         cfg = replace(cfg, lpt=False)
+    if cfg.consumers == 2 and seqlen_q < SM90_KSTAGE_BELOW.get((d, dtype.itemsize), 0):
+        cfg = replace(cfg, epilogue="kstage")
     start = SM90_THREE_FROM.get((d, dtype.itemsize), (0, 0))[int(bool(masked))]
     if start and seqlen_q >= start:
         three = replace(cfg, consumers=3, consumer_regs=min(cfg.consumer_regs, 160), pingpong=False)

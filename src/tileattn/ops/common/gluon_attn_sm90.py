@@ -14,7 +14,25 @@ partitions keep their barrier phases running across tiles:
     by wgmma from shared memory, the online softmax in registers, O += P V with P from registers. They read the
     same K/V buffers; a buffer is handed back to the loader when every consumer has arrived on its `empty`
     barrier. O is staged for its TMA store in the tile's own Q slot, which is handed back (`q_empty`) once the
-    store has read it.
+    store has read it (Sm90Config.epilogue "tma"; "deferred" waits for the store in the next tile).
+Epilogue "kstage" (16-bit, a tile's O rows within one K tile): O is staged in the K buffer of the stage L that holds
+the tile's last key block instead, so the single Q slot of D = 128 is free before the epilogue. Per tile, each
+consumer warpgroup, in this order:
+  1. every q.k of the tile waited on (the last in the last steady step, or block 0's when it is the only one): it
+     arrives on `q_empty` of its slot, before issuing the last p.v. When every warpgroup has, the loader may load
+     the next tile's Q into the slot (its first STAGES - 1 K/V blocks went first: their stages were freed in the
+     loop; the block that reuses L goes after Q);
+  2. the last p.v (V of L) waited on: L's `kv_empty` is NOT arrived on (the other stages were, in the loop);
+  3. it waits for `q_empty`'s phase of this tile: every warpgroup is past its last q.k, so no one reads K of L,
+     and the loader, which waits the ring in order, cannot refill L before step 5;
+  4. it writes its BLOCK_M rows of O into its own 16 KB of K of L (the K ring seen as O tiles: one 128-byte swizzle;
+     at D = 128 a K tile is two column slabs of 64, so warpgroup w's O lands in slab w),
+     fences (generic -> async proxy) and issues the TMA store (the lse goes out by plain stores meanwhile);
+  5. it waits for the store to have read the buffer and arrives on L's `kv_empty`.
+A tile without key blocks (a window or Sq > Sk bottom-right) has the loader bring one block all the same, not
+computed: its warpgroups arrive on `q_empty` and wait for that block's K and V to land instead of step 1-2, then
+go on from step 3 (one store site, so the key loops compile as with "tma"). With PINGPONG the turns are
+untouched: step 3 waits only for the other warpgroup's step 1, which needs no turn of this one's after its last p.v.
 The consumers are independent warpgroups, so the softmax of one overlaps the wgmma of the other, and the loader
 runs STAGES tiles ahead. PINGPONG (Sm90Config.pingpong) makes that order strict, as FlashAttention-3's warp
 scheduler barrier does: the consumers issue their wgmmas in turns (`turns` barriers, the consumer's _turn_wait /
@@ -116,7 +134,7 @@ def attn_fwd_pipeline(
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED, EPILOGUE)),
             (loader, (l_args, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
-                      ORDERED)),
+                      ORDERED, EPILOGUE)),
         ], [4, 1], [CONSUMER_REGS, 24])
     else:  # the first partition, two more consumer warpgroups, the loader
         gl.warp_specialize([
@@ -130,5 +148,5 @@ def attn_fwd_pipeline(
                          REVERSE_M, HAS_DESCALE, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, SEPARATE_O, FLEX, SCORE_MOD,
                          MASK_MOD, PINGPONG, ORDERED, EPILOGUE)),
             (loader, (l_args, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, V_SEQ_MAJOR, FLEX,
-                      ORDERED)),
+                      ORDERED, EPILOGUE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])

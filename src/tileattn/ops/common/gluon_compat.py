@@ -11,6 +11,9 @@
     tma_wait_writes wait until this thread's TMA stores and reduce-adds are written to global memory, not only
                     read from shared memory (3.9: tma.store_wait(0, read_only=False); 3.6's store_wait has
                     only the read wait, so the PTX wait is inline here)
+    smem_reinterpret
+                    a shared-memory descriptor seen with another dtype, shape and layout
+                    (3.6: desc._reinterpret; 3.9: desc.reinterpret, the old name gone); a builtin here
     RS_OPERAND_COPIES
                     True where the lowering of a wgmma whose A operand is in registers copies each A register
                     (a mov) before the wgmma (3.9, upstream triton #9514 / #9530 for a register hazard of
@@ -24,7 +27,7 @@ Everything else the kernels use is spelled the same in both. Import only where G
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language._core import _unwrap_if_constexpr, builtin
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
 if hasattr(tma, "async_load"):  # 3.9
@@ -51,4 +54,12 @@ else:  # 3.6
         gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
 thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+
+@builtin
+def smem_reinterpret(desc, dtype, shape, layout, _semantic=None):
+    """desc (a shared-memory descriptor) seen as `shape` elements of `dtype` in `layout`: the same semantic call
+    both releases' methods make."""
+    shape = [_unwrap_if_constexpr(s) for s in _unwrap_if_constexpr(shape)]
+    return _semantic.memdesc_reinterpret(desc, _unwrap_if_constexpr(dtype), shape, _unwrap_if_constexpr(layout))
 RS_OPERAND_COPIES = hasattr(tma, "async_load")  # (3.9: see above)

@@ -15,7 +15,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import masking, softmax
-from .gluon_compat import tma_store
+from .gluon_compat import smem_reinterpret, tma_store
 from .gluon_sm90_loader import block_start, rounds, tile_blocks, tile_of
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -221,11 +221,13 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
                        HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                        o_layout: gl.constexpr,
                        P_SHIFT: gl.constexpr, EXP2_FMA: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr,
-                       SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
+                       SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, q_free, KSTAGE: gl.constexpr):
     """All the CTA's key blocks, software-pipelined (FlashAttention-3's intra-warpgroup overlap): block 0's
     scores, then masked / unmasked / masked steady-state ranges, then the p.v of the last block. Flex: the
     masked range is the block mask's partial list (b_full_lo = n_part; FLEX_TAIL: and a ragged full block first),
-    the unmasked one its full list."""
+    the unmasked one its full list. KSTAGE (epilogue "kstage"), with blocks: the Q slot's `empty` barrier q_free
+    is arrived on once every q.k is waited on (before the last p.v), and the last block's stage is not handed
+    back here (its K buffer stages O: _consume_tile hands it back after the store)."""
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     D: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
@@ -271,6 +273,8 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         caps_m, turns, t, WG, PINGPONG, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, STAGES, s_layout, o_layout,
         p_layout, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, FLEX, SCORE_MOD, MASK_MOD)
     if n_blocks > 0:
+        if KSTAGE:  # this warpgroup reads Q no more: the loader may load the next tile's
+            mbarrier.arrive(q_free)
         sp = (kv + n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sp), ((kv + n_blocks - 1) // STAGES) & 1)
         p_op = _p_from_carry(p_carry, dtype, p_layout, V_SEQ_MAJOR)
@@ -278,7 +282,8 @@ def _consume_pipelined(acc, m_i, l_i, kv, n_lo, n_blocks, b_full_lo, b_full_hi, 
         acc = warpgroup_mma(p_op, _v_operand(v_bufs, sp, V_SEQ_MAJOR), acc, is_async=True)
         t = _turn_pass(turns, t, WG, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index(sp))
+        if not KSTAGE:
+            mbarrier.arrive(kv_empty.index(sp))
     return acc, m_i, l_i, t
 
 
@@ -345,7 +350,9 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
       stored by TMA, and the store waited for before the tile ends;
     - "deferred": the same, with the wait moved to the next tile, where the buffer is needed again: before staging
       the next O (SEPARATE_O), or once the next tile's Q has landed (the Q slot goes back to the loader then; needs
-      Q_SLOTS >= 2, else the next Q would wait for the slot this wait releases).
+      Q_SLOTS >= 2, else the next Q would wait for the slot this wait releases);
+    - "kstage": staged in the K buffer of the stage of the tile's last block, the Q slot handed back before the last
+      p.v and that stage after the store (gluon_attn_sm90.py gives the order of the barriers).
     Returns the three counts advanced."""
     D: gl.constexpr = q_bufs.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
@@ -402,23 +409,53 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
                                           (i_b, i_h, flex_scale), caps_s, caps_m, turns, t, WG, PINGPONG,
                                           HAS_LEFT, HAS_RIGHT,
                                        HAS_SOFTCAP, STAGES, s_layout, o_layout, P_SHIFT, EXP2_FMA, V_SEQ_MAJOR, FLEX,
-                                       SCORE_MOD, MASK_MOD)
+                                       SCORE_MOD, MASK_MOD, q_empty.index(slot), EPILOGUE == "kstage")
 
     # rows that saw no key: l = 0, acc = 0 -> out 0, lse -inf
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
-    if SEPARATE_O:
-        mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
-        out = acc * gl.convert_layout(out_scale / l_safe, o_row)[:, None]
-        o_buf = o_bufs.index(WG)
-    else:
+    n_ring = n_blocks  # K/V blocks this tile takes from the ring
+    if EPILOGUE == "kstage":
+        gl.static_assert(not SEPARATE_O, "epilogue 'kstage' stages O in a K buffer of the input dtype")
+        gl.static_assert(NUM_CONSUMERS * BLOCK_M <= BLOCK_N, "epilogue 'kstage': the tile's O rows fit one K buffer")
+        # O is staged in the K buffer of the last block's stage. A tile without keys (a window, Sq > Sk
+        # bottom-right: out 0, lse -inf) has the loader bring one block all the same (_load_tile), only for that
+        # stage: it is not computed (so the key loops are those of "tma"), but its loads are waited for before
+        # the stage is written or handed back, and the Q slot is handed back here instead of before a last p.v
+        if n_blocks == 0:
+            mbarrier.arrive(q_empty.index(slot))
+            mbarrier.wait(k_ready.index(kv % STAGES), (kv // STAGES) & 1)
+            mbarrier.wait(v_ready.index(kv % STAGES), (kv // STAGES) & 1)
+        n_ring = gl.maximum(n_blocks, 1)
+        last = (kv + n_ring - 1) % STAGES
         out = acc / gl.convert_layout(l_safe, o_row)[:, None]
-        o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
-    if EPILOGUE == "deferred" and SEPARATE_O:
-        tma.store_wait(pendings=0)  # the previous tile's store has read this O buffer
-    o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
-    fence_async_shared()
-    tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
+        # q_empty's phase of this tile completes when every warpgroup has waited on its last q.k
+        # (_consume_pipelined): no one reads the last stage's K any more, and the loader cannot refill it before
+        # this warpgroup hands it back below
+        mbarrier.wait(q_empty.index(slot), (j // Q_SLOTS) & 1)
+        # the K ring seen as O tiles: [BLOCK_N, D] and [BLOCK_M, D] tiles of one dtype share the 128-byte swizzle,
+        # so stage s holds BLOCK_N // BLOCK_M O tiles, disjoint (at D = 128, K's two 64-column slabs); BLOCK_N is a
+        # multiple of BLOCK_M (both powers of two, BLOCK_M <= BLOCK_N: Sm90Config)
+        PER: gl.constexpr = BLOCK_N // BLOCK_M
+        o_view = smem_reinterpret(k_bufs, o_desc.dtype, [k_bufs.shape[0] * PER] + o_desc.block_type.shape,
+                                  o_desc.layout)
+        o_buf = o_view.index(last * PER + WG)
+        o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
+        fence_async_shared()
+        tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
+    else:
+        if SEPARATE_O:
+            mbarrier.arrive(q_empty.index(slot))  # the Q tile's last wgmma was waited on: the loader may refill it
+            out = acc * gl.convert_layout(out_scale / l_safe, o_row)[:, None]
+            o_buf = o_bufs.index(WG)
+        else:
+            out = acc / gl.convert_layout(l_safe, o_row)[:, None]
+            o_buf = q_bufs.index(slot * NUM_CONSUMERS + WG)  # the Q tile is no longer read: stage O there
+        if EPILOGUE == "deferred" and SEPARATE_O:
+            tma.store_wait(pendings=0)  # the previous tile's store has read this O buffer
+        o_buf.reshape([BLOCK_M, DV]).store(out.to(o_desc.dtype))
+        fence_async_shared()
+        tma_store(o_desc, [i_b, m0, i_h, 0], o_buf)
     if RETURN_LSE:
         lse = gl.where(seen, (m_i * sm_scale + gl.log2(l_safe) - P_SHIFT) * LN2, float("-inf"))
         gl.store(lse_ptr + i_b.to(gl.int64) * stride_lb + i_h.to(gl.int64) * stride_lh + o_m, lse,
@@ -427,4 +464,7 @@ def _consume_tile(o_desc, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_re
         tma.store_wait(pendings=0)  # the store has read the buffer: it may be written again
         if not SEPARATE_O:
             mbarrier.arrive(q_empty.index(slot))
-    return j + 1, kv + n_blocks, t
+    elif EPILOGUE == "kstage":
+        tma.store_wait(pendings=0)
+        mbarrier.arrive(kv_empty.index(last))  # the last stage goes back to the loader (the Q slot went before)
+    return j + 1, kv + n_ring, t

@@ -127,8 +127,9 @@ def block_start(it, n_lo, lst, base, tail, BLOCK_N: gl.constexpr, FLEX: gl.const
 @gluon.jit
 def loader(args, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, V_SEQ_MAJOR: gl.constexpr,
-           FLEX: gl.constexpr, ORDERED: gl.constexpr):
-    """The forward pipeline's loader partition; args: its run-time arguments (attn_fwd_pipeline's l_args)."""
+           FLEX: gl.constexpr, ORDERED: gl.constexpr, EPILOGUE: gl.constexpr):
+    """The forward pipeline's loader partition; args: its run-time arguments (attn_fwd_pipeline's l_args);
+    EPILOGUE: the consumers' (it sets the order of a tile's first loads, _load_tile)."""
     (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, num_tiles, num_m,
      num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx, order) = args
     kv = 0  # K/V tiles loaded so far by this CTA: ring slot and phase
@@ -139,27 +140,36 @@ def loader(args, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.
             j, kv = _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag,
                                left, right, fx, BLOCK_M, STAGES, NUM_CONSUMERS, HAS_LEFT, HAS_RIGHT, V_SEQ_MAJOR,
-                               FLEX)
+                               FLEX, EPILOGUE)
 
 
 @gluon.jit
 def _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                j, kv, i_m, i_bh, num_heads, group_size, seqlen_q, seqlen_k, off_diag, left, right, fx,
                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr):
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, V_SEQ_MAJOR: gl.constexpr, FLEX: gl.constexpr,
+               EPILOGUE: gl.constexpr):
     """The loads of one tile: Q into slot j % Q_SLOTS and its K/V blocks into the ring from position kv.
 
     With two Q slots Q goes first (its slot was freed a tile ago). With one, the slot frees only when the
     previous tile's O is stored: the first STAGES K/V blocks go before it (their buffers are freed by the
-    previous tile's consumers, which need nothing more from the loader), so the ring is full when Q lands."""
+    previous tile's consumers, which need nothing more from the loader), so the ring is full when Q lands.
+    EPILOGUE "kstage" with one slot: the previous tile hands its stages back in ring order, but the last one
+    only after its O (staged in that stage's K buffer) is stored, and the Q slot between the two (after its last
+    q.k, before its last p.v): the first STAGES - 1 blocks go before Q, the next (into that last stage) after it.
+    The ring order itself never changes: the loader waits each position's `empty` in turn."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     i_b = i_bh // num_heads
     i_h = i_bh % num_heads
     i_hk = i_h // group_size
     m0, n_lo, n_blocks, n_part, tail = tile_blocks(fx, i_b, i_h, i_m, seqlen_q, seqlen_k, off_diag, left, right,
                                                     NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, FLEX, 1)
+    if EPILOGUE == "kstage":  # a tile without keys takes one block all the same: its O is staged in that stage
+        n_blocks = gl.maximum(n_blocks, 1)  # (gluon_sm90_consumer._consume_tile)
     Q_SLOTS: gl.constexpr = q_ready.shape[0]
-    if Q_SLOTS == 1:
+    if Q_SLOTS == 1 and EPILOGUE == "kstage":
+        first = gl.minimum(n_blocks, STAGES - 1)
+    elif Q_SLOTS == 1:
         first = gl.minimum(n_blocks, STAGES)
     else:
         first = 0

@@ -31,7 +31,7 @@ def attn_fwd_sm90_kernel(
     lse [B, Hq, Sq] float32 (natural log) when RETURN_LSE. fp8: descales [B, Hkv] (strides 0 broadcast one
     value) with HAS_DESCALE; out = (P V / l) * out_scale (* v descale) staged in SEPARATE_O buffers. ORDERED: the
     persistent grid walks the int32 tile table order_ptr [order_rounds, programs] (launch_sm90.tile_order), else
-    the snake order (order_ptr / order_rounds unread). EPILOGUE ("tma", "deferred"): how O leaves
+    the snake order (order_ptr / order_rounds unread). EPILOGUE ("tma", "deferred", "kstage"): how O leaves
     (gluon_attn_sm90._consume_tile).
     """
     # no block mask: placeholders the dense path never reads

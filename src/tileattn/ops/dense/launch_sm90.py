@@ -27,7 +27,11 @@ def _pack_v(v):
 
 def _epilogue(cfg, separate_o):
     """The kernel's EPILOGUE: cfg.epilogue, but "tma" for a deferred store of O staged in a single Q slot (the next
-    tile's Q would wait for the slot the deferred wait releases)."""
+    tile's Q would wait for the slot the deferred wait releases). "kstage" stages O in a K buffer, which holds the
+    input dtype: an output of another dtype (fp8 inputs) is refused."""
+    if cfg.epilogue == "kstage" and separate_o:
+        raise ValueError("Sm90Config.epilogue = 'kstage' stages O in a K/V stage's K buffer of the input dtype: "
+                         "16-bit inputs only (fp8's output has its own buffers; use 'tma' or 'deferred')")
     if cfg.epilogue == "deferred" and not separate_o and cfg.q_slots < 2:
         return "tma"
     return cfg.epilogue

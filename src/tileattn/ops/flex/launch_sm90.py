@@ -97,6 +97,8 @@ class Sm90Backend(Backend):
         cfg = sm90_config(p.head_dim, p.dtype)
         if cfg.consumers != 2 or 2 * cfg.block_m != BLOCK or cfg.block_n != BLOCK:  # (the kernel has two consumers)
             return False, f"its config {cfg} does not tile {BLOCK} x {BLOCK} mask blocks"
+        if cfg.epilogue == "kstage":
+            return False, "Sm90Config.epilogue = 'kstage' is the dense kernel's only (the flex kernel's is 'tma')"
         if not p.tma:
             return False, "query, key or value is not aligned for tensor descriptors (16-byte base and strides)"
         return True, ""
