@@ -7,7 +7,7 @@
 #   (two GPUs: name it twice, each lane then runs two groups; TILEATTN_TRITON=3.9 in the environment runs it under 3.9)
 cd "$(dirname "$0")/../.." || exit 2
 groups=(
-  "tests/dense/test_large_d.py tests/dense/test_sm90_compile.py tests/dense/test_cluster_sm90.py"
+  "tests/dense/test_large_d.py tests/dense/test_sm90_compile.py tests/dense/test_cluster_sm90.py tests/dense/test_sm90_epilogue.py"
   "tests/dense/test_attention.py tests/dense/test_fp8.py tests/dense/test_api.py tests/dense/test_launcher.py"
   "tests/dense/test_backward.py tests/dense/test_backward_split.py tests/flex"
   "tests/mla tests/decode tests/test_dispatch.py tests/test_cli.py tests/test_readme.py tests/integrations
