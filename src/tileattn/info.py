@@ -38,7 +38,8 @@ def _flex_examples(device):
 
 def _mla_examples(device):
     return [(f"Hq={hq} q_len=1 page 64 {str(dt).split('.')[-1]} cache",
-             types.SimpleNamespace(device=device, rows=hq, dc=512, dr=64, page_size=64, cache_dtype=dt))
+             types.SimpleNamespace(device=device, rows=hq, dc=512, dr=64, page_size=64, cache_dtype=dt,
+                                   first_chunk=None))
             for hq in (16, 128) for dt in (torch.bfloat16, torch.float8_e4m3fn)]
 
 

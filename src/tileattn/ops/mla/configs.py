@@ -119,24 +119,25 @@ SM90_CONFIGS = [
     MLASm90Config(block_n=64, stages=2),
 ]
 MIN_ROWS = 16
-# The 16-bit order: the seesaw pair schedule (gluon_sm90_pair.py) first, then QK_SHARD (gluon_sm90_shard.py), then
-# the plain kernel (where neither fits: pages not of whole 64-token blocks, Dr > 64).
+# The 16-bit order: the seesaw pair schedule (gluon_sm90_pair.py) first, then QK_SHARD (gluon_sm90_shard.py: pages of
+# 32-token steps but not of whole 64-token blocks), then the plain kernel (Dr > 64, smaller shared-memory budgets).
 # Pair against QK_SHARD on the H200 (2026-11-28, `scripts/sweep.py mla-sched --configs 10,7,0` and the pair-first
 # table against `--configs 0,3`, page 64, bf16, graph ms, two runs with the order reversed; `bench mla` with it
 # first: docs/design/mla.md, "Pair schedule"): Hq 128 batch 128 kv 1K / 8K 0.105 / 0.115, 0.567 / 0.667, batch 768
 # kv 1K / 2K 0.501 / 0.590, 0.934 / 1.081; Hq 64 batch 768 kv 1K 0.319 / 0.338, batch 128 kv 4K 0.179 / 0.196,
 # batch 16 kv 32K Sq 2 0.286 / 0.334; Hq 16-32 batch 768 kv 2K 0.484-0.505 / 0.569-0.586, batch 128 kv 8K Hq 16
-# 0.311 / 0.356 (1.06-1.18x). Even at batch 128 kv 1K Hq 16 (0.067 / 0.068; the plain kernel 0.065).
+# 0.311 / 0.356 (1.06-1.18x). At batch 128 kv 1K Hq 16 (unsplit 1K items) 0.067 / 0.068, the plain kernel 0.065:
+# within the run's spread, but to re-measure before moving PLAIN_BELOW_CHUNK.
 # QK_SHARD itself beat the plain kernel at every row count on the H200 (`bench mla` at 052affa: seed 1.12-1.27x,
 # batch 128 1.02-1.32x, long 0.94-1.35x), where on the H100 (2026-11-24) it won only above one 64-row tile.
 # Both lose on short split items, one row tile whose items are 256 tokens: graph ms pair / QK_SHARD / plain, batch
 # 32 kv 1K Hq 16 Sq 4 0.047 / 0.046 / 0.041, batch 4 kv 8K 0.072 / 0.069 / 0.064, batch 1 kv 32K 0.152 / 0.150 /
 # 0.144 (QK_SHARD against plain in the bench's long group: items of 64-256 tokens 0.94-0.99x, 512 0.99x, 1024
-# 1.00-1.02x). So one row tile whose items are shorter than SHARD_MIN_CHUNK tokens (at the plan's first lengths)
+# 1.00-1.02x). So one row tile whose items are shorter than PLAIN_BELOW_CHUNK tokens (at the plan's first lengths)
 # takes the plain kernel first.
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
 SM90_PAIR = MLASm90Config(block_n=64, stages=2, seesaw=True, seesaw_order=3)
-SHARD_MIN_CHUNK = 512
+PLAIN_BELOW_CHUNK = 512
 # the seesaw kernel's earlier turn orders, for forcing (tests, scripts/sweep.py mla-sched); 231,424 bytes of shared
 # memory at Dc = 512 (231,936 with seesaw_order 3)
 SM90_SEESAW = MLASm90Config(block_n=64, stages=2, seesaw=True)
@@ -188,13 +189,13 @@ def widen_rows(d):
 def sm90_configs(fp8=False, rows=BLOCK_M + 1, chunk=None):
     """The Gluon kernels' configs for 16-bit (or fp8) caches, best first (the forced one alone): for 16-bit caches
     the pair schedule, then QK_SHARD, except for plans of one row tile (`rows` <= BLOCK_M) whose work items are
-    shorter than SHARD_MIN_CHUNK tokens (`chunk`: the plan's item length at its first lengths; None: unknown), which
+    shorter than PLAIN_BELOW_CHUNK tokens (`chunk`: the plan's item length at its first lengths; None: unknown), which
     take the plain kernel first."""
     forced = forced_config(MLASm90Config)
     if forced is not None:
         return [forced]
     if fp8:
         return SM90_FP8_CONFIGS
-    if rows <= BLOCK_M and chunk is not None and chunk < SHARD_MIN_CHUNK:
+    if rows <= BLOCK_M and chunk is not None and chunk < PLAIN_BELOW_CHUNK:
         return SM90_CONFIGS + [SM90_PAIR, SM90_SHARD]
     return [SM90_PAIR, SM90_SHARD] + SM90_CONFIGS

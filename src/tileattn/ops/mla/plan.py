@@ -22,7 +22,7 @@ from ..common.backend import force_backend
 from ..common.paging import check_seqlens, choose_chunk
 from . import dispatch
 from .checks import check_kv_scale, check_plan_args, check_run_args
-from .configs import BLOCK_M, SM90_SHARD, MLAConfig, MLASm90Config
+from .configs import BLOCK_M, SM90_PAIR, MLAConfig, MLASm90Config
 from .kernels import mla_combine_kernel
 from .launch_sm90 import tensors_ok
 
@@ -89,9 +89,11 @@ class MLADecodePlan:
         plan.update(new_cache_seqlens)                                       # same buffers, new schedule
 
     cache_seqlens: int32 [B] on the GPU (tokens in each sequence's cache, the q_len new ones included); read
-    once here (a device sync; on Hopper they also pick the kernel, which `update` keeps). num_heads (1..128),
-    q_len (>= 1), head_dim_ckv (Dc) and head_dim_kpe (Dr), powers of two >= 16; page_size: a power of two
-    1..128; dtype: float16 or bfloat16 (q and the output);
+    once here (a device sync). On Hopper they also pick the kernel, which `update` keeps: one row tile (q_len *
+    num_heads <= 64) whose split items are short (configs.PLAIN_BELOW_CHUNK) takes the plain kernel, so build the
+    plan at lengths like those it will run (all-zero placeholder lengths count as unknown: the long-item kernel).
+    num_heads (1..128), q_len (>= 1), head_dim_ckv (Dc) and head_dim_kpe (Dr), powers of two >= 16; page_size: a
+    power of two 1..128; dtype: float16 or bfloat16 (q and the output);
     cache_dtype: the caches' dtype, `dtype` (the default) or float8_e4m3fn (with run's kv_scale); causal: query t sees
     cache positions < seqlen - q_len + t + 1 (else all seqlen); scale defaults to (Dc + Dr) ** -0.5.
     max_pages_per_seq: the block table's width, checked against the lengths when given.
@@ -124,7 +126,8 @@ class MLADecodePlan:
         self.scale = (head_dim_ckv + head_dim_kpe) ** -0.5 if scale is None else float(scale)
         self.max_pages_per_seq = max_pages_per_seq
         self.rows = q_len * num_heads
-        self.first_chunk = self._first_chunk(cache_seqlens)
+        lens = cache_seqlens.to("cpu", torch.int64)  # (the one device sync: update's work is done from these)
+        self.first_chunk = self._first_chunk(lens)
         if config is None:
             self._choose_kernels()
         else:
@@ -157,16 +160,19 @@ class MLADecodePlan:
         # TMA, and the launchers made for a key (backend name or "combine" -> launcher.KernelLauncher)
         self._checked = self._launch_key = self._tma_ok = None
         self.launchers = {}
-        self.update(cache_seqlens)
+        self._update(cache_seqlens, lens)
 
-    def _first_chunk(self, cache_seqlens):
-        """The Gluon kernel's item length (tokens) at the lengths the plan is built with, as update() would cut
-        them (32-token steps, one item per SM and row tile): what chooses its config (configs.sm90_configs; later
-        lengths keep it)."""
-        step = SM90_SHARD.block_n
+    def _first_chunk(self, lens):
+        """The Gluon kernel's item length (tokens) at the lengths the plan is built with (lens, int64 on the CPU),
+        as update() would cut them for the pair schedule (64-token steps, one item per SM and row tile): what
+        chooses its config (configs.sm90_configs; later lengths keep it). None when every length is 0 (placeholders:
+        unknown)."""
+        lens = [max(0, n) for n in lens.tolist()]
+        if not any(lens):
+            return None
         row_tiles = -(-self.rows // BLOCK_M)
         target = max(1, -(-_WAVES * hw.device_info(self.device).num_sms // row_tiles))
-        return choose_chunk([max(0, n) for n in cache_seqlens.to("cpu", torch.int64).tolist()], step, target)
+        return choose_chunk(lens, SM90_PAIR.block_n, target)
 
     def _choose_kernels(self):
         """The backend (dispatch.py) and the configs: the Gluon kernel's tiles are 64 rows, the portable
@@ -181,7 +187,10 @@ class MLADecodePlan:
     def update(self, cache_seqlens: torch.Tensor) -> MLADecodePlan:
         """Re-plan for new lengths of the same batch (a device sync), into the plan's buffers."""
         check_seqlens(cache_seqlens, self.batch, self.device)
-        lens = cache_seqlens.to("cpu", torch.int64)
+        return self._update(cache_seqlens, cache_seqlens.to("cpu", torch.int64))
+
+    def _update(self, cache_seqlens, lens):
+        """update() with the lengths already read to the CPU (lens, int64)."""
         if lens.numel() and int(lens.min()) < 0:
             raise ValueError("cache_seqlens: lengths must be >= 0")
         self.max_len = int(lens.max()) if lens.numel() else 0
