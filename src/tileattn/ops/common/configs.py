@@ -192,13 +192,13 @@ def sm90_dense_config(d: int, dtype, seqlen_q: int, masked: bool, budget: int = 
     cfg = sm90_config(d, dtype)
     if cfg.lpt and seqlen_q >= SM90_LPT_BELOW:
         cfg = replace(cfg, lpt=False)
-    if cfg.consumers == 2 and seqlen_q < SM90_KSTAGE_BELOW.get((d, dtype.itemsize), 0):
-        cfg = replace(cfg, epilogue="kstage")
     start = SM90_THREE_FROM.get((d, dtype.itemsize), (0, 0))[int(bool(masked))]
     if start and seqlen_q >= start:
         three = replace(cfg, consumers=3, consumer_regs=min(cfg.consumer_regs, 160), pingpong=False)
         if budget is None or sm90_smem_bytes(three, d, d, dtype.itemsize, out_bytes) <= budget:
             cfg = three
+    if cfg.consumers == 2 and seqlen_q < SM90_KSTAGE_BELOW.get((d, dtype.itemsize), 0):
+        cfg = replace(cfg, epilogue="kstage")  # (after the consumers: three have no K buffer for their O)
     return cfg
 
 

@@ -62,4 +62,6 @@ def smem_reinterpret(desc, dtype, shape, layout, _semantic=None):
     both releases' methods make."""
     shape = [_unwrap_if_constexpr(s) for s in _unwrap_if_constexpr(shape)]
     return _semantic.memdesc_reinterpret(desc, _unwrap_if_constexpr(dtype), shape, _unwrap_if_constexpr(layout))
+
+
 RS_OPERAND_COPIES = hasattr(tma, "async_load")  # (3.9: see above)
