@@ -177,3 +177,25 @@ def test_sm90_dense_config_kstage_rule():
         assert sm90_dense_config(128, dtype, below, False) == sm90_config(128, dtype)
         assert sm90_dense_config(64, dtype, 1024, False).epilogue == sm90_config(64, dtype).epilogue != "kstage"
     assert sm90_dense_config(128, torch.float8_e4m3fn, 1024, False).epilogue != "kstage"
+
+
+def test_sm90_table_epilogue_reaches_kernel(monkeypatch):
+    """Unforced, the table's epilogue reaches the D = 128 16-bit kernel by query length: "kstage" below
+    SM90_KSTAGE_BELOW's rows, "tma" from there."""
+    from tileattn.ops.common import launch_sm90 as pipeline
+    from tileattn.ops.common.configs import SM90_KSTAGE_BELOW
+    from tileattn.ops.dense import launch_sm90
+    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
+    dev = plan_only_device(monkeypatch)
+    monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
+    runs = []
+    monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.launcher))
+    below = SM90_KSTAGE_BELOW[(128, 2)]
+    for n, want in ((1024, "kstage"), (below - 128, "kstage"), (below, "tma")):
+        q = randn(1, n, 2, 128, dtype=torch.float16, device=dev)
+        plans.clear_plans()
+        with force_backend("dense.sm90"):
+            tileattn.attention(q, q, q, causal=True)
+        launcher = runs.pop()
+        assert launcher._values[launcher._names.index("EPILOGUE")] == want, n
+    plans.clear_plans()

@@ -13,8 +13,10 @@ import torch
 import tileattn
 from tileattn import hw
 from tileattn.ops.mla.configs import (
+    PLAIN_BELOW_CHUNK,
     SM90_FP8,
     SM90_FP8_CONFIGS,
+    SM90_PAIR,
     SM90_SEESAW,
     SM90_SHARD,
     SM90_SHARD_FP8,
@@ -478,14 +480,14 @@ def test_gpu_mla_smem_budget(budget, device, monkeypatch):
 
 def test_mla_sm90_16bit_configs(monkeypatch):
     """The Hopper backend's config for a 16-bit plan: the pair schedule at every row count it serves (16 rows and up:
-    one partial tile, one tile, two) unless one row tile has short items (configs.SHARD_MIN_CHUNK: the plain kernel
+    one partial tile, one tile, two) unless one row tile has short items (configs.PLAIN_BELOW_CHUNK: the plain kernel
     first); QK_SHARD where pages hold 32-token steps but not 64-token blocks; a config without either where neither
     fits (Dr > 64: their rope Q lives in registers); none where no config divides the page size (16: the portable
     kernel serves)."""
     from types import SimpleNamespace
 
     from tileattn import hw
-    from tileattn.ops.mla.configs import SHARD_MIN_CHUNK, SM90_CONFIGS, SM90_PAIR
+    from tileattn.ops.mla.configs import PLAIN_BELOW_CHUNK, SM90_CONFIGS, SM90_PAIR
     from tileattn.ops.mla.launch_sm90 import Sm90Backend
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     backend = Sm90Backend()
@@ -500,25 +502,32 @@ def test_mla_sm90_16bit_configs(monkeypatch):
     cfg = backend.config(plan(dr=128))
     assert not cfg.qk_shard and not cfg.seesaw and cfg in SM90_CONFIGS
     assert backend.config(plan(page_size=16)) is None
-    # one row tile of short items (configs.SHARD_MIN_CHUNK): the plain kernel first; more rows, or long items: the pair
-    for rows, chunk, first in ((64, 256, SM90_CONFIGS[0]), (16, 64, SM90_CONFIGS[0]), (64, SHARD_MIN_CHUNK, SM90_PAIR),
-                               (128, 256, SM90_PAIR), (16, 4096, SM90_PAIR)):
+    # one row tile of short items (configs.PLAIN_BELOW_CHUNK): the plain kernel first; more rows, or long items: the
+    # pair
+    for rows, chunk, first in ((64, 256, SM90_CONFIGS[0]), (16, 64, SM90_CONFIGS[0]),
+                               (64, PLAIN_BELOW_CHUNK, SM90_PAIR), (128, 256, SM90_PAIR), (16, 4096, SM90_PAIR)):
         assert backend.config(plan(rows, chunk=chunk)) == first, (rows, chunk)
     # fp8 caches keep their table
     assert backend.config(plan(chunk=64, cache_dtype=torch.float8_e4m3fn)) == SM90_SHARD_FP8
 
 
-@pytest.mark.parametrize("batch,kv,hq,short", [(4, 8192, 64, True), (1, 32768, 64, True), (32, 1024, 16, True),
-                                               (128, 1024, 64, False), (768, 1024, 16, False), (16, 8192, 64, False)])
-def test_mla_plan_first_chunk(batch, kv, hq, short, monkeypatch):
+@pytest.mark.parametrize("batch,kv,hq,sq,short", [(4, 8192, 64, 1, True), (1, 32768, 64, 1, True),
+                                                  (32, 1024, 16, 4, True), (128, 1024, 64, 1, False),
+                                                  (768, 1024, 16, 1, False), (16, 8192, 64, 1, False),
+                                                  (4, 0, 64, 1, None)])
+def test_mla_plan_first_chunk(batch, kv, hq, sq, short, monkeypatch):
     """The plan's first_chunk (what chooses the Gluon kernel's config) on a 132-SM Hopper: the bench's rows where
-    QK_SHARD measured slower (items of 256 tokens: batch 4 x 8K, 1 x 32K, 32 x 1K) are short, the others not."""
+    the long-item kernels measured slower (items of 256 tokens: batch 4 x 8K, 1 x 32K, 32 x 1K at Sq 4) are short,
+    the others not; all-zero (placeholder) lengths give None, so the pair schedule."""
     from tileattn import hw
-    from tileattn.ops.mla.configs import SHARD_MIN_CHUNK
+    from tileattn.ops.mla.configs import PLAIN_BELOW_CHUNK
     monkeypatch.setattr(hw, "device_info", lambda d: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     dev = plan_only_device(monkeypatch)
-    plan = tileattn.MLADecodePlan(torch.full((batch,), kv, dtype=torch.int32, device=dev), num_heads=hq)
-    assert plan.first_chunk % 32 == 0 and (plan.first_chunk < SHARD_MIN_CHUNK) == short, plan.first_chunk
+    plan = tileattn.MLADecodePlan(torch.full((batch,), kv, dtype=torch.int32, device=dev), num_heads=hq, q_len=sq)
+    if short is None:
+        assert plan.first_chunk is None
+        return
+    assert plan.first_chunk % 64 == 0 and (plan.first_chunk < PLAIN_BELOW_CHUNK) == short, plan.first_chunk
 
 
 def test_mla_sm90_fp8_configs(monkeypatch):
@@ -613,3 +622,27 @@ def test_gpu_mla_cuda_graph(device):
     again = plan.run(qn, qp, ckv, kpe, table, kv_scale=0.5)
     torch.cuda.synchronize()
     assert torch.equal(again, scaled) and not torch.equal(replayed, scaled)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,sq", [(16, 1), (64, 1), (16, 4), (128, 1)])
+def test_gpu_mla_table_long_items(hq, sq, device):
+    """The default table on one row tile or two with items of 512+ tokens: on Hopper the pair schedule (the other
+    default-table tests have short items, which take the plain kernel)."""
+    lens = [9000, 8191, 0, 8257, 1, 9100, 8500, 8800, 8704, 9001]
+    plan = run_case(lens, 64, hq, sq, 512, 64, torch.bfloat16, device, plan_form=True)
+    if _sm90(device):
+        assert plan.config == SM90_PAIR and plan.first_chunk >= PLAIN_BELOW_CHUNK, plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dc,dr", [(256, 32), (128, 64), (64, 16)])
+@pytest.mark.parametrize("hq,sq", [(64, 1), (128, 2)])
+def test_gpu_mla_pair_head_dims(dc, dr, hq, sq, device):
+    """The pair schedule (the table's first on Hopper for pages of 64-token blocks and Dr <= 64) at other head dims
+    than DeepSeek's 512 / 64: ckv boxes of min(64, Dc / 2) columns, a narrower rope part; causal, ragged lengths, an
+    empty sequence, split items."""
+    if not _sm90(device):
+        pytest.skip("no Hopper kernel on this GPU")
+    run_case([1, 63, 64, 65, 0, 129, 3000, 191], 64, hq, sq, dc, dr, torch.bfloat16, device, plan_form=True,
+             config=SM90_PAIR)
