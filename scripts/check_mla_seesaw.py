@@ -1,20 +1,17 @@
-"""Usage: python3 scripts/check_mla_seesaw.py [--order {0,1,2,3}]
-                                          [--broken {early_free,one_free,no_pfree,skip_box,no_mxwait}] [--seeds N]
+"""Usage: python3 scripts/check_mla_seesaw.py [--broken {early_free,one_free,no_pfree,skip_box,no_mxwait}] [--seeds N]
 
-Barrier-protocol model of the seesaw MLA kernel (gluon_sm90_seesaw.py), written from its code: actors loader,
-WG0, WG1; a 2-slot ring of 64-token blocks, each of 9 boxes (ckv columns in 64-column boxes 0-7, kpe box 8) with
-its own ready (TMA) barrier, and two halves with their own empty barriers (left: boxes 0-3, read by WG0's P V;
-right: boxes 4-8, WG1's); per-warpgroup p_ready / p_free for the published P and row statistics; the Q slot's
-q_ready / q_empty. mbarrier semantics: an arrive counts towards the barrier's count, the last one completes the
-phase; a wait on parity p passes iff (completed phases & 1) != p.
+Barrier-protocol model of the seesaw MLA kernel's pair schedule (gluon_sm90_seesaw.py), written from its code:
+actors loader, WG0, WG1; a 2-slot ring of 64-token blocks, each of 9 boxes (ckv columns in 64-column boxes 0-7,
+kpe box 8) with its own ready (TMA) barrier, and two halves with their own empty barriers (left: boxes 0-3, read
+by WG0's P V; right: boxes 4-8, WG1's); per-warpgroup p_ready / p_free for the published P and row statistics,
+mx_ready for the pair's row maxima; the Q slot's q_ready / q_empty. mbarrier semantics: an arrive counts towards
+the barrier's count, the last one completes the phase; a wait on parity p passes iff (completed phases & 1) != p.
 
---order: MLASm90Config.seesaw_order (gluon_sm90_seesaw._turn), all three when not given: 0 a turn waits for its
-block whole, then issues its scores and the other's P V of the block before; 1 the same with the scores waiting
-box by box; 2 the other's P V first, then the scores box by box (the own half first), both waited before the
-softmax, this warpgroup's half of the block before freed then (the loader refills the owner's half of a block
-first); 3 the pair schedule (gluon_sm90_pair.py: consumer_pair): both warpgroups' scores of a pair at once, the
-row maxima exchanged (mx / mx_ready), the own P V, the publish, the other's P V, each half freed after the P V
-reading it; an odd tile's lone last block as order 2's last turn; the loader takes a pair's owners' halves first.
+The schedule (consumer): both warpgroups' scores of a pair at once (box by box, the own half first), the row
+maxima exchanged (mx / mx_ready), the own P V, the publish of P, the other's P V, each half freed after the P V
+reading it; an odd tile's lone last block published by WG0 (P, m, row sums) and gathered by WG1; the loader takes
+a pair's owners' halves first (load_pairs). (The earlier turn orders, seesaw_order 0-2, and their model are on
+branches mla-seesaw / mla-seesaw-box.)
 
 Every interleaving step picks a random runnable actor (TMA completions are actors too, one per box; 3 seeds in 4
 mostly favour one actor: WG0, WG1 or the TMA completions). Flags:
@@ -26,8 +23,8 @@ Tiles: every mix of 1-6 blocks (and empty tiles), several tiles per CTA. --broke
   one_free    the whole slot refilled on warpgroup 0's free alone (races on the right half, and deadlocks);
   no_pfree    the owner publishes P without waiting for p_free (race on the P buffer);
   skip_box    the scores do not wait for their last box (race: a read of a box still loading);
-  no_mxwait   (order 3) the other's row maxima read without waiting for mx_ready (race).
-(Order 3 keeps the maxima out of m_bufs, which the lone block's publish writes. Writing them there shows no race
+  no_mxwait   the other's row maxima read without waiting for mx_ready (race).
+(The kernel keeps the maxima out of m_bufs, which the lone block's publish writes. Writing them there shows no race
 in the model either: warpgroup 0's next scores wait for a half that the loader refills only after warpgroup 1
 has read m and freed the lone block's half, a dependence through the loader's order, too indirect to rely on.)"""
 import argparse
@@ -87,40 +84,26 @@ NB, H = 9, 4  # boxes per block (8 of ckv, kpe), ckv boxes per half
 HALF = {0: range(0, H), 1: range(H, NB)}  # the boxes each half's empty barrier frees
 
 
-def loader(w, tiles, order, broken=None):
+def loader(w, tiles, broken=None):
     kv = 0
     for j, n in enumerate(tiles):
         first = min(n, STAGES) if j > 0 else 0
-        load = load_pairs if order == 3 else load_blocks
-        yield from load(w, kv, 0, first, order, broken)
+        yield from load_pairs(w, kv, 0, first, broken)
         yield w.wait("q_empty", 0, j - 1)  # (j = 0: parity 1 on a fresh barrier passes)
         w.write(("q", 0), j)
         w.tma.append((("q_ready", 0), [(("q", 0), j)]))
-        yield from load(w, kv, first, n, order, broken)
+        yield from load_pairs(w, kv, first, n, broken)
         kv += n
 
 
-def load_blocks(w, kv, lo, hi, order, broken=None):
-    for g in range(kv + lo, kv + hi):
-        yield from load_block(w, g, g - kv, order, broken)
-
-
-def load_pairs(w, kv, lo, hi, order, broken=None):
-    """Order 3 (_load_pairs): the blocks of a pair (lo even), the owners' halves first (block it's left, block
+def load_pairs(w, kv, lo, hi, broken=None):
+    """gluon_producer._load_pairs: the blocks of a pair (lo even), the owners' halves first (block it's left, block
     it + 1's right), then the others."""
     for it in range(lo, hi, 2):
         halves = [(it, 0), (it + 1, 1), (it, 1), (it + 1, 0)]
         for b, h in halves:
             if b < hi:
                 yield from load_half(w, kv + b, h, broken)
-
-
-def load_block(w, g, it, order, broken=None):
-    """Block g (the tile's it-th): each half once its empty barrier says so, each box on its own ready barrier;
-    order 2: first the half of the warpgroup owning the block (it % 2 owns it)."""
-    first = it % 2 if order == 2 else 0
-    for h in (first, 1 - first):
-        yield from load_half(w, g, h, broken)
 
 
 def load_half(w, g, h, broken=None):
@@ -132,121 +115,10 @@ def load_half(w, g, h, broken=None):
         w.tma.append((("ready", (s, c)), [(("box", s, c), g)]))
 
 
-def consumer(w, tiles, WG, order, broken):
-    """The warpgroup's turns (gluon_sm90_seesaw._consumer, _turn): for its own block o, the scores of o and the
-    other's block o - 1 (gather, P V), then the softmax and publish of o, then the own P V of o."""
-    me = f"wg{WG}"
-    OTHER = 1 - WG
-    empty = "emptyL" if WG == 0 else "emptyR"
-    kv = 0
-    c = [0, 0]  # blocks each warpgroup owned in earlier tiles: p_ready / p_free phases
-
-    def gather(g, o_idx):
-        # the other's block g (its o_idx-th owned block overall): my half's ckv boxes, P, m, row sums; then its
-        # P V on my half
-        for b in range(WG * H, WG * H + H):
-            yield w.wait("ready", (g % STAGES, b), g // STAGES)
-        yield w.wait("p_ready", OTHER, o_idx)
-        w.read(me, ("x", OTHER), g)
-        for b in HALF[WG]:
-            w.read(me, ("box", g % STAGES, b), g)
-
-    def other_pv_done(g):
-        w.unread(me, ("x", OTHER))
-        for b in HALF[WG]:
-            w.unread(me, ("box", g % STAGES, b))
-        w.arrive("p_free", OTHER)
-        w.arrive(empty, g % STAGES)
-
-    def scores(g):
-        # the 9 boxes of block g: order 0 all waited, then read; else each waited and read in turn (order 2: the
-        # own half first)
-        s = g % STAGES
-        boxes = list(HALF[WG]) + list(HALF[OTHER]) if order == 2 else list(range(NB))
-        if order == 0:
-            for b in boxes:
-                yield w.wait("ready", (s, b), g // STAGES)
-        for i, b in enumerate(boxes):
-            if order > 0 and not (broken == "skip_box" and i == len(boxes) - 1):
-                yield w.wait("ready", (s, b), g // STAGES)
-            w.read(me, ("box", s, b), g)
-
-    for j, n in enumerate(tiles):
-        n_own = (n + 1 - WG) // 2
-        yield w.wait("q_ready", 0, j)
-        for k in range(n_own):
-            o = 2 * k + WG
-            g = kv + o
-            s = g % STAGES
-            w.read(me, ("q", 0), j)
-            o_idx = c[OTHER] + (o - 1 - OTHER) // 2
-            if order == 2:
-                if o > 0:  # the other's block o - 1 first: its P V
-                    yield from gather(g - 1, o_idx)
-                    if broken == "early_free":
-                        w.arrive(empty, (g - 1) % STAGES)
-                yield from scores(g)
-                yield  # the wait for both (the scores were issued after the P V)
-                if o > 0:
-                    if broken == "early_free":
-                        w.unread(me, ("x", OTHER))
-                        for b in HALF[WG]:
-                            w.unread(me, ("box", (g - 1) % STAGES, b))
-                        w.arrive("p_free", OTHER)
-                    else:
-                        other_pv_done(g - 1)
-            else:
-                yield from scores(g)
-                if o > 0:  # the other's block o - 1: its P V under these scores
-                    yield from gather(g - 1, o_idx)
-                    if broken == "early_free":
-                        w.arrive(empty, (g - 1) % STAGES)
-                yield  # the scores' wait
-            w.unread(me, ("q", 0))
-            for b in range(NB):
-                w.unread(me, ("box", s, b))
-                # the owner zeroes V's rows past the sequence in both halves (a tile's last block): no one else
-                # may be reading them
-                if w.readers[("box", s, b)]:
-                    w.bad.add(("race-write", ("box", s, b), g, tuple(sorted(w.readers[("box", s, b)]))))
-            for b in HALF[WG]:
-                w.read(me, ("box", s, b), g)  # own P V reads my half (a wgmma from here to its wait)
-            # publish P_o
-            if broken != "no_pfree":
-                yield w.wait("p_free", WG, c[WG] + k - 1)
-            w.write(("x", WG), g)
-            w.data[("x", WG)] = g
-            w.arrive("p_ready", WG)
-            if o > 0 and order != 2:
-                yield  # the other's P V wait
-                if broken == "early_free":
-                    w.unread(me, ("x", OTHER))
-                    for b in HALF[WG]:
-                        w.unread(me, ("box", (g - 1) % STAGES, b))
-                    w.arrive("p_free", OTHER)
-                else:
-                    other_pv_done(g - 1)
-            yield  # own P V issued and waited
-            for b in HALF[WG]:
-                w.unread(me, ("box", s, b))
-            if broken != "one_free" or WG == 0:
-                w.arrive(empty, s)
-        w.arrive("q_empty", 0)  # every score of this warpgroup's waited on
-        last = n - 1
-        if n > 0 and last % 2 == OTHER:  # the tile ends on the other's block
-            g = kv + last
-            yield from gather(g, c[OTHER] + (last - OTHER) // 2)
-            yield
-            other_pv_done(g)
-        kv += n
-        c[0] += (n + 1) // 2
-        c[1] += n // 2
-
-
-def consumer_pair(w, tiles, WG, broken):
-    """Order 3 (gluon_sm90_pair._pair_consumer): pair k of a tile holds blocks 2k (WG0's) and 2k + 1 (WG1's); both
-    warpgroups' scores at once, the row maxima exchanged (mx, mx_ready), the own P V, the publish of P, the other's
-    P V; an odd tile ends on WG0's lone block (order 2's publish and gather, with m)."""
+def consumer(w, tiles, WG, broken):
+    """gluon_sm90_seesaw._consumer: pair k of a tile holds blocks 2k (WG0's) and 2k + 1 (WG1's); both warpgroups'
+    scores at once, the row maxima exchanged (mx, mx_ready), the own P V, the publish of P, the other's P V; an odd
+    tile ends on WG0's lone block (_lone: publish and gather, with m)."""
     me = f"wg{WG}"
     OTHER = 1 - WG
     empty = "emptyL" if WG == 0 else "emptyR"
@@ -378,13 +250,12 @@ def tma_actor(w):
         yield
 
 
-def run(tiles, seed, order, broken=None):
+def run(tiles, seed, broken=None):
     random.seed(seed)
     counts = dict(ready=1, emptyL=1, emptyR=1, p_ready=1, p_free=1, q_ready=1, q_empty=2, mx_ready=1)
     w = World(counts)
-    cons = (lambda wg: consumer_pair(w, tiles, wg, broken)) if order == 3 else \
-        (lambda wg: consumer(w, tiles, wg, order, broken))
-    actors = {"loader": loader(w, tiles, order, broken), "wg0": cons(0), "wg1": cons(1)}
+    actors = {"loader": loader(w, tiles, broken), "wg0": consumer(w, tiles, 0, broken),
+              "wg1": consumer(w, tiles, 1, broken)}
     blocked = {k: None for k in actors}  # a pending wait predicate
     live = set(actors)
     # a quarter of the interleavings pick uniformly; the others mostly run one actor ahead whenever it can (a
@@ -413,33 +284,24 @@ def run(tiles, seed, order, broken=None):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--order", type=int, choices=(0, 1, 2, 3), default=None, help="one seesaw_order (else all)")
     p.add_argument("--broken", choices=("early_free", "one_free", "no_pfree", "skip_box", "no_mxwait"), default=None)
     p.add_argument("--seeds", type=int, default=40)
     a = p.parse_args()
     seqs = [list(t) for r in (1, 2, 3) for t in itertools.product(range(0, 7), repeat=r)]
     seqs += [[5, 1, 6, 0, 3, 2, 4], [1, 1, 1, 1], [6, 6, 6], [2, 3, 2, 3, 1]]
-    orders = (0, 1, 2, 3) if a.order is None else (a.order, )
-    if a.broken == "skip_box":
-        orders = tuple(o for o in orders if o > 0) or (2, )  # (order 0 waits for every box before any read)
-    if a.broken == "no_mxwait":
-        orders = (3, )  # (the pair schedule's row maxima)
-    rc = 0
-    for order in orders:
-        total = defaultdict(int)
-        examples = {}
-        for tiles in seqs:
-            for seed in range(a.seeds):
-                for b in run(tiles, seed, order, a.broken):
-                    total[b[0]] += 1
-                    examples.setdefault(b[0], (tiles, seed, b))
-        failed = sum(total.values()) > 0
-        print(f"order {order}: {len(seqs)} tile sequences (1-3 tiles of 0-6 blocks, and 4 longer) x {a.seeds} "
-              f"interleavings, broken={a.broken}")
-        for kind in ("deadlock", "alias", "race-write", "race-read", "overarrive"):
-            print(f"  {kind}: {total[kind]}" + (f"   e.g. {examples[kind]}" if kind in examples else ""))
-        rc |= 1 if failed != (a.broken is not None) else 0
-    return rc
+    total = defaultdict(int)
+    examples = {}
+    for tiles in seqs:
+        for seed in range(a.seeds):
+            for b in run(tiles, seed, a.broken):
+                total[b[0]] += 1
+                examples.setdefault(b[0], (tiles, seed, b))
+    failed = sum(total.values()) > 0
+    print(f"pair schedule: {len(seqs)} tile sequences (1-3 tiles of 0-6 blocks, and 4 longer) x {a.seeds} "
+          f"interleavings, broken={a.broken}")
+    for kind in ("deadlock", "alias", "race-write", "race-read", "overarrive"):
+        print(f"  {kind}: {total[kind]}" + (f"   e.g. {examples[kind]}" if kind in examples else ""))
+    return 1 if failed != (a.broken is not None) else 0
 
 
 if __name__ == "__main__":

@@ -92,13 +92,12 @@ LARGE_D = [L(128, 128, 64, 256, 8, 3, 64), L(128, 128, 64, 256, 8, 4, 64), L(128
 MLA = [G(32, 4), G(32, 3), G(64, 2), G(16, 8), G(32, 4, 232),
        M(64, 8, 2, 1), M(32, 8, 2, 1), M(32, 8, 3, 1), M(32, 4, 2, 1), M(64, 8, 1, 1), M(32, 4, 2, 2), M(64, 4, 2, 2),
        M(16, 4, 1, 2), M(16, 4, 1, 4)]
-# mla-sched: Hopper configs against the table's choice (QK_SHARD stages and registers); 7: the seesaw kernel
-# (configs.SM90_SEESAW, forced only; docs/design/mla.md item 3), 8 / 9: it with the earlier turn orders
-# (seesaw_order 0: the scores wait for their block whole, the first measured form; 1: box by box); 10: the pair
-# schedule (seesaw_order 3, gluon_sm90_pair.py)
+# mla-sched: Hopper configs against the table's choice (QK_SHARD stages and registers); 7: the seesaw kernel's pair
+# schedule (configs.SM90_PAIR, gluon_sm90_seesaw.py; the table's first for 16-bit caches). docs/design/mla.md's
+# history names the indices of then: 7 the seesaw at its default turn order (the first form, later order 2), 8 / 9
+# orders 0 / 1, 10 the pair (the earlier orders are gone)
 MLA_SCHED = [G(32, 4, qk_shard=True), G(32, 3, qk_shard=True), G(32, 4, 232, qk_shard=True), G(32, 4), G(32, 2),
-             G(16, 8), G(64, 2), G(64, 2, seesaw=True), G(64, 2, seesaw=True, seesaw_order=0),
-             G(64, 2, seesaw=True, seesaw_order=1), G(64, 2, seesaw=True, seesaw_order=3)]
+             G(16, 8), G(64, 2), G(64, 2, seesaw=True)]
 # mla-sched --fp8: (block_n, 16-bit stages, consumer registers, fp8 stages)
 # 2 / 1: the fp8 table's QK_SHARD / plain kernels with the widening switches off (the A/B's baselines; the table's
 # configs.SM90_SHARD_FP8 / SM90_FP8 now have them on), 4-6 / 7-9: the same with widen_once, fence_late, both
@@ -598,7 +597,7 @@ def mla_name(cfg):
     if isinstance(cfg, G):
         return (f"sm90 {cfg.block_n}/{cfg.stages}/{cfg.consumer_regs}" + (" shard" if cfg.qk_shard else "")
                 + (f" fp8x{cfg.fp8_stages}" if cfg.fp8_stages else "") + (" once" if cfg.widen_once else "")
-                + (" late" if cfg.fence_late else "") + (f" seesaw o{cfg.seesaw_order}" if cfg.seesaw else ""))
+                + (" late" if cfg.fence_late else "") + (" seesaw" if cfg.seesaw else ""))
     return f"{cfg.block_n}/{cfg.num_warps}/{cfg.num_stages}/{cfg.out_split}"
 
 

@@ -17,7 +17,6 @@ from tileattn.ops.mla.configs import (
     SM90_FP8,
     SM90_FP8_CONFIGS,
     SM90_PAIR,
-    SM90_SEESAW,
     SM90_SHARD,
     SM90_SHARD_FP8,
     MLASm90Config,
@@ -309,41 +308,37 @@ def test_gpu_mla_sm90_qk_shard(page_size, hq, sq, causal, device):
 @pytest.mark.parametrize("hq,sq", [(128, 1), (64, 1), (64, 2), (20, 3)])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("order", [2, 3], ids=lambda o: f"order{o}")
-def test_gpu_mla_sm90_seesaw(hq, sq, causal, dtype, order, device):
-    """The seesaw kernel (64-token blocks owned alternately, output split by columns, a 2-block ring freed per
-    half): tiles of one block (warpgroup 1 owns none), of odd and even block counts, lengths around the block and
-    the page, an empty sequence, split items (start / end inside a sequence: 3000 tokens); the default turn order
-    and the pair schedule (order 3: odd counts end on a lone block)."""
+def test_gpu_mla_sm90_seesaw(hq, sq, causal, dtype, device):
+    """The seesaw kernel's pair schedule (64-token blocks owned alternately and taken in pairs, output split by
+    columns, a 2-block ring freed per half): tiles of one block (warpgroup 1 owns none), of odd and even block
+    counts (odd counts end on a lone block), lengths around the block and the page, an empty sequence, split items
+    (start / end inside a sequence: 3000 tokens)."""
     if not _sm90(device):
         pytest.skip("no Hopper kernel on this GPU")
-    cfg = dataclasses.replace(SM90_SEESAW, seesaw_order=order)
     plan = run_case([1, 63, 64, 65, 0, 127, 128, 129, 3000, 191], 64, hq, sq, 512, 64, dtype, device,
-                    causal=causal, plan_form=True, kv_scale=0.75, config=cfg)
-    assert plan.sm90 == cfg, plan
+                    causal=causal, plan_form=True, kv_scale=0.75, config=SM90_PAIR)
+    assert plan.sm90 == SM90_PAIR, plan
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("programs", [0, 1, 3])
 @pytest.mark.parametrize("page_size", [64, 128])
-@pytest.mark.parametrize("order", [3, 2, 1, 0], ids=lambda o: f"order{o}")
-def test_gpu_mla_sm90_seesaw_few_ctas(programs, page_size, order, device):
+def test_gpu_mla_sm90_seesaw_few_ctas(programs, page_size, device):
     """The seesaw kernel with 1 or 3 CTAs walking every tile (0: one per SM, the plan's): the ring's slot and
-    parity and the P exchange's phases carry across tiles of odd and even block counts, two row tiles per item;
-    every turn order (MLASm90Config.seesaw_order, kept for the A/B)."""
+    parity and the phases of the P and row-maxima exchanges carry across tiles of odd and even block counts, two
+    row tiles per item."""
     if not _sm90(device):
         pytest.skip("no Hopper kernel on this GPU")
     run_case([1, 64, 128, 192, 0, 3000, 65, 4097, 63, 129, 256], page_size, 128, 1, 512, 64, torch.bfloat16, device,
-             plan_form=True, programs=programs or None, config=dataclasses.replace(SM90_SEESAW, seesaw_order=order))
+             plan_form=True, programs=programs or None, config=SM90_PAIR)
 
 
 def test_mla_sm90_seesaw_config():
-    """The seesaw config refuses what its kernel does not serve; its shared memory fits the sm90 budget."""
-    assert smem_bytes(SM90_SEESAW, 512, 64) == 231424 <= 232448
-    assert smem_bytes(dataclasses.replace(SM90_SEESAW, seesaw_order=3), 512, 64) == 231936 <= 232448
+    """The seesaw config (the pair schedule) refuses what its kernel does not serve; its shared memory fits the
+    sm90 budget."""
+    assert smem_bytes(SM90_PAIR, 512, 64) == 231936 <= 232448
     for kw, match in ((dict(block_n=32), "block_n=64"), (dict(stages=3), "stages=2"),
-                      (dict(qk_shard=True), "qk_shard"), (dict(fp8_stages=2), "fp8"),
-                      (dict(seesaw_order=4), "0, 1, 2 or 3")):
+                      (dict(qk_shard=True), "qk_shard"), (dict(fp8_stages=2), "fp8")):
         with pytest.raises(ValueError, match=match):
             MLASm90Config(**{**dict(block_n=64, stages=2, seesaw=True), **kw})
 
@@ -359,9 +354,9 @@ def test_mla_sm90_seesaw_backend_config(monkeypatch):
     def plan(page_size=64, dr=64, cache_dtype=torch.bfloat16):
         return types.SimpleNamespace(device=torch.device("cpu"), page_size=page_size, dc=512, dr=dr, rows=128,
                                      cache_dtype=cache_dtype, first_chunk=None)
-    with tileattn.force_backend(config=SM90_SEESAW):
-        assert launch_sm90.Sm90Backend().config(plan()) == SM90_SEESAW
-        assert launch_sm90.Sm90Backend().config(plan(page_size=128)) == SM90_SEESAW
+    with tileattn.force_backend(config=SM90_PAIR):
+        assert launch_sm90.Sm90Backend().config(plan()) == SM90_PAIR
+        assert launch_sm90.Sm90Backend().config(plan(page_size=128)) == SM90_PAIR
         for bad in (plan(page_size=32), plan(dr=128), plan(cache_dtype=torch.float8_e4m3fn)):
             assert launch_sm90.Sm90Backend().config(bad) is None
 

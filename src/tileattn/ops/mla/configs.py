@@ -4,8 +4,8 @@ Forcing one: tileattn.force_backend(config=...) (a config's class names its back
     MLAConfig      portable split kernel (kernels.py): candidates per query-row tile, the first whose shared
                    memory fits the budget (so sm89 / sm80 budgets, emulated with TILEATTN_SMEM_BUDGET, get
                    smaller steps or split outputs)
-    MLASm90Config  Hopper split kernels (gluon_sm90.py; gluon_sm90_shard.py with qk_shard; gluon_sm90_seesaw.py and
-                   gluon_sm90_pair.py with seesaw): the first that fits the page size and the budget
+    MLASm90Config  Hopper split kernels (gluon_sm90.py; gluon_sm90_shard.py with qk_shard; gluon_sm90_seesaw.py
+                   with seesaw): the first that fits the page size and the budget
 """
 from dataclasses import dataclass
 from typing import ClassVar
@@ -75,27 +75,20 @@ class MLASm90Config:
     # at the same turn)
     widen_once: bool = False
     fence_late: bool = False
-    # the seesaw schedule (gluon_sm90_seesaw.py): 64-token blocks whose scores one warpgroup computes at N = 64,
-    # the output split by columns, a 2-block ring freed per half; with seesaw_order 3 the table's first 16-bit config
-    # (SM90_PAIR)
+    # the seesaw kernel's pair schedule (gluon_sm90_seesaw.py; SM90_PAIR, the table's first 16-bit config):
+    # 64-token blocks whose scores one warpgroup computes at N = 64, taken in pairs (only the row maxima exchanged
+    # before the two softmaxes, which run at once), the output split by columns, a 2-block ring freed per half.
+    # Its earlier turn orders (seesaw_order 0-2) measured slower and are gone: docs/design/mla.md item 3
     seesaw: bool = False
-    # the seesaw kernel's turn order (gluon_sm90_seesaw._turn; docs/design/mla.md item 3, "per-box waits"): 0 the
-    # first measured form (the scores wait for their block whole), 1 the scores wait box by box, 2 box by box
-    # after the other's P V, whose half is freed before the softmax (the loader then refills the half that frees
-    # first, first), 3 the pair schedule (gluon_sm90_pair.py: blocks in pairs, only the row maxima exchanged
-    # before the softmaxes, which then run at once: the table's, 1.06-1.18x QK_SHARD on the H200). Orders 0-2 measured
-    # 8-20% slower than QK_SHARD and are kept forced-only, for the A/B (scripts/sweep.py mla-sched)
-    seesaw_order: int = 2
 
     def __post_init__(self):
-        if self.seesaw_order not in (0, 1, 2, 3):
-            raise ValueError(f"MLASm90Config.seesaw_order is 0, 1, 2 or 3, got {self.seesaw_order}")
         if self.seesaw and (self.block_n != 64 or self.stages != 2):
-            raise ValueError(f"MLASm90Config.seesaw runs 64-token blocks through a 2-block ring (the shared memory "
-                             f"of a third is not there): block_n=64, stages=2, got {self.block_n}, {self.stages}")
+            raise ValueError(f"MLASm90Config.seesaw (the pair schedule) runs 64-token blocks through a 2-block ring "
+                             f"(the shared memory of a third is not there): block_n=64, stages=2, got {self.block_n}, "
+                             f"{self.stages}")
         if self.seesaw and (self.qk_shard or self.fp8_stages):
-            raise ValueError("MLASm90Config.seesaw is its own kernel for 16-bit caches: qk_shard and fp8_stages "
-                             "(fp8 caches) are not served with it")
+            raise ValueError("MLASm90Config.seesaw (the pair schedule) is its own kernel for 16-bit caches: qk_shard "
+                             "and fp8_stages (fp8 caches) are not served with it")
         if (self.widen_once or self.fence_late) and not self.fp8_stages:
             raise ValueError("MLASm90Config: widen_once / fence_late switch the fp8 widening, which needs "
                              "fp8_stages > 0 (a 16-bit config would run without them)")
@@ -119,15 +112,15 @@ SM90_CONFIGS = [
     MLASm90Config(block_n=64, stages=2),
 ]
 MIN_ROWS = 16
-# The 16-bit order: the seesaw pair schedule (gluon_sm90_pair.py) first, then QK_SHARD (gluon_sm90_shard.py: pages of
-# 32-token steps but not of whole 64-token blocks), then the plain kernel (Dr > 64, smaller shared-memory budgets).
-# Pair against QK_SHARD on the H200 (2026-11-28, `scripts/sweep.py mla-sched --configs 10,7,0` and the pair-first
-# table against `--configs 0,3`, page 64, bf16, graph ms, two runs with the order reversed; `bench mla` with it
-# first: docs/design/mla.md, "Pair schedule"): Hq 128 batch 128 kv 1K / 8K 0.105 / 0.115, 0.567 / 0.667, batch 768
-# kv 1K / 2K 0.501 / 0.590, 0.934 / 1.081; Hq 64 batch 768 kv 1K 0.319 / 0.338, batch 128 kv 4K 0.179 / 0.196,
-# batch 16 kv 32K Sq 2 0.286 / 0.334; Hq 16-32 batch 768 kv 2K 0.484-0.505 / 0.569-0.586, batch 128 kv 8K Hq 16
-# 0.311 / 0.356 (1.06-1.18x). At batch 128 kv 1K Hq 16 (unsplit 1K items) 0.067 / 0.068, the plain kernel 0.065:
-# within the run's spread, but to re-measure before moving PLAIN_BELOW_CHUNK.
+# The 16-bit order: the seesaw pair schedule (gluon_sm90_seesaw.py) first, then QK_SHARD (gluon_sm90_shard.py: pages
+# of 32-token steps but not of whole 64-token blocks), then the plain kernel (Dr > 64, smaller shared-memory budgets).
+# Pair against QK_SHARD on the H200 (2026-11-28, `scripts/sweep.py mla-sched --configs 10,7,0`, where MLA_SCHED 10 was
+# the pair, 7 today, and the pair-first table against `--configs 0,3`, page 64, bf16, graph ms, two runs with the
+# order reversed; `bench mla` with it first: docs/design/mla.md, "Pair schedule"): Hq 128 batch 128 kv 1K / 8K 0.105 /
+# 0.115, 0.567 / 0.667, batch 768 kv 1K / 2K 0.501 / 0.590, 0.934 / 1.081; Hq 64 batch 768 kv 1K 0.319 / 0.338, batch
+# 128 kv 4K 0.179 / 0.196, batch 16 kv 32K Sq 2 0.286 / 0.334; Hq 16-32 batch 768 kv 2K 0.484-0.505 / 0.569-0.586,
+# batch 128 kv 8K Hq 16 0.311 / 0.356 (1.06-1.18x). At batch 128 kv 1K Hq 16 (unsplit 1K items) 0.067 / 0.068, the
+# plain kernel 0.065: within the run's spread, but to re-measure before moving PLAIN_BELOW_CHUNK.
 # QK_SHARD itself beat the plain kernel at every row count on the H200 (`bench mla` at 052affa: seed 1.12-1.27x,
 # batch 128 1.02-1.32x, long 0.94-1.35x), where on the H100 (2026-11-24) it won only above one 64-row tile.
 # Both lose on short split items, one row tile whose items are 256 tokens: graph ms pair / QK_SHARD / plain, batch
@@ -136,11 +129,8 @@ MIN_ROWS = 16
 # 1.00-1.02x). So one row tile whose items are shorter than PLAIN_BELOW_CHUNK tokens (at the plan's first lengths)
 # takes the plain kernel first.
 SM90_SHARD = MLASm90Config(block_n=32, stages=4, qk_shard=True)
-SM90_PAIR = MLASm90Config(block_n=64, stages=2, seesaw=True, seesaw_order=3)
+SM90_PAIR = MLASm90Config(block_n=64, stages=2, seesaw=True)  # (231,936 bytes of shared memory at Dc = 512)
 PLAIN_BELOW_CHUNK = 512
-# the seesaw kernel's earlier turn orders, for forcing (tests, scripts/sweep.py mla-sched); 231,424 bytes of shared
-# memory at Dc = 512 (231,936 with seesaw_order 3)
-SM90_SEESAW = MLASm90Config(block_n=64, stages=2, seesaw=True)
 
 
 def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int:
@@ -149,7 +139,7 @@ def smem_bytes(cfg: MLASm90Config, dc: int, dr: int, elem_bytes: int = 2) -> int
     fp8_stages, that many fp8 cache steps."""
     fp8 = cfg.fp8_stages * cfg.block_n * (dc + dr)
     if cfg.qk_shard or cfg.seesaw:  # (seesaw: the same parts, two 64-token blocks and two 64 x 64 P tiles)
-        pair = 2 * BLOCK_M * 4 if cfg.seesaw and cfg.seesaw_order == 3 else 0  # (the pair's row maxima)
+        pair = 2 * BLOCK_M * 4 if cfg.seesaw else 0  # (the pair's row maxima)
         return (BLOCK_M * dc + cfg.stages * cfg.block_n * (dc + dr) + 2 * BLOCK_M * cfg.block_n) * elem_bytes \
             + fp8 + pair + 2048
     return (BLOCK_M + cfg.stages * cfg.block_n) * (dc + dr) * elem_bytes + fp8 + 1024

@@ -53,10 +53,10 @@ def _page_of(bt_row, n0, num_pages, PAGE: gl.constexpr):
 @gluon.jit
 def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_bufs, q_ready, q_empty, kv_ready,
             kv_empty, WORK, BT, stride_bt, num_pages, num_tiles, row_blocks,
-            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True, HALVES: gl.constexpr = 0):
+            PAGE: gl.constexpr, STAGES: gl.constexpr, QP_SMEM: gl.constexpr = True, PAIRS: gl.constexpr = False):
     """QP_SMEM: the Q slot holds the rope part too (else only the nope halves: qp_desc and qp_buf unused).
-    HALVES (gluon_sm90_seesaw.py): every slot's two halves have their own empty barriers and every box its own
-    ready barrier (_load_steps)."""
+    PAIRS (gluon_sm90_seesaw.py): every slot's two halves have their own empty barriers and every box its own
+    ready barrier, the steps loaded by pairs (_load_pairs)."""
     BLOCK_M: gl.constexpr = qn_desc.block_type.shape[1]
     DH: gl.constexpr = qn_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
@@ -75,7 +75,7 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
             # session of 2026-11-28)
             first = gl.minimum(n_blocks, STAGES) * (j > 0).to(gl.int32)
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, 0, first, start, bt_row,
-                        num_pages, PAGE, STAGES, HALVES)
+                        num_pages, PAGE, STAGES, PAIRS)
             mbarrier.wait(q_empty.index(0), (j & 1) ^ 1)
             if QP_SMEM:
                 mbarrier.expect(q_ready.index(0), 2 * qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
@@ -85,27 +85,22 @@ def _loader(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_bufs, qp_buf, c_bufs, p_buf
             for h in gl.static_range(2):
                 tma_load(qn_desc, [b, i_r * BLOCK_M, h * DH], q_ready.index(0), qn_bufs.index(h))
             _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, first, n_blocks, start, bt_row,
-                        num_pages, PAGE, STAGES, HALVES)
+                        num_pages, PAGE, STAGES, PAIRS)
             j += 1
             kv += n_blocks
 
 
 @gluon.jit
 def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row,
-                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr = 0):
-    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it. HALVES (1, 2):
-    empty barriers 2s (ckv's first half) and 2s + 1 (its second half and kpe) per slot s, each half loaded once
-    its own says so (a half frees before the other: gluon_sm90_seesaw.py); ckv_desc's box is one column box of
-    a half, and box c of slot s (ckv's boxes in column order, then kpe) lands on kv_ready[c].index(s). 1: the
-    left half first; 2: first the half of the warpgroup owning the block (step it's owner: it % 2), which it
-    frees first: at the end of its turn before, while the other frees its half only once the scores of the block
-    in between are done (docs/design/mla.md item 3, per-box waits); 3: by pairs of steps (_load_pairs)."""
+                num_pages, PAGE: gl.constexpr, STAGES: gl.constexpr, PAIRS: gl.constexpr = False):
+    """Cache steps it_lo..it_hi - 1 of a tile (tokens from start) into ring positions kv + it. PAIRS: by pairs
+    of steps, each half on its own empty barrier and each box on its own ready barrier (_load_pairs)."""
     DH: gl.constexpr = ckv_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     nbytes: gl.constexpr = 2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
     # (an empty range still reads a page id, within the tile's steps: its last step's, or its first's for the
     # empty range [0, 0) that a CTA's first tile starts with, never outside the sequence's row of the table)
-    if HALVES == 3:
+    if PAIRS:
         _load_pairs(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row,
                     num_pages, PAGE, STAGES)
     else:
@@ -116,28 +111,24 @@ def _load_steps(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
             # the next step's page id is read while this one waits for its buffer
             next_page = _page_of(bt_row, gl.minimum(n0 + BLOCK_N, start + (it_hi - 1) * BLOCK_N), num_pages,
                                  PAGE)
-            if HALVES:
-                first = 0
-                if HALVES == 2:
-                    first = it % 2  # the half of the warpgroup that owns step it
-                _load_halves(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it, page, n0 % PAGE,
-                             first, STAGES)
-            else:
-                mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
-                mbarrier.expect(kv_ready.index(s), nbytes)
-                slot = n0 % PAGE
-                for h in gl.static_range(2):
-                    tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s), c_bufs.index(2 * s + h))
-                tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
+            mbarrier.wait(kv_empty.index(s), (((kv + it) // STAGES) & 1) ^ 1)
+            mbarrier.expect(kv_ready.index(s), nbytes)
+            slot = n0 % PAGE
+            for h in gl.static_range(2):
+                tma_load(ckv_desc, [page, slot, h * DH], kv_ready.index(s), c_bufs.index(2 * s + h))
+            tma_load(kpe_desc, [page, slot, 0], kv_ready.index(s), p_bufs.index(s))
             page = next_page
 
 
 @gluon.jit
 def _load_pairs(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_lo, it_hi, start, bt_row, num_pages,
                 PAGE: gl.constexpr, STAGES: gl.constexpr):
-    """_load_steps(HALVES=3), for the pair schedule (gluon_sm90_pair.py; it_lo even, or the range empty): steps
-    (it, it + 1) of a pair, owned by warpgroups 0 and 1, in the order their halves free: each owner's own half
-    (freed by its own P V, early in the pair before), then the others (freed by the P V of the other's P, last)."""
+    """_load_steps(PAIRS), for the seesaw kernel's pair schedule (gluon_sm90_seesaw.py; it_lo even, or the range
+    empty): empty barriers 2s (ckv's first half) and 2s + 1 (its second half and kpe) per slot s, each half loaded
+    once its own says so; ckv_desc's box is one column box of a half, and box c of slot s (ckv's boxes in column
+    order, then kpe) lands on kv_ready[c].index(s). Steps (it, it + 1) of a pair, owned by warpgroups 0 and 1, go
+    in the order their halves free: each owner's own half (freed by its own P V, early in the pair before), then
+    the others (freed by the P V of the other's P, last)."""
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[1]
     for it in range(it_lo, it_hi, 2):
         n0 = start + it * BLOCK_N
@@ -153,18 +144,6 @@ def _load_pairs(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv, it_l
         if two:
             _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, kv + it + 1, page1, n1 % PAGE, 0,
                        STAGES)
-
-
-@gluon.jit
-def _load_halves(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, first,
-                 STAGES: gl.constexpr):
-    """Step g (ring position) of _load_steps(HALVES): half `first`, then the other."""
-    if first == 0:
-        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, 0, STAGES)
-        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, 1, STAGES)
-    else:
-        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, 1, STAGES)
-        _load_half(ckv_desc, kpe_desc, c_bufs, p_bufs, kv_ready, kv_empty, g, page, slot, 0, STAGES)
 
 
 @gluon.jit

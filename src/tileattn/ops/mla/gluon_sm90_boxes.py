@@ -1,11 +1,11 @@
-"""The seesaw kernels' ring of boxes (gluon_sm90_seesaw.py, gluon_sm90_pair.py): the per-box ready barriers, the
-scores issued box by box, and the P V helpers both turn forms share (read gluon_sm90_seesaw.py's docstring first)."""
+"""The seesaw kernel's ring of boxes (gluon_sm90_seesaw.py; read its docstring first): the per-box ready barriers,
+the scores issued box by box, and the P V helpers."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma
 
 from .gluon_producer import _buf
-from .gluon_sm90_shard import _gather, _scores
+from .gluon_sm90_shard import _gather
 
 
 @gluon.jit
@@ -34,15 +34,13 @@ def _wait_boxes(ready, g, lo: gl.constexpr, hi: gl.constexpr):
 
 
 @gluon.jit
-def _score_box(qk, qn_bufs, qp_op, c_bufs, p_bufs, ready, g, qz, C: gl.constexpr, USE_ACC: gl.constexpr,
-               WAIT: gl.constexpr):
-    """qk (+)= the scores of box C of block g (C < 2H: ckv columns C * BOX.., else kpe), issued; WAIT: its ready
-    wait first."""
+def _score_box(qk, qn_bufs, qp_op, c_bufs, p_bufs, ready, g, qz, C: gl.constexpr, USE_ACC: gl.constexpr):
+    """qk (+)= the scores of box C of block g (C < 2H: ckv columns C * BOX.., else kpe), issued after its ready
+    wait."""
     BOX: gl.constexpr = 64 if c_bufs.shape[3] > 64 else c_bufs.shape[3]  # (the 128-byte swizzle's width)
     H: gl.constexpr = c_bufs.shape[3] // BOX
     s = g % 2
-    if WAIT:
-        mbarrier.wait(ready[C].index(s), (g // 2) & 1)
+    mbarrier.wait(ready[C].index(s), (g // 2) & 1)
     if C == 2 * H:
         qk = warpgroup_mma(qp_op, _buf(p_bufs, s).permute((1, 0)), qk, use_acc=USE_ACC, is_async=True)
     else:
@@ -55,28 +53,24 @@ def _score_box(qk, qn_bufs, qp_op, c_bufs, p_bufs, ready, g, qz, C: gl.constexpr
 
 
 @gluon.jit
-def _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, zero, qz, FIRST: gl.constexpr, BOXED: gl.constexpr):
+def _scores_boxed(qn_bufs, qp_op, c_bufs, p_bufs, ready, g, zero, qz, FIRST: gl.constexpr):
     """S = Q K^T of block g, issued asynchronously one 64-column box at a time (the box's 4 k16 wgmmas; the rope
-    part with Q's from registers), the boxes of half FIRST first (kpe goes with the right half). BOXED: each box
-    right after its own ready wait, so the scores start when the first box lands; else every box waited first,
-    then QK_SHARD's _scores (3 wgmma groups: the first measured form). qz: 0, from the loop counter (_scores'
-    note: the Q descriptors are not hoisted out of the loop)."""
+    part with Q's from registers), each box right after its own ready wait, so the scores start when the first box
+    lands; the boxes of half FIRST first (kpe goes with the right half). qz: 0, from the loop counter
+    (gluon_sm90_shard._scores' note: the Q descriptors are not hoisted out of the loop)."""
     H: gl.constexpr = c_bufs.shape[3] // 64 if c_bufs.shape[3] > 64 else 1  # boxes per half
     NB: gl.constexpr = 2 * H + 1
-    if BOXED:
-        qk = zero
-        for i in gl.static_range(NB):
-            qk = _score_box(qk, qn_bufs, qp_op, c_bufs, p_bufs, ready, g, qz, (i + FIRST * H) % NB, i > 0, True)
-    else:
-        _wait_boxes(ready, g, 0, NB)
-        qk = _scores(qn_bufs, qp_op, c_bufs, p_bufs, g % 2, zero, qz)
+    qk = zero
+    for i in gl.static_range(NB):
+        qk = _score_box(qk, qn_bufs, qp_op, c_bufs, p_bufs, ready, g, qz, (i + FIRST * H) % NB, i > 0)
     return qk
 
 
 @gluon.jit
 def _pv(acc, alpha, p, v_smem, o_row: gl.constexpr):
     """Rescale acc (no product of it in flight) and issue acc += P V (P from registers or shared memory). V's rows
-    past the sequence were zeroed by the block's owner (_turn), so no warpgroup branches on the tail here."""
+    past the sequence were zeroed by the block's owner (gluon_sm90_seesaw._pair, _lone), so no warpgroup branches
+    on the tail here."""
     acc = acc * gl.convert_layout(alpha, o_row)[:, None]
     return warpgroup_mma(p, v_smem, acc, is_async=True)
 

@@ -1,5 +1,5 @@
 """Backend "mla.sm90": the Hopper Gluon split kernels (gluon_sm90.py; gluon_sm90_shard.py for QK_SHARD configs,
-gluon_sm90_seesaw.py for seesaw ones).
+gluon_sm90_seesaw.py, the pair schedule, for seesaw ones).
 
 It serves plans on an H100/H200 with triton 3.6, 16-bit or fp8 (e4m3) caches (fp8: widened by the consumer
 warpgroups, gluon_producer.py), Dc / 2 and Dr powers of two up to 256, pages holding whole cache steps and a
@@ -101,7 +101,6 @@ class Sm90Backend(Backend):
                 from .gluon_sm90_seesaw import mla_split_sm90_seesaw_kernel as kernel
                 descs[1] = gluon_desc(r.ckv_cache, [1, cfg.block_n, min(dh, 64)])
                 del opts["STAGES"]  # (2 blocks, fixed)
-                opts["ORDER"] = cfg.seesaw_order
                 return kernel, (*descs, qp, *tail, qp.stride(0), qp.stride(1), *strides, *dims), opts
             if cfg.qk_shard:
                 from .gluon_sm90_shard import mla_split_sm90_shard_kernel as kernel
