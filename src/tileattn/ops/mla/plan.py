@@ -29,6 +29,19 @@ from .launch_sm90 import tensors_ok
 _WAVES = 1  # work items aimed for: at most this many programs per SM (each walks a long token range)
 
 
+def _target_items(num_sms, programs_per_item):
+    """Work items a schedule aims for: _WAVES programs per SM, each work item taking programs_per_item."""
+    return max(1, -(-_WAVES * num_sms // programs_per_item))
+
+
+def _read_lengths(cache_seqlens):
+    """cache_seqlens read to the CPU as int64 (the device sync), checked >= 0."""
+    lens = cache_seqlens.to("cpu", torch.int64)
+    if lens.numel() and int(lens.min()) < 0:
+        raise ValueError("cache_seqlens: lengths must be >= 0")
+    return lens
+
+
 def _block_m(rows):
     return max(16, min(64, triton.next_power_of_2(rows)))
 
@@ -126,7 +139,7 @@ class MLADecodePlan:
         self.scale = (head_dim_ckv + head_dim_kpe) ** -0.5 if scale is None else float(scale)
         self.max_pages_per_seq = max_pages_per_seq
         self.rows = q_len * num_heads
-        lens = cache_seqlens.to("cpu", torch.int64)  # (the one device sync: update's work is done from these)
+        lens = _read_lengths(cache_seqlens)  # (the one device sync: update's work is done from these)
         self.first_chunk = self._first_chunk(lens)
         if config is None:
             self._choose_kernels()
@@ -139,7 +152,7 @@ class MLADecodePlan:
                 self._choose_kernels()
         info = hw.device_info(self.device)
         programs_per_item = self.row_blocks * (1 if self.sm90 else self.portable.out_split)
-        self.target_items = max(1, -(-_WAVES * info.num_sms // programs_per_item))
+        self.target_items = _target_items(info.num_sms, programs_per_item)
         self.capacity = self.target_items + self.batch  # work items can never exceed this (choose_chunk)
         self.slot_capacity = self.target_items
         dev = self.device
@@ -167,11 +180,10 @@ class MLADecodePlan:
         as update() would cut them for the pair schedule (64-token steps, one item per SM and row tile): what
         chooses its config (configs.sm90_configs; later lengths keep it). None when every length is 0 (placeholders:
         unknown)."""
-        lens = [max(0, n) for n in lens.tolist()]
+        lens = lens.tolist()
         if not any(lens):
             return None
-        row_tiles = -(-self.rows // BLOCK_M)
-        target = max(1, -(-_WAVES * hw.device_info(self.device).num_sms // row_tiles))
+        target = _target_items(hw.device_info(self.device).num_sms, triton.cdiv(self.rows, BLOCK_M))
         return choose_chunk(lens, SM90_PAIR.block_n, target)
 
     def _choose_kernels(self):
@@ -187,12 +199,10 @@ class MLADecodePlan:
     def update(self, cache_seqlens: torch.Tensor) -> MLADecodePlan:
         """Re-plan for new lengths of the same batch (a device sync), into the plan's buffers."""
         check_seqlens(cache_seqlens, self.batch, self.device)
-        return self._update(cache_seqlens, cache_seqlens.to("cpu", torch.int64))
+        return self._update(cache_seqlens, _read_lengths(cache_seqlens))
 
     def _update(self, cache_seqlens, lens):
-        """update() with the lengths already read to the CPU (lens, int64)."""
-        if lens.numel() and int(lens.min()) < 0:
-            raise ValueError("cache_seqlens: lengths must be >= 0")
+        """update() with the lengths already read to the CPU (lens: _read_lengths')."""
         self.max_len = int(lens.max()) if lens.numel() else 0
         if self.max_pages_per_seq is not None and self.max_len > self.max_pages_per_seq * self.page_size:
             raise ValueError(f"cache_seqlens: a sequence of {self.max_len} tokens does not fit a block table of "
