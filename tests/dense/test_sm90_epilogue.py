@@ -94,21 +94,32 @@ def test_gpu_sm90_epilogue_kstage(dtype, variant, device, monkeypatch):
     plans.clear_plans()
 
 
-def test_sm90_epilogue_reaches_kernel(monkeypatch):
-    """Sm90Config.epilogue reaches the kernel: "deferred" where the output has its own buffer (fp8) or two Q slots
-    hold O in turn (D = 64), "tma" instead with O staged in D = 128's single Q slot (the next Q would wait on the
-    slot the deferred wait releases); an unknown mode (and "direct", measured slower and removed) is refused."""
+def _epilogue_of(launcher):
+    return launcher._values[launcher._names.index("EPILOGUE")]
+
+
+def _planned_launchers(monkeypatch):
+    """(device, runs): dense.sm90 plans build as on a 132-SM Hopper and their launches append the kernel launcher
+    to `runs` instead of running (plan_only_device: the GPU where there is one, else the CPU)."""
     from tileattn.ops.common import launch_sm90 as pipeline
-    from tileattn.ops.common.configs import Sm90Config
     from tileattn.ops.dense import launch_sm90
-    for mode in ("async", "direct"):
-        with pytest.raises(ValueError, match="epilogue"):
-            Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, epilogue=mode)
     monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
     dev = plan_only_device(monkeypatch)
     monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
     runs = []
     monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.launcher))
+    return dev, runs
+
+
+def test_sm90_epilogue_reaches_kernel(monkeypatch):
+    """Sm90Config.epilogue reaches the kernel: "deferred" where the output has its own buffer (fp8) or two Q slots
+    hold O in turn (D = 64), "tma" instead with O staged in D = 128's single Q slot (the next Q would wait on the
+    slot the deferred wait releases); an unknown mode (and "direct", measured slower and removed) is refused."""
+    from tileattn.ops.common.configs import Sm90Config
+    for mode in ("async", "direct"):
+        with pytest.raises(ValueError, match="epilogue"):
+            Sm90Config(block_m=64, block_n=128, stages=4, consumer_regs=240, epilogue=mode)
+    dev, runs = _planned_launchers(monkeypatch)
     for D, dtype, mode, want in ((64, torch.float16, "deferred", "deferred"), (128, torch.float16, "deferred", "tma"),
                                  (128, torch.float8_e4m3fn, "deferred", "deferred")):
         q = randn(1, 256, 2, D, dtype=torch.float16, device=dev)
@@ -120,7 +131,7 @@ def test_sm90_epilogue_reaches_kernel(monkeypatch):
         with force_backend("dense.sm90", config=dataclasses.replace(sm90_config(D, dtype), epilogue=mode)):
             tileattn.attention(q, q, q, **opts)
         launcher = runs.pop()
-        assert launcher._values[launcher._names.index("EPILOGUE")] == want, (D, dtype, mode)
+        assert _epilogue_of(launcher) == want, (D, dtype, mode)
     plans.clear_plans()
 
 
@@ -129,19 +140,13 @@ def test_sm90_epilogue_kstage_reaches_kernel(monkeypatch):
     refused with a ValueError where O cannot be staged in a K buffer: tiles of more rows than a K tile has keys
     (3 consumers, D = 256's 64-key tiles), fp8 (its output has its own buffers and dtype); the flex kernel declines
     it (its store is "tma"), saying why."""
-    from tileattn.ops.common import launch_sm90 as pipeline
-    from tileattn.ops.dense import launch_sm90
     from tileattn.ops.flex import launch_sm90 as flex_sm90
     for bad in (dict(consumers=3, consumer_regs=160), dict(block_n=64)):
         with pytest.raises(ValueError, match="kstage"):
             dataclasses.replace(sm90_config(64, torch.float16), epilogue="kstage", **bad)
     with pytest.raises(ValueError, match="kstage"):
         dataclasses.replace(sm90_config(256, torch.float16), epilogue="kstage")
-    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
-    dev = plan_only_device(monkeypatch)
-    monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
-    runs = []
-    monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.launcher))
+    dev, runs = _planned_launchers(monkeypatch)
     for D, dtype in ((128, torch.float16), (64, torch.float16), (128, torch.float8_e4m3fn)):
         q = randn(1, 256, 2, D, dtype=torch.float16, device=dev)
         opts = {}
@@ -156,7 +161,7 @@ def test_sm90_epilogue_kstage_reaches_kernel(monkeypatch):
                 continue
             tileattn.attention(q, q, q, **opts)
         launcher = runs.pop()
-        assert launcher._values[launcher._names.index("EPILOGUE")] == "kstage", (D, dtype)
+        assert _epilogue_of(launcher) == "kstage", (D, dtype)
     plans.clear_plans()
     p = types.SimpleNamespace(head_dim=128, head_dim_v=128, device="cuda", dtype=torch.float16, out_dtype=torch.float16,
                               q_block=flex_sm90.BLOCK, kv_block=flex_sm90.BLOCK, fp8=False, seqlen_k=256, tma=True)
@@ -182,14 +187,8 @@ def test_sm90_dense_config_kstage_rule():
 def test_sm90_table_epilogue_reaches_kernel(monkeypatch):
     """Unforced, the table's epilogue reaches the D = 128 16-bit kernel by query length: "kstage" below
     SM90_KSTAGE_BELOW's rows, "tma" from there."""
-    from tileattn.ops.common import launch_sm90 as pipeline
     from tileattn.ops.common.configs import SM90_KSTAGE_BELOW
-    from tileattn.ops.dense import launch_sm90
-    monkeypatch.setattr(hw, "device_info", lambda device: hw.DeviceInfo(arch=90, num_sms=132, smem_per_block=232448))
-    dev = plan_only_device(monkeypatch)
-    monkeypatch.setattr(pipeline, "reason", lambda *a, **kw: "")
-    runs = []
-    monkeypatch.setattr(launch_sm90.Sm90Launch, "run", lambda self, c: runs.append(self.launcher))
+    dev, runs = _planned_launchers(monkeypatch)
     below = SM90_KSTAGE_BELOW[(128, 2)]
     for n, want in ((1024, "kstage"), (below - 128, "kstage"), (below, "tma")):
         q = randn(1, n, 2, 128, dtype=torch.float16, device=dev)
@@ -197,5 +196,5 @@ def test_sm90_table_epilogue_reaches_kernel(monkeypatch):
         with force_backend("dense.sm90"):
             tileattn.attention(q, q, q, causal=True)
         launcher = runs.pop()
-        assert launcher._values[launcher._names.index("EPILOGUE")] == want, n
+        assert _epilogue_of(launcher) == want, n
     plans.clear_plans()
